@@ -1,0 +1,143 @@
+"""The one Settings object: every default is defined here, once.
+
+Each field has an `OPENJEV_<NAME>` environment twin and a `--<name>` flag on
+`openjev serve` (the CLI builds its flags from these fields). Precedence: flag, then
+environment, then the default below. Settings are read once, at startup.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+from openjev.errors import ConfigError
+
+ENV_PREFIX = "OPENJEV_"
+
+
+def _opt(default: Any, help: str, **extra: Any) -> Any:
+    return field(default=default, metadata={"help": help, **extra})
+
+
+def _default_cache_dir() -> str:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return str(Path(base) / "openjev")
+
+
+@dataclass(frozen=True)
+class Settings:
+    # where to listen
+    host: str = _opt("127.0.0.1", "interface to listen on")
+    port: int = _opt(8000, "port to listen on")
+    # what answers
+    engine: str = _opt("transformers", "engine implementation (see `openjev engines`)")
+    model: str | None = _opt(
+        None, "a local Hugging Face model folder or a .gguf file (default: the embedded SmolLM2-135M-Instruct)"
+    )
+    served_name: str | None = _opt(None, "model name shown in responses (default: derived from the model)")
+    device: str = _opt("auto", "torch device: auto, cpu, cuda, cuda:N")
+    dtype: str = _opt("auto", "torch dtype: auto (float32 on CPU, bfloat16 on CUDA), float32, bfloat16, float16")
+    cache_dir: str = _opt(_default_cache_dir(), "where converted weights are cached (GGUF -> safetensors)")
+    temperature: float = _opt(1.0, "softmax temperature applied to label log-probs (1.0 = the model's own)")
+    # who may call
+    api_keys: tuple[str, ...] = _opt(
+        (), "accepted API keys (flag repeatable; env comma-separated); none = no auth", flag="api-key", env="API_KEYS"
+    )
+    # limits (checked before any engine work)
+    max_questions: int = _opt(64, "questions per request")
+    max_body_bytes: int = _opt(2 * 1024 * 1024, "request body bytes, after decoding")
+    max_branch_tokens: int = _opt(32_768, "tokens of one branch (state + one question)")
+    max_request_tokens: int = _opt(262_144, "distinct tokens of one request (state once + every question)")
+    max_in_flight: int = _opt(16, "evaluations in flight; beyond it: 529 with Retry-After")
+    engine_timeout_s: float = _opt(120.0, "deadline for the engine's work on one request; beyond it: 504")
+    retry_after_s: int = _opt(1, "Retry-After seconds sent with 529")
+    # in-process engine tuning
+    attention_budget: int = _opt(
+        1 << 24, "in-process engine: max query x key positions per forward (bounds attention memory)"
+    )
+    log_level: str = _opt("info", "debug, info, warning, error")
+
+    # ---- derived
+
+    @property
+    def auth_enabled(self) -> bool:
+        return bool(self.api_keys)
+
+    def limits(self) -> dict[str, Any]:
+        """The limits a client may rely on (served at GET /v1/limits)."""
+        return {
+            "max_questions": self.max_questions,
+            "max_choice_options": MAX_CHOICE_OPTIONS,
+            "min_choice_options": MIN_CHOICE_OPTIONS,
+            "max_score_levels": MAX_SCORE_LEVELS,
+            "min_score_levels": MIN_SCORE_LEVELS,
+            "max_body_bytes": self.max_body_bytes,
+            "max_branch_tokens": self.max_branch_tokens,
+            "max_request_tokens": self.max_request_tokens,
+            "max_in_flight": self.max_in_flight,
+            "engine_timeout_s": self.engine_timeout_s,
+        }
+
+    def validate(self) -> "Settings":
+        positive = ("port", "max_questions", "max_body_bytes", "max_branch_tokens", "max_request_tokens",
+                    "max_in_flight", "engine_timeout_s", "retry_after_s", "attention_budget")
+        for name in positive:
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"{name} must be positive, got {getattr(self, name)!r}")
+        if self.temperature <= 0:
+            raise ConfigError(f"temperature must be positive, got {self.temperature!r}")
+        if self.max_questions > 4096:
+            raise ConfigError("max_questions above 4096 is not supported")
+        return self
+
+
+# The contract's fixed ranges (jev-contract.md); not settings: clients rely on them.
+MIN_CHOICE_OPTIONS = 2
+MAX_CHOICE_OPTIONS = 255
+MIN_SCORE_LEVELS = 2
+MAX_SCORE_LEVELS = 10
+
+
+def env_name(f: dataclasses.Field) -> str:
+    return ENV_PREFIX + f.metadata.get("env", f.name.upper())
+
+
+def flag_name(f: dataclasses.Field) -> str:
+    return "--" + f.metadata.get("flag", f.name.replace("_", "-"))
+
+
+def parse_value(f: dataclasses.Field, raw: str) -> Any:
+    """Parse one environment string into the field's type."""
+    kind = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
+    try:
+        if kind.startswith("tuple"):
+            return tuple(part.strip() for part in raw.split(",") if part.strip())
+        if kind == "int":
+            return int(raw)
+        if kind == "float":
+            return float(raw)
+        if kind.startswith("str | None"):
+            return raw or None
+        return raw
+    except ValueError as e:
+        raise ConfigError(f"{env_name(f)}={raw!r}: {e}") from None
+
+
+def load_settings(overrides: Mapping[str, Any] | None = None, environ: Mapping[str, str] | None = None) -> Settings:
+    """Build Settings from defaults, then `OPENJEV_*` environment, then explicit overrides.
+
+    `overrides` holds already-typed values (from CLI flags); None values are ignored.
+    """
+    environ = os.environ if environ is None else environ
+    values: dict[str, Any] = {}
+    for f in dataclasses.fields(Settings):
+        raw = environ.get(env_name(f))
+        if raw is not None:
+            values[f.name] = parse_value(f, raw)
+    for name, value in (overrides or {}).items():
+        if value is not None:
+            values[name] = value
+    return Settings(**values).validate()

@@ -1,0 +1,4 @@
+"""The decision core: stdlib only (no web, no ML frameworks).
+
+It owns the types, the ports engines implement (`ports`), prompts, plans and scoring.
+"""

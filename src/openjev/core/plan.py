@@ -1,0 +1,103 @@
+"""A Plan: the branches of one request as a token-prefix trie.
+
+Engine-agnostic, pure data. Each branch is one prefill (`input_ids`) whose last position
+is read for the log-probs of `label_ids`. The trie says what is shared: the root holds
+the prefix common to every branch; each deeper node a run shared by the branches under
+it. Engines choose how to execute it (compute each node once, or order submissions for
+a radix cache); answers must not depend on that choice.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterator, Sequence
+
+
+@dataclass(frozen=True)
+class Branch:
+    input_ids: tuple[int, ...]
+    label_ids: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        assert self.input_ids, "a branch has at least one token"
+        assert self.label_ids, "a branch reads at least one label"
+
+
+@dataclass(frozen=True)
+class TrieNode:
+    """A run of tokens shared by every branch below this node.
+
+    `start` is the position of the run's first token; `ends` the indices of branches whose
+    last token is the run's last token (identical branches end at the same node).
+    """
+
+    start: int
+    tokens: tuple[int, ...]
+    children: tuple["TrieNode", ...]
+    ends: tuple[int, ...]
+
+    @property
+    def end(self) -> int:
+        return self.start + len(self.tokens)
+
+    def walk(self) -> Iterator["TrieNode"]:
+        yield self
+        for child in self.children:
+            yield from child.walk()
+
+    def branch_indices(self) -> list[int]:
+        """Every branch at or below this node, in ascending order."""
+        return sorted(i for node in self.walk() for i in node.ends)
+
+
+def _lcp(seqs: Sequence[Sequence[int]], start: int) -> int:
+    """Length of the longest common prefix of `seqs`, knowing they agree below `start`."""
+    shortest = min(len(s) for s in seqs)
+    first = seqs[0]
+    n = start
+    while n < shortest:
+        tok = first[n]
+        if any(s[n] != tok for s in seqs):
+            break
+        n += 1
+    return n
+
+
+def _build(branches: Sequence[Branch], indices: list[int], start: int) -> TrieNode:
+    seqs = [branches[i].input_ids for i in indices]
+    end = _lcp(seqs, start)
+    ends = tuple(i for i in indices if len(branches[i].input_ids) == end)
+    groups: dict[int, list[int]] = {}
+    for i in indices:
+        ids = branches[i].input_ids
+        if len(ids) > end:
+            groups.setdefault(ids[end], []).append(i)
+    children = tuple(_build(branches, group, end) for group in groups.values())
+    return TrieNode(start=start, tokens=tuple(seqs[0][start:end]), children=children, ends=ends)
+
+
+@dataclass(frozen=True)
+class Plan:
+    branches: tuple[Branch, ...]
+    root: TrieNode
+
+    @classmethod
+    def from_branches(cls, branches: Sequence[Branch]) -> "Plan":
+        assert branches, "a plan has at least one branch"
+        branches = tuple(branches)
+        return cls(branches=branches, root=_build(branches, list(range(len(branches))), 0))
+
+    @property
+    def shared_prefix_len(self) -> int:
+        """Tokens every branch starts with."""
+        return len(self.root.tokens)
+
+    @property
+    def unique_tokens(self) -> int:
+        """Distinct tokens: each trie node's run counted once (the prefill floor)."""
+        return sum(len(node.tokens) for node in self.root.walk())
+
+    @property
+    def prompt_tokens(self) -> int:
+        """Tokens of all branches as independent prefills would compute them."""
+        return sum(len(b.input_ids) for b in self.branches)

