@@ -14,6 +14,7 @@ run stops at the next forward boundary.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import threading
 import time
@@ -74,6 +75,9 @@ class TransformersEngine:
         self._base = model.get_base_model() if hasattr(model, "get_base_model") else model.base_model
         self._head = model.get_output_embeddings()
         self._softcap = getattr(model.config, "final_logit_softcapping", None)
+        # transformers 5.24 renamed the forward's `past_key_values` to `cache`.
+        params = inspect.signature(self._base.forward).parameters
+        self._cache_kw = "cache" if "cache" in params else "past_key_values"
 
     async def run(self, plan: Plan) -> PlanResult:
         cancel = threading.Event()
@@ -146,7 +150,7 @@ class TransformersEngine:
                 raise _Cancelled()
             # chunk * (keys so far + chunk) <= budget, at least 1 token.
             chunk = max(1, min(len(tokens) - done, self._chunk_len(offset + done)))
-            out = self._base(input_ids=ids[:, done : done + chunk], past_key_values=cache, use_cache=True)
+            out = self._base(input_ids=ids[:, done : done + chunk], use_cache=True, **{self._cache_kw: cache})
             hidden = out.last_hidden_state[:, -1, :]
             done += chunk
         kv = [(layer.keys, layer.values) for layer in cache.layers]
@@ -181,7 +185,7 @@ class TransformersEngine:
         for row, s in enumerate(suffixes):
             ids[row, : len(s)] = torch.tensor(s, device=self._device)
         cache = _shared_cache(kv) if kv else None
-        out = self._base(input_ids=ids, past_key_values=cache, use_cache=cache is not None)
+        out = self._base(input_ids=ids, use_cache=cache is not None, **{self._cache_kw: cache})
         last = torch.tensor([len(s) - 1 for s in suffixes], device=self._device)
         return out.last_hidden_state[torch.arange(len(suffixes), device=self._device), last]
 

@@ -1,0 +1,1 @@
+"""The HTTP edge: FastAPI app, wire schemas (pydantic lives only here), conversion, middleware."""

@@ -1,0 +1,118 @@
+"""Wire schema <-> core types. The only place that knows both."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from openjev.api import schemas
+from openjev.core import types as core
+from openjev.errors import ModelNotFound, Unsupported
+
+CHAT_ROLES = frozenset({"system", "user", "assistant"})
+
+
+def text_of(value: Any) -> str:
+    """Text as the model sees it: strings as they are, anything else as compact JSON."""
+    if isinstance(value, str):
+        return value
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
+def _chat_turns(value: Any) -> tuple[core.Turn, ...] | None:
+    """Turns if `value` is chat-shaped ([{role, content}, ...] or {"messages": [...]}), else None."""
+    if isinstance(value, dict) and set(value) == {"messages"}:
+        value = value["messages"]
+    if not isinstance(value, list) or not value:
+        return None
+    turns = []
+    for item in value:
+        if not (isinstance(item, dict) and set(item) == {"role", "content"} and item["role"] in CHAT_ROLES):
+            return None
+        if item["content"] is None:
+            return None
+        turns.append(core.Turn(item["role"], text_of(item["content"])))
+    return tuple(turns)
+
+
+def state_of(value: Any) -> core.State:
+    turns = _chat_turns(value)
+    if turns is None:
+        turns = (core.Turn("user", text_of(value)),)
+    return core.State(turns=turns)
+
+
+def _opt_text(value: Any) -> str | None:
+    return None if value is None else text_of(value)
+
+
+def question_of(q: schemas.NoulQuestion | schemas.ChoiceQuestion | schemas.ScoreQuestion) -> core.Question:
+    if isinstance(q, schemas.NoulQuestion):
+        crit = q.criteria
+        return core.NoulQuestion(
+            instructions=_opt_text(q.instructions),
+            true_description=_opt_text(crit.true) if crit else None,
+            false_description=_opt_text(crit.false) if crit else None,
+        )
+    if isinstance(q, schemas.ChoiceQuestion):
+        return core.ChoiceQuestion(
+            instructions=_opt_text(q.instructions),
+            options=tuple(core.Option(name, _opt_text(desc)) for name, desc in q.criteria.items()),
+        )
+    return core.ScoreQuestion(instructions=_opt_text(q.instructions), levels=tuple(text_of(x) for x in q.criteria))
+
+
+def request_of(req: schemas.SystemOneRequest) -> core.DecisionRequest:
+    if req.assets:
+        raise Unsupported("assets (images) are not supported: the served model reads text only")
+    return core.DecisionRequest(
+        state=state_of(req.state),
+        questions=tuple((qid, question_of(q)) for qid, q in req.questions.items()),
+    )
+
+
+def resolve_model(requested: str, served: str) -> str:
+    """The concrete model that answers `requested`: the served name, `jev-latest` or any
+    `jev-*` alias; anything else is not found."""
+    if requested == served or requested == "jev" or requested.startswith("jev-"):
+        return served
+    raise ModelNotFound(f"model {requested!r} is not served here; use {served!r} or a jev-* alias such as jev-latest")
+
+
+def answer_to_wire(answer: core.Answer) -> dict[str, Any]:
+    if isinstance(answer, core.NoulAnswer):
+        return {"type": "noul", "noul": answer.p_true, "x_label_mass": answer.label_mass}
+    if isinstance(answer, core.ChoiceAnswer):
+        return {
+            "type": "choice",
+            "choice": answer.choice,
+            "probabilities": dict(answer.probabilities),
+            "confidence": answer.confidence,
+            "x_label_mass": answer.label_mass,
+        }
+    return {
+        "type": "score",
+        "score": answer.score,
+        "confidence": answer.confidence,
+        "legend": {str(i): text for i, text in enumerate(answer.legend)},
+        "probabilities": {str(i): p for i, p in enumerate(answer.probabilities)},
+        "x_label_mass": answer.label_mass,
+    }
+
+
+def result_to_wire(result: core.DecisionResult, model: str) -> dict[str, Any]:
+    return {
+        "model": model,
+        "answers": {qid: answer_to_wire(a) for qid, a in result.answers},
+        "usage": {"input_tokens": int(result.usage.input_tokens), "output_tokens": int(result.usage.output_tokens)},
+    }
+
+
+def result_headers(result: core.DecisionResult) -> dict[str, str]:
+    headers = {"x-openjev-prefix-tokens": str(result.prefix_tokens)}
+    if result.usage.cached_tokens is not None:
+        headers["x-openjev-cached-tokens"] = str(result.usage.cached_tokens)
+    if result.usage.computed_tokens is not None:
+        headers["x-openjev-computed-tokens"] = str(result.usage.computed_tokens)
+    headers["Server-Timing"] = ", ".join(f"{name};dur={ms:.1f}" for name, ms in result.timings_ms.items())
+    return headers

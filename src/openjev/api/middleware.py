@@ -1,0 +1,133 @@
+"""Pure ASGI middleware: request ids on every response, and request bodies bounded and
+decoded before anything parses them."""
+
+from __future__ import annotations
+
+import io
+import uuid
+import zlib
+
+import zstandard
+from starlette.datastructures import Headers, MutableHeaders
+from starlette.responses import JSONResponse
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from openjev.errors import MalformedBody, OpenjevError, PayloadTooLarge, UnsupportedEncoding
+
+REQUEST_ID_HEADER = "x-typesafe-request-id"
+
+
+def error_response(exc: OpenjevError, request_id: str | None = None) -> JSONResponse:
+    """The contract's non-validation error shape: {"detail": {"error_type", "message"}}."""
+    headers = dict(exc.headers)
+    if request_id:
+        headers[REQUEST_ID_HEADER] = request_id
+    return JSONResponse(
+        {"detail": {"error_type": exc.error_type, "message": exc.message}}, status_code=exc.status, headers=headers
+    )
+
+
+def request_id_of(scope: Scope) -> str | None:
+    return scope.get("state", {}).get("request_id")
+
+
+class RequestIdMiddleware:
+    """Gives each HTTP request an id (scope["state"]["request_id"]) and puts it on the response."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        rid = "req_" + uuid.uuid4().hex
+        scope.setdefault("state", {})["request_id"] = rid
+
+        async def send_with_id(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = MutableHeaders(scope=message)
+                if REQUEST_ID_HEADER not in headers:
+                    headers.append(REQUEST_ID_HEADER, rid)
+            await send(message)
+
+        await self.app(scope, receive, send_with_id)
+
+
+class BodyMiddleware:
+    """Reads request bodies up to `max_bytes`, before any parsing, chunked or not (413 beyond),
+    decodes gzip and zstd Content-Encoding with the same limit on the decoded bytes, and hands
+    the application the plain body."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] not in ("POST", "PUT", "PATCH"):
+            await self.app(scope, receive, send)
+            return
+        try:
+            body, encoding = await self._read(scope, receive)
+            body = self._decode(body, encoding)
+        except OpenjevError as exc:
+            await error_response(exc, request_id_of(scope))(scope, receive, send)
+            return
+        headers = [(k, v) for k, v in scope["headers"] if k not in (b"content-encoding", b"content-length", b"transfer-encoding")]
+        headers.append((b"content-length", str(len(body)).encode()))
+        scope = {**scope, "headers": headers}
+        delivered = False
+
+        async def replay() -> Message:
+            nonlocal delivered
+            if not delivered:
+                delivered = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()  # after the body: disconnect notices
+
+        await self.app(scope, replay, send)
+
+    async def _read(self, scope: Scope, receive: Receive) -> tuple[bytes, str]:
+        headers = Headers(scope=scope)
+        encoding = headers.get("content-encoding", "identity").strip().lower() or "identity"
+        if encoding not in ("identity", "gzip", "x-gzip", "zstd"):
+            raise UnsupportedEncoding(f"Content-Encoding {encoding!r} is not supported (use gzip, zstd or none)")
+        declared = headers.get("content-length")
+        if declared and declared.isdigit() and int(declared) > self.max_bytes:
+            raise PayloadTooLarge(f"request body of {declared} bytes exceeds the limit of {self.max_bytes} bytes")
+        chunks, size = [], 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                raise MalformedBody("client disconnected while sending the body")
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.max_bytes:
+                raise PayloadTooLarge(f"request body exceeds the limit of {self.max_bytes} bytes")
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                return b"".join(chunks), encoding
+
+    def _decode(self, body: bytes, encoding: str) -> bytes:
+        limit = self.max_bytes
+        if encoding == "identity" or not body:
+            return body
+        too_large = PayloadTooLarge(f"decoded request body exceeds the limit of {limit} bytes")
+        if encoding in ("gzip", "x-gzip"):
+            d = zlib.decompressobj(wbits=47)  # gzip or zlib framing, auto-detected
+            try:
+                out = d.decompress(body, limit + 1)
+            except zlib.error as e:
+                raise MalformedBody(f"body is not valid gzip: {e}") from None
+            if len(out) > limit:
+                raise too_large
+            if not d.eof:
+                raise MalformedBody("gzip body is truncated")
+            return out
+        try:
+            out = zstandard.ZstdDecompressor().stream_reader(io.BytesIO(body)).read(limit + 1)
+        except zstandard.ZstdError as e:
+            raise MalformedBody(f"body is not valid zstd: {e}") from None
+        if len(out) > limit:
+            raise too_large
+        return out

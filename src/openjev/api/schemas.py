@@ -1,0 +1,148 @@
+"""Wire schemas of the Jev SystemOne API (jev-contract.md). Pydantic lives only here.
+
+Request models validate shape and the contract's fixed ranges; configurable limits
+(questions per request, token budgets) are checked after parsing.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from openjev.config import MAX_CHOICE_OPTIONS, MAX_SCORE_LEVELS, MIN_CHOICE_OPTIONS, MIN_SCORE_LEVELS
+
+# Instructions, descriptions and the state may be text or structured JSON.
+Description = Union[str, dict[str, Any], list[Any]]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class NoulCriteria(_Strict):
+    true: Description | None = Field(None, description="what makes the answer true")
+    false: Description | None = Field(None, description="what makes the answer false")
+
+
+class NoulQuestion(_Strict):
+    type: Literal["noul"]
+    instructions: Description | None = None
+    criteria: NoulCriteria | None = None
+
+    @model_validator(mode="after")
+    def _says_something(self) -> "NoulQuestion":
+        sides = self.criteria is not None and (self.criteria.true is not None or self.criteria.false is not None)
+        if self.instructions is None and not sides:
+            raise ValueError("a noul question needs instructions or at least one non-null criteria side")
+        return self
+
+
+class ChoiceQuestion(_Strict):
+    type: Literal["choice"]
+    instructions: Description | None = None
+    criteria: dict[str, Description | None] = Field(
+        ...,
+        min_length=MIN_CHOICE_OPTIONS,
+        max_length=MAX_CHOICE_OPTIONS,
+        description="option name -> description (null: the name alone speaks); names are returned byte for byte",
+    )
+
+    @field_validator("criteria")
+    @classmethod
+    def _names(cls, v: dict[str, Any]) -> dict[str, Any]:
+        if any(name == "" for name in v):
+            raise ValueError("option names must be non-empty")
+        return v
+
+
+class ScoreQuestion(_Strict):
+    type: Literal["score"]
+    instructions: Description | None = None
+    criteria: list[Description] = Field(
+        ...,
+        min_length=MIN_SCORE_LEVELS,
+        max_length=MAX_SCORE_LEVELS,
+        description="level descriptions, lowest first (the map form {'0': ...} is not accepted)",
+    )
+
+
+Question = Annotated[Union[NoulQuestion, ChoiceQuestion, ScoreQuestion], Field(discriminator="type")]
+
+
+class SystemOneRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")  # unknown top-level fields are ignored (jevcompat SHOULD)
+
+    model: str = Field("jev-latest", description="jev-latest, any jev-* alias, or the served model's name")
+    state: Description = Field(
+        ...,
+        validation_alias=AliasChoices("state", "document"),
+        description="what every question refers to: text, a JSON object or array, or chat turns "
+        "([{role, content}] or {messages: [...]})",
+    )
+    questions: dict[str, Question] = Field(..., min_length=1, description="caller id -> question")
+    assets: dict[str, Any] | None = Field(None, description="images (Jev 1.14); not served by text models")
+
+    @field_validator("questions")
+    @classmethod
+    def _ids(cls, v: dict[str, Any]) -> dict[str, Any]:
+        if any(qid == "" for qid in v):
+            raise ValueError("question ids must be non-empty strings")
+        return v
+
+
+# ---- responses (documented in OpenAPI; the route builds plain dicts of this shape)
+
+
+class NoulAnswer(BaseModel):
+    type: Literal["noul"]
+    noul: float = Field(..., ge=0, le=1, description="P(true)")
+    x_label_mass: float = Field(..., description="probability the model put on the answer labels at all")
+
+
+class ChoiceAnswer(BaseModel):
+    type: Literal["choice"]
+    choice: str
+    probabilities: dict[str, float]
+    confidence: float
+    x_label_mass: float
+
+
+class ScoreAnswer(BaseModel):
+    type: Literal["score"]
+    score: float = Field(..., description="sum(i * p_i) over levels 0..n-1")
+    confidence: float
+    legend: dict[str, str]
+    probabilities: dict[str, float]
+    x_label_mass: float
+
+
+class Usage(BaseModel):
+    input_tokens: int
+    output_tokens: int
+
+
+class SystemOneResponse(BaseModel):
+    model: str
+    answers: dict[str, Annotated[Union[NoulAnswer, ChoiceAnswer, ScoreAnswer], Field(discriminator="type")]]
+    usage: Usage
+
+
+class ErrorDetail(BaseModel):
+    error_type: str
+    message: str
+
+
+class ErrorBody(BaseModel):
+    detail: ErrorDetail
+
+
+class ModelInfo(BaseModel):
+    name: str
+    description: str
+    release_date: str
+
+
+class ModelsResponse(BaseModel):
+    models: list[ModelInfo]
+    data: list[dict[str, Any]] = Field(default_factory=list, description="the same models, OpenAI-style")

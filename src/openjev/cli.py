@@ -1,0 +1,89 @@
+"""`openjev serve` and `openjev schema`. Flags are generated from Settings, each with its
+OPENJEV_* environment twin (config.py holds every default)."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import sys
+from typing import Any, Sequence
+
+from openjev import __version__
+from openjev.config import Settings, env_name, flag_name, load_settings
+from openjev.errors import ConfigError
+
+
+def _add_setting_flags(parser: argparse.ArgumentParser) -> None:
+    for f in dataclasses.fields(Settings):
+        help_text = f"{f.metadata['help']} [env {env_name(f)}; default {f.default!r}]"
+        kind = str(f.type)
+        if kind.startswith("tuple"):
+            parser.add_argument(flag_name(f), dest=f.name, action="append", default=None, help=help_text)
+        else:
+            cast: Any = int if kind == "int" else float if kind == "float" else str
+            parser.add_argument(flag_name(f), dest=f.name, type=cast, default=None, help=help_text)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="openjev", description="Jev SystemOne decisions read from a model.")
+    parser.add_argument("--version", action="version", version=f"openjev {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+    serve = sub.add_parser("serve", help="serve the API (loads the model in the background)")
+    _add_setting_flags(serve)
+    sub.add_parser("schema", help="print the OpenAPI document (loads no model)")
+    return parser
+
+
+def _settings(args: argparse.Namespace) -> Settings:
+    overrides = {f.name: getattr(args, f.name, None) for f in dataclasses.fields(Settings)}
+    if overrides.get("api_keys") is not None:
+        overrides["api_keys"] = tuple(overrides["api_keys"])
+    return load_settings(overrides)
+
+
+def serve(settings: Settings) -> int:
+    import uvicorn
+
+    from openjev.api.app import create_app
+
+    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    failed: list[BaseException] = []
+    server: uvicorn.Server | None = None
+
+    def on_fatal(exc: BaseException) -> None:
+        # A server that cannot answer must not look alive to an orchestrator: stop, exit 1.
+        failed.append(exc)
+        if server is not None:
+            server.should_exit = True
+
+    app = create_app(settings, on_fatal=on_fatal)
+    config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level=settings.log_level,
+                            timeout_graceful_shutdown=10)
+    server = uvicorn.Server(config)
+    server.run()
+    if failed:
+        print(f"openjev: cannot serve: {failed[0]}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def schema() -> int:
+    from openjev.api.app import create_app
+
+    app = create_app(load_settings(environ={}))
+    json.dump(app.openapi(), sys.stdout, indent=2, ensure_ascii=False)
+    sys.stdout.write("\n")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        if args.command == "schema":
+            return schema()
+        return serve(_settings(args))
+    except ConfigError as e:
+        print(f"openjev: {e}", file=sys.stderr)
+        return 2
