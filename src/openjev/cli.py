@@ -47,7 +47,9 @@ def serve(settings: Settings) -> int:
     import uvicorn
 
     from openjev.api.app import create_app
+    from openjev.engines import preflight_engine
 
+    preflight_engine(settings)  # ConfigError -> exit 2 before listening
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     failed: list[BaseException] = []
     server: uvicorn.Server | None = None

@@ -28,16 +28,37 @@ class LoadedEngine:
     load_seconds: float
 
 
-# name -> "module:function"; the function takes Settings and returns a LoadedEngine.
-ENGINES: dict[str, str] = {
-    "transformers": "openjev.engines.inprocess:load",
+@dataclass(frozen=True)
+class EngineEntry:
+    """"module:function" targets. `load(settings) -> LoadedEngine` may take seconds;
+    `preflight(settings) -> None` is cheap, imports no ML framework, and raises ConfigError
+    for settings that cannot work (checked before the server starts listening)."""
+
+    load: str
+    preflight: str
+
+
+ENGINES: dict[str, EngineEntry] = {
+    "transformers": EngineEntry(load="openjev.engines.inprocess:load", preflight="openjev.engines.hf_model:preflight"),
 }
+
+
+def _call(target: str, settings: Settings):
+    module, func = target.split(":")
+    return getattr(importlib.import_module(module), func)(settings)
+
+
+def _entry(settings: Settings) -> EngineEntry:
+    entry = ENGINES.get(settings.engine)
+    if entry is None:
+        raise ConfigError(f"unknown engine {settings.engine!r}; known: {', '.join(sorted(ENGINES))}")
+    return entry
+
+
+def preflight_engine(settings: Settings) -> None:
+    _call(_entry(settings).preflight, settings)
 
 
 def load_engine(settings: Settings) -> LoadedEngine:
     """Load the engine named by settings.engine (blocking: may take seconds)."""
-    target = ENGINES.get(settings.engine)
-    if target is None:
-        raise ConfigError(f"unknown engine {settings.engine!r}; known: {', '.join(sorted(ENGINES))}")
-    module, func = target.split(":")
-    return getattr(importlib.import_module(module), func)(settings)
+    return _call(_entry(settings).load, settings)

@@ -74,6 +74,11 @@ def resolve_source(model: str | None) -> ModelSource:
     return ModelSource(path, None, _slug(path.name), f"{path.name}", date)
 
 
+def preflight(settings) -> None:
+    """Fail fast on a model setting that cannot load (missing path, wrong kind of file)."""
+    resolve_source(settings.model)
+
+
 def _slug(name: str) -> str:
     return "".join(c if c.isalnum() or c in "-._" else "-" for c in name.lower()).strip("-") or "model"
 

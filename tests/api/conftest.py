@@ -1,0 +1,46 @@
+import asyncio
+import threading
+from contextlib import asynccontextmanager
+
+import httpx
+import pytest
+
+from openjev.api.app import create_app
+from openjev.config import load_settings
+from openjev.engines import LoadedEngine, ModelCard
+from tests.fakes import FakeEngine, FakeTokenizer
+
+CARD = ModelCard(name="fake-model-1", description="a fake", release_date="2026-01-01")
+
+
+def fake_loader(engine: FakeEngine, gate: threading.Event | None = None, fail: Exception | None = None):
+    def load(settings):
+        if gate is not None:
+            gate.wait(10)
+        if fail is not None:
+            raise fail
+        return LoadedEngine(engine=engine, tokenizer=FakeTokenizer(), card=CARD, load_seconds=0.01)
+
+    return load
+
+
+@asynccontextmanager
+async def running_app(engine: FakeEngine | None = None, *, gate=None, fail=None, on_fatal=None, wait=True, **settings):
+    """The app with its lifespan running, and an httpx client on it (in-process ASGI)."""
+    engine = engine or FakeEngine()
+    app = create_app(load_settings(settings, environ={}), loader=fake_loader(engine, gate, fail), on_fatal=on_fatal)
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+            if wait:
+                for _ in range(200):
+                    if (await client.get("/health")).status_code == 200:
+                        break
+                    await asyncio.sleep(0.01)
+            yield client, engine
+
+
+@pytest.fixture
+async def api():
+    async with running_app() as pair:
+        yield pair

@@ -1,0 +1,83 @@
+import pytest
+
+from openjev.core.prompts import ANSWER_CUE, PromptCompiler, option_texts, question_text
+from openjev.core.types import ChoiceQuestion, DecisionRequest, NoulQuestion, Option, ScoreQuestion, State, Turn
+from tests.fakes import FakeTokenizer
+
+STATE = State((Turn("user", "My card was charged twice and I want a refund."),))
+QUESTIONS = (
+    ("refund", NoulQuestion("Does the customer ask for a refund?")),
+    ("team", ChoiceQuestion("Which team?", (Option("billing", "Payments and refunds"), Option("tech", None)))),
+    ("anger", ScoreQuestion("How angry?", ("Calm", "Annoyed", "Furious"))),
+)
+
+
+def _text_of(tok: FakeTokenizer, ids) -> str:
+    inverse = {v: k for k, v in tok.vocab.items()}
+    return "".join(inverse[i] for i in ids)
+
+
+def test_branches_equal_whole_text_encoding_and_share_the_state():
+    tok = FakeTokenizer()
+    compiler = PromptCompiler(tok, max_labels=255)
+    compiled = compiler.compile(DecisionRequest(STATE, QUESTIONS))
+    plan = compiled.plan
+    assert len(plan.branches) == 3
+    state_ids = tok.encode(tok.render(STATE.turns, add_generation_prompt=False))
+    assert plan.shared_prefix_len >= len(state_ids)
+    for branch in plan.branches:
+        text = _text_of(tok, branch.input_ids)
+        assert tok.encode(text) == list(branch.input_ids)  # the split is token-stable
+        assert text.startswith(tok.render(STATE.turns, add_generation_prompt=False))
+        assert text.endswith("<|im_start|>assistant\n" + ANSWER_CUE)
+    assert compiled.n_labels == (2, 2, 3)
+    assert plan.branches[2].label_ids == compiler.labels.ids[:3]
+
+
+def test_question_ids_never_reach_the_model_and_names_only_without_description():
+    tok = FakeTokenizer()
+    compiled = PromptCompiler(tok, max_labels=255).compile(
+        DecisionRequest(STATE, (("secret-id-🙂", QUESTIONS[1][1]),))
+    )
+    text = _text_of(tok, compiled.plan.branches[0].input_ids)
+    assert "secret" not in text
+    assert "Payments and refunds" in text and "billing" not in text  # described: name hidden
+    assert "B. tech" in text  # null description: the name speaks
+
+
+def test_options_are_lettered_in_order():
+    labels = PromptCompiler(FakeTokenizer(), max_labels=255).labels
+    q = ChoiceQuestion(None, tuple(Option(f"opt{i}", None) for i in range(30)))
+    text = question_text(q, labels)
+    assert "A. opt0" in text and "Z. opt25" in text and "AA. opt26" in text and "AD. opt29" in text
+    assert "Which option fits best?" in text
+
+
+@pytest.mark.parametrize(
+    "question,expected",
+    [
+        (NoulQuestion("Refund?"), ["Yes", "No"]),
+        (NoulQuestion(None, "asks for money back", None), ["Yes: asks for money back", "No"]),
+        (NoulQuestion(None, None, "is happy"), ["Yes", "No: is happy"]),
+        (ScoreQuestion(None, ("low", "high")), ["low", "high"]),
+    ],
+)
+def test_option_texts(question, expected):
+    assert option_texts(question) == expected
+
+
+def test_chat_state_is_rendered_as_real_turns():
+    tok = FakeTokenizer()
+    state = State((Turn("system", "You route tickets."), Turn("user", "Charged twice!"), Turn("assistant", "Sorry.")))
+    compiled = PromptCompiler(tok, max_labels=255).compile(DecisionRequest(state, QUESTIONS[:1]))
+    text = _text_of(tok, compiled.plan.branches[0].input_ids)
+    assert text.startswith("<|im_start|>system\nYou route tickets.<|im_end|>\n<|im_start|>user\nCharged twice!")
+    assert "<|im_start|>assistant\nSorry.<|im_end|>\n<|im_start|>user\n" in text
+
+
+def test_unstable_boundary_falls_back_to_whole_encoding():
+    tok = FakeTokenizer(glued=True)  # "…refund.user: Answer…" merges across the turn boundary
+    compiler = PromptCompiler(tok, max_labels=30)
+    compiled = compiler.compile(DecisionRequest(State((Turn("user", "charged twice"),)), QUESTIONS))
+    for branch in compiled.plan.branches:
+        assert tok.encode(_text_of(tok, branch.input_ids)) == list(branch.input_ids)

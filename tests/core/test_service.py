@@ -1,0 +1,74 @@
+import asyncio
+import math
+
+import pytest
+
+from openjev.core.prompts import PromptCompiler
+from openjev.core.service import DecisionService, ServiceLimits
+from openjev.core.types import ChoiceAnswer, DecisionRequest, NoulAnswer, ScoreAnswer
+from openjev.errors import EngineError, EngineTimeout, Overloaded, TokensExceeded
+from tests.core.test_prompts import QUESTIONS, STATE
+from tests.fakes import FakeEngine, FakeTokenizer, fake_logprobs
+
+LIMITS = ServiceLimits(max_branch_tokens=10_000, max_request_tokens=100_000, max_in_flight=2,
+                       engine_timeout_s=5, retry_after_s=3)
+
+
+def _service(engine=None, **overrides):
+    limits = ServiceLimits(**{**LIMITS.__dict__, **overrides})
+    return DecisionService(PromptCompiler(FakeTokenizer(), max_labels=255), engine or FakeEngine(), limits)
+
+
+async def test_answers_keep_order_ids_and_types():
+    engine = FakeEngine()
+    result = await _service(engine).decide(DecisionRequest(STATE, QUESTIONS))
+    assert [qid for qid, _ in result.answers] == ["refund", "team", "anger"]
+    refund, team, anger = (a for _, a in result.answers)
+    assert isinstance(refund, NoulAnswer) and isinstance(team, ChoiceAnswer) and isinstance(anger, ScoreAnswer)
+    # the scores follow from the engine's log-probs
+    plan = engine.plans[0]
+    lp = fake_logprobs(plan.branches[0].input_ids, 2)
+    assert refund.p_true == pytest.approx(math.exp(lp[0]) / (math.exp(lp[0]) + math.exp(lp[1])))
+    assert [name for name, _ in team.probabilities] == ["billing", "tech"]
+    assert math.fsum(p for _, p in team.probabilities) == pytest.approx(1.0)
+    assert anger.legend == ("Calm", "Annoyed", "Furious")
+    assert result.usage.input_tokens == plan.unique_tokens < plan.prompt_tokens
+    assert result.prefix_tokens == plan.shared_prefix_len > 0
+    assert {"prepare", "prefill", "branches", "engine"} <= set(result.timings_ms)
+
+
+async def test_over_budget_never_reaches_the_engine():
+    engine = FakeEngine()
+    with pytest.raises(TokensExceeded, match="per branch"):
+        await _service(engine, max_branch_tokens=20).decide(DecisionRequest(STATE, QUESTIONS))
+    with pytest.raises(TokensExceeded, match="per request"):
+        await _service(engine, max_request_tokens=50).decide(DecisionRequest(STATE, QUESTIONS))
+    assert engine.plans == []
+
+
+async def test_in_flight_cap_gives_overloaded_with_retry_after():
+    engine = FakeEngine(delay_s=0.3)
+    service = _service(engine)
+    request = DecisionRequest(STATE, QUESTIONS[:1])
+    results = await asyncio.gather(*(service.decide(request) for _ in range(3)), return_exceptions=True)
+    overloaded = [r for r in results if isinstance(r, Overloaded)]
+    assert len(overloaded) == 1 and overloaded[0].headers["Retry-After"] == "3"
+    assert service.in_flight == 0
+
+
+async def test_deadline_cancels_engine_work():
+    engine = FakeEngine(delay_s=5)
+    with pytest.raises(EngineTimeout):
+        await _service(engine, engine_timeout_s=0.05).decide(DecisionRequest(STATE, QUESTIONS[:1]))
+    assert engine.cancelled == 1
+
+
+async def test_unusable_logprobs_are_an_engine_error():
+    class AllZero(FakeEngine):
+        async def run(self, plan):
+            result = await super().run(plan)
+            from openjev.core.ports import BranchResult
+            return type(result)(tuple(BranchResult((-math.inf,) * len(b.logprobs)) for b in result.branches), 0, 0)
+
+    with pytest.raises(EngineError):
+        await _service(AllZero()).decide(DecisionRequest(STATE, QUESTIONS[:1]))

@@ -1,0 +1,85 @@
+"""Integration fixtures: the real embedded model, in-process and behind a real server."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+
+import httpx
+import pytest
+
+from openjev.config import load_settings
+
+
+@pytest.fixture(scope="session")
+def embedded():
+    """The embedded model loaded once per session (converted weights come from the user cache)."""
+    from openjev.engines import load_engine
+
+    return load_engine(load_settings({}, environ={}))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class LiveServer:
+    url: str
+    key: str | None
+    process: subprocess.Popen
+    log_path: str
+
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.key}"} if self.key else {}
+
+
+def start_server(tmp_path, *args: str, key: str | None = None, env: dict | None = None,
+                 wait: bool = True) -> LiveServer:
+    """`python -m openjev serve` on a free loopback port; waits for /health unless told not to."""
+    port = free_port()
+    log_path = str(tmp_path / f"server-{port}.log")
+    cmd = [sys.executable, "-m", "openjev", "serve", "--port", str(port), *args]
+    if key:
+        cmd += ["--api-key", key]
+    proc = subprocess.Popen(cmd, stdout=open(log_path, "w"), stderr=subprocess.STDOUT,
+                            env={**os.environ, **(env or {})}, start_new_session=True)
+    server = LiveServer(f"http://127.0.0.1:{port}", key, proc, log_path)
+    if wait:
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise RuntimeError(f"server exited {proc.returncode}:\n{open(log_path).read()[-3000:]}")
+            try:
+                if httpx.get(server.url + "/health", timeout=2).status_code == 200:
+                    return server
+            except httpx.TransportError:
+                pass
+            time.sleep(0.2)
+        stop_server(server)
+        raise RuntimeError(f"server not healthy in time:\n{open(log_path).read()[-3000:]}")
+    return server
+
+
+def stop_server(server: LiveServer) -> None:
+    if server.process.poll() is None:
+        os.killpg(server.process.pid, signal.SIGTERM)
+        try:
+            server.process.wait(20)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.process.pid, signal.SIGKILL)
+            server.process.wait()
+
+
+@pytest.fixture(scope="module")
+def live(tmp_path_factory):
+    server = start_server(tmp_path_factory.mktemp("live"), key="test-key-123")
+    yield server
+    stop_server(server)
