@@ -20,7 +20,7 @@ def _add_setting_flags(parser: argparse.ArgumentParser) -> None:
         help_text = f"{f.metadata['help']} [env {env_name(f)}; default {f.default!r}]"
         kind = str(f.type)
         if kind.startswith("tuple"):
-            parser.add_argument(flag_name(f), dest=f.name, action="append", default=None, help=help_text)
+            parser.add_argument(flag_name(f), dest=f.name, action="append", default=None, metavar="KEY", help=help_text)
         else:
             cast: Any = int if kind == "int" else float if kind == "float" else str
             parser.add_argument(flag_name(f), dest=f.name, type=cast, default=None, help=help_text)

@@ -33,7 +33,7 @@ class Settings:
     host: str = _opt("127.0.0.1", "interface to listen on")
     port: int = _opt(8000, "port to listen on")
     # what answers
-    engine: str = _opt("transformers", "engine implementation (see `openjev engines`)")
+    engine: str = _opt("transformers", "engine implementation: transformers (in-process)")
     model: str | None = _opt(
         None, "a local Hugging Face model folder or a .gguf file (default: the embedded SmolLM2-135M-Instruct)"
     )

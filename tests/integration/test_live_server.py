@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import threading
+from pathlib import Path
 
 import httpx
 import pytest
@@ -25,7 +26,14 @@ README_EXAMPLE = {
 }
 
 
+def _readme_curl_body() -> dict:
+    text = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    start = text.index("-d '") + len("-d '")
+    return json.loads(text[start : text.index("}'", start) + 1])
+
+
 def test_readme_example(live):
+    assert _readme_curl_body() == README_EXAMPLE  # the README shows exactly what is tested here
     r = httpx.post(live.url + "/v1/systemone", json=README_EXAMPLE, headers=live.headers(), timeout=60)
     assert r.status_code == 200, r.text
     body = r.json()
