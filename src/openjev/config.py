@@ -58,6 +58,9 @@ class Settings:
     attention_budget: int = _opt(
         1 << 24, "in-process engine: max query x key positions per forward (bounds attention memory)"
     )
+    batch_tokens: int = _opt(2048, "in-process engine: real tokens per forward (longer prefills go in slices)")
+    batch_window_ms: float = _opt(2.0, "in-process engine: wait this long after idle to batch concurrent arrivals")
+    prefix_cache_bytes: int = _opt(1 << 30, "in-process engine: memory for prefix KV kept across requests (0: off)")
     log_level: str = _opt("info", "debug, info, warning, error")
 
     # ---- derived
@@ -83,10 +86,12 @@ class Settings:
 
     def validate(self) -> "Settings":
         positive = ("port", "max_questions", "max_body_bytes", "max_branch_tokens", "max_request_tokens",
-                    "max_in_flight", "engine_timeout_s", "retry_after_s", "attention_budget")
+                    "max_in_flight", "engine_timeout_s", "retry_after_s", "attention_budget", "batch_tokens")
         for name in positive:
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be positive, got {getattr(self, name)!r}")
+        if self.prefix_cache_bytes < 0 or self.batch_window_ms < 0:
+            raise ConfigError("prefix_cache_bytes and batch_window_ms must not be negative")
         if self.temperature <= 0:
             raise ConfigError(f"temperature must be positive, got {self.temperature!r}")
         if self.max_questions > 4096:

@@ -2,7 +2,6 @@
 
 import asyncio
 import math
-import threading
 
 import pytest
 import torch
@@ -11,11 +10,12 @@ from openjev.core.plan import Plan
 from openjev.core.prompts import PromptCompiler
 from openjev.core.service import DecisionService, ServiceLimits
 from openjev.core.types import ChoiceQuestion, DecisionRequest, NoulQuestion, Option, ScoreQuestion, State, Turn
-from openjev.engines.inprocess import TransformersEngine, _Cancelled
+from openjev.engines.inprocess import TransformersEngine
 
-STATE = State((Turn("user", "Hello, I ordered a blue jacket (order #4471) three weeks ago. It still has not arrived, "
-                            "and yesterday my card was charged a second time for the same order. I want the duplicate "
-                            "charge refunded today, or I will dispute it with my bank. " * 4),))
+TEXT = ("Hello, I ordered a blue jacket (order #{n}) three weeks ago. It still has not arrived, and yesterday my "
+        "card was charged a second time for the same order. I want the duplicate charge refunded today, or I "
+        "will dispute it with my bank. ")
+STATE = State((Turn("user", TEXT.format(n=4471) * 4),))
 QUESTIONS = (
     ("refund", NoulQuestion("Does the customer ask for a refund?")),
     ("team", ChoiceQuestion("Which team should handle this?", (
@@ -23,12 +23,18 @@ QUESTIONS = (
         Option("tech", None)))),
     ("anger", ScoreQuestion("How frustrated is the customer?", ("Calm", "Annoyed", "Angry", "Furious"))),
     ("lang", ChoiceQuestion(None, tuple(Option(f"Language {i}", None) for i in range(40)))),
+    ("team2", ChoiceQuestion("Which team should handle this first?", (Option("a", None), Option("b", None)))),
 )
 
 
 @pytest.fixture(scope="module")
 def compiler(embedded):
     return PromptCompiler(embedded.tokenizer, max_labels=255)
+
+
+def _engine(embedded, **kw) -> TransformersEngine:
+    kw.setdefault("prefix_cache_bytes", 0)
+    return TransformersEngine(embedded.engine.model, **kw)
 
 
 def _independent(model, plan: Plan) -> list[list[float]]:
@@ -41,43 +47,125 @@ def _independent(model, plan: Plan) -> list[list[float]]:
     return out
 
 
+def _max_diff(reference, result) -> float:
+    return max(abs(a - b) for ref, got in zip(reference, result.branches) for a, b in zip(ref, got.logprobs))
+
+
+def _run(engine, *plans):
+    async def go():
+        try:
+            return await asyncio.gather(*(engine.run(p) for p in plans))
+        finally:
+            await engine.close()
+    return asyncio.run(go())
+
+
 def test_255_labels_are_single_tokens_in_context(compiler):
     assert len(compiler.labels) == 255
     assert compiler.labels.texts[:26] == tuple("ABCDEFGHIJKLMNOPQRSTUVWXYZ")
     assert len(set(compiler.labels.ids)) == 255
 
 
-@pytest.mark.parametrize("budget", [1 << 24, 4_000], ids=["one-batch", "chunked-and-split"])
-def test_shared_prefix_equals_independent_prefills(embedded, compiler, budget):
-    engine: TransformersEngine = embedded.engine
+@pytest.mark.parametrize("kw", [{}, {"attention_budget": 4_000, "batch_tokens": 64}],
+                         ids=["default", "sliced-and-chunked"])
+def test_trie_execution_equals_independent_prefills_at_the_floor(embedded, compiler, kw):
     plan = compiler.compile(DecisionRequest(STATE, QUESTIONS)).plan
     assert plan.shared_prefix_len > 200  # the state is shared
-    reference = _independent(engine._model, plan)
-    engine._budget, saved = budget, engine._budget
-    try:
-        result = asyncio.run(engine.run(plan))
-    finally:
-        engine._budget = saved
-    for ref, got in zip(reference, result.branches):
-        assert max(abs(a - b) for a, b in zip(ref, got.logprobs)) < 1e-4
-    # the shared prefix is computed once, each branch's own tokens once
-    root = plan.shared_prefix_len
-    assert result.computed_tokens == root + sum(len(b.input_ids) - root for b in plan.branches)
-    assert plan.prompt_tokens - plan.unique_tokens >= 3 * root  # naive prefills read the state 4 times
+    assert any(node.children for child in plan.root.children for node in [child])  # a deeper shared run
+    [result] = _run(_engine(embedded, **kw), plan)
+    assert _max_diff(_independent(embedded.engine.model, plan), result) < 1e-4
+    assert result.computed_tokens == plan.unique_tokens  # every distinct token once
+    assert result.cached_tokens == 0
+    assert plan.prompt_tokens - plan.unique_tokens >= 4 * plan.shared_prefix_len  # what naive prefills pay
 
 
 def test_single_question_branch_ending_at_the_root(embedded, compiler):
     plan = compiler.compile(DecisionRequest(STATE, QUESTIONS[:1])).plan
     assert plan.root.ends == (0,)  # one branch: all of it is "shared prefix"
-    result = asyncio.run(embedded.engine.run(plan))
-    ref = _independent(embedded.engine._model, plan)[0]
-    assert max(abs(a - b) for a, b in zip(ref, result.branches[0].logprobs)) < 1e-4
+    [result] = _run(_engine(embedded), plan)
+    assert _max_diff(_independent(embedded.engine.model, plan), result) < 1e-4
+
+
+def test_prefix_cache_serves_a_seen_state_across_requests(embedded, compiler):
+    engine = _engine(embedded, prefix_cache_bytes=1 << 28)
+    first = compiler.compile(DecisionRequest(STATE, QUESTIONS[:2])).plan
+    second = compiler.compile(DecisionRequest(STATE, QUESTIONS[2:])).plan  # same state, new questions
+
+    async def go():
+        try:
+            a = await engine.run(first)
+            b = await engine.run(second)
+            return a, b
+        finally:
+            await engine.close()
+
+    a, b = asyncio.run(go())
+    assert a.cached_tokens == 0
+    assert b.cached_tokens >= first.shared_prefix_len > 200  # the state (and then some) came from cache
+    assert b.computed_tokens == second.unique_tokens - b.cached_tokens
+    assert _max_diff(_independent(embedded.engine.model, second), b) < 1e-4
+
+
+def test_concurrent_requests_share_forwards_and_stay_exact(embedded, compiler):
+    plans = [compiler.compile(DecisionRequest(State((Turn("user", TEXT.format(n=n) * 2),)), QUESTIONS[:3])).plan
+             for n in range(4)]
+    alone = _engine(embedded)
+    _run(alone, plans[0])
+    together = _engine(embedded, batch_window_s=0.05)
+    results = _run(together, *plans)
+    for plan, result in zip(plans, results):
+        assert _max_diff(_independent(embedded.engine.model, plan), result) < 1e-4
+        assert result.computed_tokens == plan.unique_tokens
+    # four requests in far fewer forwards than four times one request's
+    assert together.scheduler.forwards < 4 * alone.scheduler.forwards
+
+
+def test_a_large_request_does_not_starve_a_small_one(embedded, compiler):
+    engine = _engine(embedded, batch_tokens=128)
+    big = compiler.compile(DecisionRequest(State((Turn("user", TEXT.format(n=1) * 12),)), QUESTIONS)).plan
+    small = compiler.compile(DecisionRequest(State((Turn("user", "Where is my parcel?"),)), QUESTIONS[:1])).plan
+    assert big.unique_tokens > 6 * 128
+    finished = []
+
+    async def go():
+        async def tagged(name, plan, delay):
+            await asyncio.sleep(delay)
+            await engine.run(plan)
+            finished.append(name)
+        try:
+            await asyncio.gather(tagged("big", big, 0), tagged("small", small, 0.3))
+        finally:
+            await engine.close()
+
+    asyncio.run(go())
+    assert finished == ["small", "big"]
+
+
+def test_cancelled_request_stops_its_work(embedded, compiler):
+    engine = _engine(embedded, batch_tokens=128)
+    big = compiler.compile(DecisionRequest(State((Turn("user", TEXT.format(n=2) * 12),)), QUESTIONS)).plan
+
+    async def go():
+        task = asyncio.create_task(engine.run(big))
+        await asyncio.sleep(0.5)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await asyncio.sleep(0.5)  # the worker notices at its next round
+        before = engine.scheduler.forwards
+        await asyncio.sleep(0.5)
+        return before
+
+    before = asyncio.run(go())
+    assert engine.scheduler.forwards == before  # nothing more was computed for it
+    assert before < big.unique_tokens / 128  # it did not run to the end
+    asyncio.run(engine.close())
 
 
 def test_answers_are_well_formed_distributions(embedded, compiler):
     service = DecisionService(compiler, embedded.engine, ServiceLimits(32_768, 262_144, 4, 120, 1))
     result = asyncio.run(service.decide(DecisionRequest(STATE, QUESTIONS)))
-    refund, team, anger, lang = (a for _, a in result.answers)
+    refund, team, anger, lang, _ = (a for _, a in result.answers)
     assert 0 <= refund.p_true <= 1
     for answer in (team, lang):
         probs = [p for _, p in answer.probabilities]
@@ -86,12 +174,3 @@ def test_answers_are_well_formed_distributions(embedded, compiler):
     assert 0 <= anger.score <= 3 and math.isclose(sum(anger.probabilities), 1.0, abs_tol=1e-9)
     # the model does put its mass on the labels (it understood the format)
     assert min(a.label_mass for _, a in result.answers) > 0.3
-
-
-def test_cancelled_run_stops_between_forwards(embedded, compiler):
-    engine = embedded.engine
-    plan = compiler.compile(DecisionRequest(STATE, QUESTIONS)).plan
-    cancel = threading.Event()
-    cancel.set()
-    with pytest.raises(_Cancelled):
-        engine._run_sync(plan, cancel)

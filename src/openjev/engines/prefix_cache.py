@@ -1,0 +1,83 @@
+"""A byte-bounded LRU of prefix KV, keyed by token ids, with longest-prefix lookup.
+
+Values are duck-typed (`nbytes`, `prefix(m)`, `contiguous()`; the in-process engine stores
+KVChains), so the policy is testable without a model. Any prefix of a stored sequence is
+usable (causal attention), so lookups match partially: a request that shares only the
+first m tokens of an entry reuses those m. Not thread-safe: the engine's worker thread
+owns it.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Any, Sequence
+
+
+def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
+    """Length of the longest common prefix, by binary search over C-speed slice compares."""
+    hi = min(len(a), len(b))
+    if hi == 0 or a[0] != b[0]:
+        return 0
+    if a[:hi] == b[:hi]:
+        return hi
+    lo = 1  # a[:lo] == b[:lo] holds
+    hi -= 1  # a[:hi + 1] != b[:hi + 1] holds
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+class PrefixCache:
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self._entries: OrderedDict[tuple[int, ...], Any] = OrderedDict()
+        self._bytes = 0
+        self.hits = 0
+        self.lookups = 0
+
+    @property
+    def nbytes(self) -> int:
+        return self._bytes
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def lookup(self, tokens: Sequence[int]) -> tuple[int, Any | None]:
+        """(m, value.prefix(m)) for the entry sharing the longest prefix with `tokens`; (0, None) if none."""
+        self.lookups += 1
+        tokens = tuple(tokens)
+        best_key, best = None, 0
+        for key in self._entries:
+            m = common_prefix_len(key, tokens)
+            if m > best:
+                best_key, best = key, m
+        if best_key is None:
+            return 0, None
+        self.hits += 1
+        self._entries.move_to_end(best_key)
+        return best, self._entries[best_key].prefix(best)
+
+    def insert(self, tokens: Sequence[int], value: Any) -> bool:
+        """Keep `value` (the KV of exactly `tokens`); False if disabled or larger than the bound."""
+        tokens = tuple(tokens)
+        if not tokens or value.nbytes > self.max_bytes:
+            return False
+        for key in list(self._entries):
+            if len(key) >= len(tokens) and key[: len(tokens)] == tokens:
+                self._entries.move_to_end(key)  # already covered by a longer entry
+                return True
+            if len(key) < len(tokens) and tokens[: len(key)] == key:
+                self._drop(key)  # superseded: the new entry covers it
+        value = value.contiguous()
+        self._entries[tokens] = value
+        self._bytes += value.nbytes
+        while self._bytes > self.max_bytes:
+            self._drop(next(iter(self._entries)))
+        return True
+
+    def _drop(self, key: tuple[int, ...]) -> None:
+        self._bytes -= self._entries.pop(key).nbytes
