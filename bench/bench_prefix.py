@@ -1,11 +1,14 @@
-"""Shared-prefix execution vs naive independent prefills, side by side in one run.
+"""Execution plans, measured side by side in one run (issue: execution plans).
 
-For a ~1,000-token state and 1, 4 and 8 questions: p50 latency of the in-process engine
-(ours) and of a naive engine that prefills every branch on its own, the tokens each
-computes, and the distinct tokens of the request (the floor). Runs alternate ours/naive
-so machine noise hits both. Prints one JSON line.
+Sections (one JSON line each):
+- ratio: tokens computed / distinct tokens for cold requests (1,000-token state; 1, 4, 8,
+  16 questions), ours vs naive independent prefills.
+- latency: p50 of cold requests (a state never seen) and warm requests (the same state
+  again, new questions), ours vs naive vs llm2jev 0.6.1 (its transformers backend through
+  its Python API, float32 on the same converted weights; its CLI hard-codes bfloat16).
+- throughput: decisions/s with 1, 4 and 16 concurrent clients, ours vs llm2jev.
 
-    .venv/bin/python bench/bench_prefix.py [--repeats N]
+    .venv/bin/python bench/bench_prefix.py [--repeats N] [--skip-llm2jev]
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import asyncio
 import json
 import resource
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -22,13 +26,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
 
-from common import machine, p50, request  # noqa: E402
+from common import core_request, machine, p50, payload  # noqa: E402
 from openjev.config import MAX_CHOICE_OPTIONS, load_settings  # noqa: E402
 from openjev.core.plan import Plan  # noqa: E402
 from openjev.core.ports import BranchResult, PlanResult  # noqa: E402
 from openjev.core.prompts import PromptCompiler  # noqa: E402
 from openjev.core.service import DecisionService, ServiceLimits  # noqa: E402
 from openjev.engines import load_engine  # noqa: E402
+from openjev.engines.hf_model import gguf_cache_folder, resolve_source  # noqa: E402
+from openjev.engines.inprocess import TransformersEngine  # noqa: E402
+
+LIMITS = ServiceLimits(32_768, 262_144, 64, 3600, 1)
 
 
 class NaiveEngine:
@@ -36,85 +44,152 @@ class NaiveEngine:
 
     def __init__(self, model) -> None:
         self._model = model
+        self._lock = threading.Lock()
 
-    async def run(self, plan: Plan) -> PlanResult:
+    def _run(self, plan: Plan) -> PlanResult:
         out = []
-        with torch.inference_mode():
+        with self._lock, torch.inference_mode():
             for b in plan.branches:
                 logits = self._model(torch.tensor([b.input_ids])).logits[0, -1].float()
                 out.append(BranchResult(tuple(torch.log_softmax(logits, -1)[list(b.label_ids)].tolist())))
         return PlanResult(tuple(out), computed_tokens=plan.prompt_tokens, cached_tokens=0)
 
+    async def run(self, plan: Plan) -> PlanResult:
+        return await asyncio.to_thread(self._run, plan)
+
     async def close(self) -> None:
         pass
 
 
+class Systems:
+    """The systems under test, each answering a wire payload: ours, naive, llm2jev."""
+
+    def __init__(self, with_llm2jev: bool) -> None:
+        settings = load_settings({}, environ={})
+        loaded = load_engine(settings)
+        self.model = loaded.engine.model
+        self.compiler = PromptCompiler(loaded.tokenizer, max_labels=MAX_CHOICE_OPTIONS)
+        self.ours_engine = loaded.engine
+        self.ours = DecisionService(self.compiler, loaded.engine, LIMITS)
+        self.naive = DecisionService(self.compiler, NaiveEngine(self.model), LIMITS)
+        self.llm2jev = None
+        if with_llm2jev:
+            from llm2jev.backends import HF
+            from llm2jev.engine import LLM2Jev
+            from transformers import AutoTokenizer
+
+            folder = str(gguf_cache_folder(resolve_source(None), settings.cache_dir))
+            backend = HF(folder, device="cpu", dtype="float32")
+            self.llm2jev = LLM2Jev(AutoTokenizer.from_pretrained(folder), backend)
+
+    def fresh_ours(self) -> None:
+        """A new engine on the same weights: an empty prefix cache, so 'cold' means cold."""
+        self.ours_engine = TransformersEngine(self.model)
+        self.ours = DecisionService(self.compiler, self.ours_engine, LIMITS)
+
+    async def answer(self, name: str, wire: dict):
+        if name == "llm2jev":
+            return await asyncio.to_thread(self.llm2jev.run, wire["state"], wire["questions"])
+        return await getattr(self, name).decide(core_request(wire))
+
+
+async def timed(systems: Systems, name: str, wire: dict) -> tuple[float, object]:
+    t0 = time.perf_counter()
+    out = await systems.answer(name, wire)
+    return (time.perf_counter() - t0) * 1000, out
+
+
+async def ratio_section(systems: Systems) -> dict:
+    rows = []
+    for n in (1, 4, 8, 16):
+        wire = payload(n, tag=500 + n)
+        ours = (await systems.ours.decide(core_request(wire))).usage
+        rows.append({"questions": n, "distinct_tokens": ours.input_tokens,
+                     "ours_computed": ours.computed_tokens, "naive_computed": ours.prompt_tokens,
+                     "ours_ratio": round(ours.computed_tokens / ours.input_tokens, 3),
+                     "naive_ratio": round(ours.prompt_tokens / ours.input_tokens, 3)})
+    return {"section": "ratio", "results": rows}
+
+
+async def latency_section(systems: Systems, names: list[str], repeats: int) -> dict:
+    rows = []
+    for n in (1, 4, 8):
+        for name in names:
+            await timed(systems, name, payload(n, tag=900 + n))  # warm-up: kernels, allocator
+        cold = {name: [] for name in names}
+        warm = {name: [] for name in names}
+        for rep in range(repeats):
+            for name in (names if rep % 2 == 0 else names[::-1]):
+                tag = 1000 * (names.index(name) + 1) + 10 * n + rep  # a state no system has seen
+                ms, _ = await timed(systems, name, payload(n, tag=tag))
+                cold[name].append(ms)
+                ms, _ = await timed(systems, name, payload(n, tag=tag, qtag=tag + 5000))  # same state, new questions
+                warm[name].append(ms)
+        row = {"questions": n}
+        for name in names:
+            row[f"{name}_cold_p50_ms"] = round(p50(cold[name]))
+            row[f"{name}_warm_p50_ms"] = round(p50(warm[name]))
+        for name in names:
+            if name != "ours":
+                row[f"{name}_over_ours_cold"] = round(p50(cold[name]) / p50(cold["ours"]), 2)
+                row[f"{name}_over_ours_warm"] = round(p50(warm[name]) / p50(warm["ours"]), 2)
+        rows.append(row)
+    return {"section": "latency", "repeats": repeats, "results": rows}
+
+
+async def throughput_section(systems: Systems, names: list[str], requests: int, questions: int,
+                             paragraphs: int) -> dict:
+    rows = []
+    for clients in (1, 4, 16):
+        row = {"clients": clients}
+        for name in names:
+            queue = [payload(questions, tag=20_000 + 1000 * clients + 100 * names.index(name) + i,
+                             paragraphs=paragraphs) for i in range(requests)]
+
+            async def client():
+                while queue:
+                    await systems.answer(name, queue.pop())
+
+            t0 = time.perf_counter()
+            await asyncio.gather(*(client() for _ in range(clients)))
+            seconds = time.perf_counter() - t0
+            row[f"{name}_decisions_per_s"] = round(requests * questions / seconds, 2)
+        rows.append(row)
+    for row in rows:
+        row["ours_over_ours_serial"] = round(row["ours_decisions_per_s"] / rows[0]["ours_decisions_per_s"], 2)
+        if "llm2jev_decisions_per_s" in row:
+            row["ours_over_llm2jev"] = round(row["ours_decisions_per_s"] / row["llm2jev_decisions_per_s"], 2)
+    return {"section": "throughput", "requests_per_level": requests, "questions_per_request": questions,
+            "state_paragraphs": paragraphs, "results": rows}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--repeats", type=int, default=7)
-    parser.add_argument("--questions", type=int, nargs="+", default=[1, 4, 8])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--skip-llm2jev", action="store_true")
+    parser.add_argument("--throughput-requests", type=int, default=16)
+    parser.add_argument("--sections", nargs="+", default=["ratio", "latency", "throughput"])
     args = parser.parse_args()
+    systems = Systems(with_llm2jev=not args.skip_llm2jev)
+    names = ["ours", "naive"] + ([] if args.skip_llm2jev else ["llm2jev"])
+    head = {"bench": "plans", "machine": machine(), "torch_threads": torch.get_num_threads(),
+            "llm2jev": None if args.skip_llm2jev else "0.6.1, transformers backend via its Python API, float32"}
 
-    loaded = load_engine(load_settings({}, environ={}))
-    compiler = PromptCompiler(loaded.tokenizer, max_labels=MAX_CHOICE_OPTIONS)
-    limits = ServiceLimits(32_768, 262_144, 64, 600, 1)
-    services = {
-        "ours": DecisionService(compiler, loaded.engine, limits),
-        "naive": DecisionService(compiler, NaiveEngine(loaded.engine._model), limits),
-    }
+    async def run():
+        if "ratio" in args.sections:
+            print(json.dumps({**head, **await ratio_section(systems)}), flush=True)
+        if "latency" in args.sections:
+            systems.fresh_ours()
+            print(json.dumps({**head, **await latency_section(systems, names, args.repeats)}), flush=True)
+        if "throughput" in args.sections:
+            systems.fresh_ours()
+            tnames = [n for n in names if n != "naive"]
+            print(json.dumps({**head, **await throughput_section(systems, tnames, args.throughput_requests, 4, 3)}),
+                  flush=True)
 
-    async def timed(service, req):
-        t0 = time.perf_counter()
-        result = await service.decide(req)
-        return (time.perf_counter() - t0) * 1000, result
-
-    async def run() -> list[dict]:
-        rows = []
-        for n in args.questions:
-            await timed(services["ours"], request(n, 999))  # warm-up (kernels, allocator)
-            times = {"ours": [], "naive": []}
-            last = {}
-            for rep in range(args.repeats):
-                req = request(n, rep)  # a fresh state each time: every run is cold
-                for name in (("ours", "naive") if rep % 2 == 0 else ("naive", "ours")):
-                    ms, last[name] = await timed(services[name], req)
-                    times[name].append(ms)
-            ours, naive = last["ours"].usage, last["naive"].usage
-            # same answers whatever the engine (float noise only)
-            diff = max(abs(pa - pb)
-                       for (_, a), (_, b) in zip(last["ours"].answers, last["naive"].answers)
-                       for pa, pb in zip(_probs(a), _probs(b)))
-            rows.append({
-                "questions": n,
-                "ours_p50_ms": round(p50(times["ours"]), 1),
-                "naive_p50_ms": round(p50(times["naive"]), 1),
-                "speedup": round(p50(times["naive"]) / p50(times["ours"]), 2),
-                "unique_tokens": ours.input_tokens,
-                "ours_computed_tokens": ours.computed_tokens,
-                "naive_computed_tokens": naive.computed_tokens,
-                "ours_computed_over_unique": round(ours.computed_tokens / ours.input_tokens, 3),
-                "naive_computed_over_unique": round(naive.computed_tokens / naive.input_tokens, 3),
-                "max_probability_difference": float(f"{diff:.2e}"),
-            })
-        return rows
-
-    rows = asyncio.run(run())
-    print(json.dumps({
-        "bench": "prefix",
-        "machine": machine(),
-        "torch_threads": torch.get_num_threads(),
-        "repeats": args.repeats,
-        "results": rows,
-        "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
-    }))
-
-
-def _probs(answer) -> list[float]:
-    if hasattr(answer, "p_true"):
-        return [answer.p_true]
-    if hasattr(answer, "legend"):
-        return list(answer.probabilities)
-    return [p for _, p in answer.probabilities]
+    asyncio.run(run())
+    print(json.dumps({**head, "section": "memory",
+                      "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)}))
 
 
 if __name__ == "__main__":

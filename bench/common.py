@@ -1,4 +1,5 @@
-"""Shared bench helpers: the machine, a ~1,000-token state and question sets."""
+"""Shared bench helpers: the machine, ~1,000-token states and question sets, as wire
+payloads (so every system under test gets the very same requests)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ import platform
 import statistics
 import subprocess
 
-from openjev.core.types import ChoiceQuestion, DecisionRequest, NoulQuestion, Option, ScoreQuestion, State, Turn
+from openjev.api import convert, schemas
+from openjev.core.types import DecisionRequest
 
 TICKET = (
     "Order #{n}: I ordered a blue rain jacket, size M, three weeks ago and paid with my credit card. "
@@ -28,24 +30,31 @@ def machine() -> dict:
     return {"cpu": cpu, "cores": os.cpu_count(), "python": platform.python_version()}
 
 
-def state(tag: int, paragraphs: int = 11) -> State:
-    """About 1,000 tokens with the embedded tokenizer; `tag` makes states distinct."""
-    return State((Turn("user", " ".join(TICKET.format(n=tag * 100 + i) for i in range(paragraphs))),))
+def state_text(tag: int, paragraphs: int = 11) -> str:
+    """About 1,000 tokens with the embedded tokenizer at 11 paragraphs; `tag` makes states distinct."""
+    return " ".join(TICKET.format(n=tag * 100 + i) for i in range(paragraphs))
 
 
-def questions(n: int, tag: int = 0) -> tuple:
+def questions(n: int, tag: int = 0) -> dict:
     kinds = [
-        lambda i: NoulQuestion(f"Does the customer ask for a refund (check {i})?"),
-        lambda i: ChoiceQuestion(f"Which team should handle this (routing {i})?", (
-            Option("billing", "Payments, charges and refunds"), Option("shipping", "Delivery and tracking"),
-            Option("returns", "Returns and exchanges"), Option("other", None))),
-        lambda i: ScoreQuestion(f"How frustrated is the customer (scale {i})?", ("Calm", "Annoyed", "Angry", "Furious")),
+        lambda i: {"type": "noul", "instructions": f"Does the customer ask for a refund (check {i})?"},
+        lambda i: {"type": "choice", "instructions": f"Which team should handle this (routing {i})?",
+                   "criteria": {"billing": "Payments, charges and refunds", "shipping": "Delivery and tracking",
+                                "returns": "Returns and exchanges", "other": None}},
+        lambda i: {"type": "score", "instructions": f"How frustrated is the customer (scale {i})?",
+                   "criteria": ["Calm", "Annoyed", "Angry", "Furious"]},
     ]
-    return tuple((f"q{i}", kinds[i % 3](i + 100 * tag)) for i in range(n))
+    return {f"q{i}": kinds[i % 3](i + 100 * tag) for i in range(n)}
 
 
-def request(n_questions: int, tag: int) -> DecisionRequest:
-    return DecisionRequest(state(tag), questions(n_questions, tag))
+def payload(n_questions: int, tag: int, qtag: int | None = None, paragraphs: int = 11) -> dict:
+    """A wire request. Same `tag`, other `qtag`: the same state with new questions (a warm request)."""
+    return {"model": "jev-latest", "state": state_text(tag, paragraphs),
+            "questions": questions(n_questions, tag if qtag is None else qtag)}
+
+
+def core_request(wire: dict) -> DecisionRequest:
+    return convert.request_of(schemas.SystemOneRequest.model_validate(wire))
 
 
 def p50(xs: list[float]) -> float:

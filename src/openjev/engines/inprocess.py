@@ -24,7 +24,7 @@ from openjev.core.ports import PlanResult
 from openjev.engines import LoadedEngine, ModelCard
 from openjev.engines.hf_model import load_model_and_tokenizer, resolve_source
 from openjev.engines.hf_tokenizer import HFChatTokenizer
-from openjev.engines.kv import RaggedResult, Row, ragged_forward
+from openjev.engines.kv import Row, ragged_forward
 from openjev.engines.prefix_cache import PrefixCache
 from openjev.engines.scheduler import Scheduler, SchedulerLimits
 from openjev.errors import ConfigError, EngineError
@@ -46,7 +46,7 @@ class TorchRunner:
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
         self._bool_mask = model.config._attn_implementation != "eager"
 
-    def forward(self, rows: Sequence[Row]) -> RaggedResult:
+    def forward(self, rows: Sequence[Row]):
         try:
             with torch.inference_mode():
                 return ragged_forward(self._base, rows, cache_kw=self._cache_kw, pad_id=self._pad_id,
@@ -54,14 +54,17 @@ class TorchRunner:
         except torch.OutOfMemoryError as e:
             raise EngineError(f"the engine ran out of memory: {e}") from None
 
-    def read(self, hidden: torch.Tensor, label_ids: Sequence[Sequence[int]]) -> list[tuple[float, ...]]:
-        """Log-probs of each row's labels under the full-vocabulary softmax, in float32."""
+    def read(self, hidden: torch.Tensor, picks: Sequence[tuple[int, int]],
+             label_ids: Sequence[Sequence[int]]) -> list[tuple[float, ...]]:
+        """Log-probs of each pick's labels under the full-vocabulary softmax, in float32."""
         with torch.inference_mode():
-            logits = self._head(hidden).float()
+            rows = torch.tensor([r for r, _ in picks])
+            cols = torch.tensor([c for _, c in picks])
+            logits = self._head(hidden[rows, cols]).float()
             if self._softcap:
                 logits = torch.tanh(logits / self._softcap) * self._softcap
             logp = torch.log_softmax(logits, dim=-1)
-            return [tuple(logp[row, list(ids)].tolist()) for row, ids in enumerate(label_ids)]
+            return [tuple(logp[i, list(ids)].tolist()) for i, ids in enumerate(label_ids)]
 
 
 class TransformersEngine:

@@ -1,33 +1,33 @@
 """KV chains and ragged batched forwards for the in-process engine.
 
-A KVChain is the key/value cache of one token sequence as a list of chunks (per layer,
-tensors of shape (1, heads, length, head_dim)). Chains share chunks: a trie node's chain is
-its parent's chunks plus its own, so nothing is copied to extend a prefix, and slicing
-(`prefix`) makes views. Causal attention makes the KV of positions [0, m) a function of
-those m tokens only, so any prefix of a chain is valid for any sequence that starts with
-the same m tokens.
+A KVChain is the key/value cache of a run of tokens as a list of chunks (per layer,
+tensors of shape (1, heads, length, head_dim)); extending shares the earlier chunks and
+slicing (`prefix`) makes views, so nothing is copied to grow or reuse a prefix.
 
-`ragged_forward` runs rows with different pasts and different new lengths in one forward:
-pasts are left-aligned and padded, new tokens right-padded, and a 4D mask lets each query
-see exactly its own past and its own earlier tokens. Equal to running each row alone, up
-to float noise.
+`ragged_forward` runs rows with different pasts and lengths in one forward. Each row
+brings its own visibility mask over its past and its new tokens (a plain causal mask, or
+a token-tree mask: each token sees only its ancestors), and its own absolute positions.
+Pasts are left-aligned and padded, new tokens right-padded; padding is never visible to a
+real token, so each row's result equals running it alone, up to float noise.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Sequence
 
 import torch
 from transformers.cache_utils import Cache, DynamicLayer
 
+Chunk = tuple[tuple[torch.Tensor, torch.Tensor], ...]  # layer -> (keys, values)
+
 
 @dataclass(frozen=True)
 class KVChain:
-    chunks: tuple[tuple[tuple[torch.Tensor, torch.Tensor], ...], ...] = ()  # chunk -> layer -> (k, v)
+    chunks: tuple[Chunk, ...] = ()
     length: int = 0
 
-    def extend(self, chunk: tuple[tuple[torch.Tensor, torch.Tensor], ...]) -> "KVChain":
+    def extend(self, chunk: Chunk) -> "KVChain":
         n = chunk[0][0].shape[-2]
         return KVChain(self.chunks + (chunk,), self.length + n) if n else self
 
@@ -49,24 +49,18 @@ class KVChain:
                 break
         return KVChain(tuple(out), m)
 
-    def layer(self, i: int) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """Keys and values of layer i, (1, H, length, D), or None for an empty chain."""
-        if not self.chunks:
-            return None
+    def layer(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values of layer i, (1, H, length, D). The chain must not be empty."""
         if len(self.chunks) == 1:
             return self.chunks[0][i]
         return (torch.cat([c[i][0] for c in self.chunks], dim=-2), torch.cat([c[i][1] for c in self.chunks], dim=-2))
 
     def contiguous(self) -> "KVChain":
-        """One chunk per layer, owning its memory (for long-lived cache entries)."""
+        """One chunk owning its memory (for long-lived cache entries)."""
         if not self.chunks:
             return self
-        n_layers = len(self.chunks[0])
-        layers = []
-        for i in range(n_layers):
-            k, v = self.layer(i)
-            layers.append((k.contiguous().clone(), v.contiguous().clone()))
-        return KVChain((tuple(layers),), self.length)
+        layers = tuple((k.clone(), v.clone()) for k, v in (self.layer(i) for i in range(len(self.chunks[0]))))
+        return KVChain((layers,), self.length)
 
     @property
     def nbytes(self) -> int:
@@ -75,43 +69,39 @@ class KVChain:
 
 @dataclass
 class Row:
-    """One sequence of a ragged forward: `tokens` continue `past`."""
+    """New `tokens` at absolute `positions`, continuing `past`. `visible[q, k]`: may new token q
+    attend to column k, where columns are the past's positions then the new tokens."""
 
     past: KVChain
     tokens: Sequence[int]
-    keep_kv: bool = False
+    positions: Sequence[int]
+    visible: torch.Tensor  # bool, (len(tokens), past.length + len(tokens))
+
+
+def causal_visibility(past_len: int, n: int) -> torch.Tensor:
+    q = torch.arange(n)[:, None]
+    k = torch.arange(past_len + n)[None, :]
+    return k <= q + past_len
 
 
 class _RaggedLayer(DynamicLayer):
-    """One layer's padded past for a batch; `update` returns past + new without storing the
-    past again, and remembers the new states when asked (to extend chains afterwards)."""
+    """One layer's padded past for the batch; `update` returns past + new and remembers the
+    new states (the caller extends its chains with them)."""
 
-    def __init__(self, keys: torch.Tensor | None, values: torch.Tensor | None, keep: bool) -> None:
+    def __init__(self, keys: torch.Tensor | None, values: torch.Tensor | None) -> None:
         super().__init__()
-        self.past_keys, self.past_values, self.keep = keys, values, keep
+        self.past_keys, self.past_values = keys, values
         self.new = None
         self.is_initialized = True
-        if keys is not None:
-            self.device, self.dtype = keys.device, keys.dtype
 
     def update(self, key_states, value_states, *args, **kwargs):
-        if self.keep:
-            self.new = (key_states, value_states)
+        self.new = (key_states, value_states)
         if self.past_keys is None:
             return key_states, value_states
-        b = key_states.shape[0]
-        keys = torch.cat([self.past_keys.expand(b, -1, -1, -1), key_states], dim=-2)
-        values = torch.cat([self.past_values.expand(b, -1, -1, -1), value_states], dim=-2)
-        return keys, values
+        return (torch.cat([self.past_keys, key_states], dim=-2), torch.cat([self.past_values, value_states], dim=-2))
 
     def get_seq_length(self) -> int:
         return 0 if self.past_keys is None else self.past_keys.shape[-2]
-
-
-@dataclass
-class RaggedResult:
-    last_hidden: torch.Tensor  # (B, hidden) at each row's last new token
-    new_chunks: list[tuple[tuple[torch.Tensor, torch.Tensor], ...] | None] = field(default_factory=list)
 
 
 def padded_cost(rows: Sequence[Row]) -> int:
@@ -120,43 +110,39 @@ def padded_cost(rows: Sequence[Row]) -> int:
         return 0
     s = max(len(r.tokens) for r in rows)
     p = max(r.past.length for r in rows)
-    if len({id(r.past) for r in rows}) == 1:
-        p = rows[0].past.length
     return len(rows) * s * (p + s)
 
 
-def ragged_forward(base_model, rows: Sequence[Row], *, cache_kw: str, pad_id: int, bool_mask: bool) -> RaggedResult:
-    """Run `rows` in one forward of the base (headless) model."""
+def ragged_forward(base_model, rows: Sequence[Row], *, cache_kw: str, pad_id: int,
+                   bool_mask: bool) -> tuple[torch.Tensor, list[Chunk]]:
+    """(hidden states (B, S, H) of the new tokens, each row's new KV chunk)."""
     device = next(base_model.parameters()).device
     b = len(rows)
     s_max = max(len(r.tokens) for r in rows)
-    shared = len({id(r.past) for r in rows}) == 1  # one past for all rows: expand, never copy
     p_max = max(r.past.length for r in rows)
-    keep = any(r.keep_kv for r in rows)
 
-    ids = torch.full((b, s_max), pad_id, dtype=torch.long, device=device)
+    ids = torch.full((b, s_max), pad_id, dtype=torch.long)
+    positions = torch.zeros((b, s_max), dtype=torch.long)
+    mask = torch.zeros((b, 1, s_max, p_max + s_max), dtype=torch.bool)
+    # Padding queries see themselves, so no attention row is empty (an empty row gives NaN
+    # values that would reach real tokens through 0 * NaN).
+    diag = torch.arange(s_max)
+    mask[:, 0, diag, p_max + diag] = True
     for i, r in enumerate(rows):
-        ids[i, : len(r.tokens)] = torch.as_tensor(list(r.tokens), dtype=torch.long, device=device)
-    past_len = torch.tensor([r.past.length for r in rows], device=device)
-    positions = past_len[:, None] + torch.arange(s_max, device=device)[None, :]
+        n, p = len(r.tokens), r.past.length
+        ids[i, :n] = torch.as_tensor(list(r.tokens), dtype=torch.long)
+        positions[i, :n] = torch.as_tensor(list(r.positions), dtype=torch.long)
+        positions[i, n:] = positions[i, n - 1] + 1 + torch.arange(s_max - n)
+        mask[i, 0, :n, :p] = r.visible[:, :p]
+        mask[i, 0, :n, p_max : p_max + n] = r.visible[:, p:]
 
-    # mask[b, 0, q, k]: k < p_max -> a past slot, valid below the row's own past length;
-    # k >= p_max -> new token k - p_max, visible when not after q (causal).
-    k_idx = torch.arange(p_max + s_max, device=device)
-    q_idx = torch.arange(s_max, device=device)
-    past_ok = k_idx[None, None, :] < past_len[:, None, None]
-    new_ok = (k_idx[None, :] >= p_max) & (k_idx[None, :] - p_max <= q_idx[:, None])
-    mask = (past_ok & (k_idx[None, None, :] < p_max)) | new_ok[None, :, :]
-    mask = mask[:, None, :, :]
-
-    n_layers = base_model.config.num_hidden_layers
     layers = []
-    for li in range(n_layers):
+    for li in range(base_model.config.num_hidden_layers):
         if p_max == 0:
-            layers.append(_RaggedLayer(None, None, keep))
-        elif shared:
+            layers.append(_RaggedLayer(None, None))
+        elif b == 1:
             k, v = rows[0].past.layer(li)
-            layers.append(_RaggedLayer(k, v, keep))
+            layers.append(_RaggedLayer(k, v))
         else:
             k0, v0 = next(r.past.layer(li) for r in rows if r.past.length)
             keys = k0.new_zeros((b, k0.shape[1], p_max, k0.shape[3]))
@@ -166,23 +152,15 @@ def ragged_forward(base_model, rows: Sequence[Row], *, cache_kw: str, pad_id: in
                     k, v = r.past.layer(li)
                     keys[i, :, : r.past.length] = k[0]
                     values[i, :, : r.past.length] = v[0]
-            layers.append(_RaggedLayer(keys, values, keep))
-    cache = Cache(layers=layers)
+            layers.append(_RaggedLayer(keys, values))
 
     dtype = next(base_model.parameters()).dtype
+    mask = mask.to(device)
     attn_mask = mask if bool_mask else torch.zeros(mask.shape, dtype=dtype, device=device).masked_fill(
         ~mask, torch.finfo(dtype).min)
-    out = base_model(input_ids=ids, position_ids=positions, attention_mask=attn_mask, use_cache=True,
-                     **{cache_kw: cache})
-    last = torch.tensor([len(r.tokens) - 1 for r in rows], device=device)
-    hidden = out.last_hidden_state[torch.arange(b, device=device), last]
-
-    chunks: list = []
-    for i, r in enumerate(rows):
-        if not r.keep_kv:
-            chunks.append(None)
-            continue
-        n = len(r.tokens)
-        chunks.append(tuple((layer.new[0][i : i + 1, :, :n].clone(), layer.new[1][i : i + 1, :, :n].clone())
-                            for layer in layers))
-    return RaggedResult(last_hidden=hidden, new_chunks=chunks)
+    out = base_model(input_ids=ids.to(device), position_ids=positions.to(device), attention_mask=attn_mask,
+                     use_cache=True, **{cache_kw: Cache(layers=layers)})
+    chunks = [tuple((layer.new[0][i : i + 1, :, : len(r.tokens)].clone(),
+                     layer.new[1][i : i + 1, :, : len(r.tokens)].clone()) for layer in layers)
+              for i, r in enumerate(rows)]
+    return out.last_hidden_state, chunks

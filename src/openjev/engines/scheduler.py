@@ -1,14 +1,13 @@
 """The in-process engine's scheduler: executes many requests' plans in shared forwards.
 
-Each request is a Job over its Plan's trie. A trie node becomes ready once its parent's
-KV is known; the worker thread repeatedly builds a round of ready nodes from all jobs and
-runs it as a few ragged forwards. Every trie node is computed once (its KV kept when it
-has children), branches under a node run batched, and rows from different requests share
-forwards. The root is looked up in the prefix cache first and inserted after.
+Each request is a Job over its plan packed as a token tree (packing.py): every distinct
+token is computed once, in as few forwards as the budgets allow. The root is looked up in
+the prefix cache first (its cached positions are not computed) and inserted once known.
 
-Fairness: a round takes one ready node per job in turn (round-robin, arrival order) while
-the round's token budget lasts, and a node longer than what is left is cut into chunks,
-so a large request advances in slices and cannot hold small ones back for long.
+A worker thread runs rounds: one slice of each waiting job's packed sequence, round-robin
+in arrival order while the round's token budget lasts, then the slices as a few ragged
+forwards of similar lengths. A large request thus advances slice by slice and cannot hold
+small ones back for long (fairness); concurrent requests share forwards (throughput).
 """
 
 from __future__ import annotations
@@ -21,9 +20,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Protocol, Sequence
 
-from openjev.core.plan import Plan, TrieNode
+from openjev.core.plan import Plan
 from openjev.core.ports import BranchResult, PlanResult
-from openjev.engines.kv import KVChain, RaggedResult, Row, padded_cost
+from openjev.engines.kv import Chunk, KVChain, Row, padded_cost
+from openjev.engines.packing import PackedPlan, pack
 from openjev.engines.prefix_cache import PrefixCache
 from openjev.errors import EngineError
 
@@ -31,27 +31,21 @@ log = logging.getLogger(__name__)
 
 
 class Runner(Protocol):
-    def forward(self, rows: Sequence[Row]) -> RaggedResult: ...
+    def forward(self, rows: Sequence[Row]) -> tuple[object, list[Chunk]]:
+        """(hidden states (B, S, H), each row's new KV chunk)."""
+        ...
 
-    def read(self, hidden, label_ids: Sequence[Sequence[int]]) -> list[tuple[float, ...]]: ...
+    def read(self, hidden, picks: Sequence[tuple[int, int]], label_ids: Sequence[Sequence[int]]
+             ) -> list[tuple[float, ...]]:
+        """Label log-probs at hidden[row, position] for each pick."""
+        ...
 
 
 @dataclass(frozen=True)
 class SchedulerLimits:
-    batch_tokens: int  # real tokens per forward
+    batch_tokens: int  # real tokens per round
     attention_budget: int  # padded query x key positions per forward
     window_s: float  # gathering window after idle
-
-
-@dataclass
-class _Item:
-    node: TrieNode
-    past: KVChain  # KV of positions [0, node.start + offset)
-    offset: int = 0
-
-    @property
-    def remaining(self) -> int:
-        return len(self.node.tokens) - self.offset
 
 
 @dataclass
@@ -59,14 +53,24 @@ class Job:
     plan: Plan
     deliver: Callable[[PlanResult | BaseException], None]
     cancelled: threading.Event = field(default_factory=threading.Event)
-    ready: collections.deque = field(default_factory=collections.deque)
+    packed: PackedPlan | None = None
+    chain: KVChain = field(default_factory=KVChain)  # KV of packed tokens [0, cursor)
+    cursor: int = 0
+    next_read: int = 0
     results: list = field(default_factory=list)
-    left: int = 0
     cached: int = 0
     computed: int = 0
     t_submit: float = field(default_factory=time.perf_counter)
     t_start: float | None = None
     t_root: float | None = None
+
+    @property
+    def remaining(self) -> int:
+        return len(self.packed.tokens) - self.cursor
+
+    @property
+    def done(self) -> bool:
+        return self.packed is not None and self.next_read == len(self.packed.reads)
 
 
 class Scheduler:
@@ -78,9 +82,9 @@ class Scheduler:
         self._wake = threading.Condition()
         self._jobs: list[Job] = []
         self._stopped = False
+        self.forwards = 0
         self._thread = threading.Thread(target=self._loop, name="openjev-engine", daemon=True)
         self._thread.start()
-        self.forwards = 0
 
     # ---- any thread
 
@@ -136,7 +140,7 @@ class Scheduler:
             try:
                 for job in arrivals:
                     self._admit(job)
-                self._jobs = [j for j in self._jobs if not j.cancelled.is_set() and j.left]
+                self._jobs = [j for j in self._jobs if not j.cancelled.is_set() and not j.done]
                 if self._jobs:
                     self._round()
             except Exception as exc:  # a bug here must fail requests, not hang them
@@ -146,115 +150,98 @@ class Scheduler:
                 self._jobs = []
 
     def _admit(self, job: Job) -> None:
-        plan = job.plan
-        job.results = [None] * len(plan.branches)
-        job.left = len(plan.branches)
-        root = plan.root
-        m, chain = self._cache.lookup(root.tokens) if root.tokens else (0, None)
-        if root.ends:  # the root's last position must be computed to read it
-            m = min(m, len(root.tokens) - 1)
-        chain = chain.prefix(m) if chain is not None else KVChain()
-        job.cached = m
-        if m == len(root.tokens):  # fully cached, nothing to read at the root itself
-            job.t_root = time.perf_counter()
-            for child in root.children:
-                job.ready.append(_Item(child, chain))
-        else:
-            job.ready.append(_Item(root, chain, offset=m))
+        packed = job.packed = pack(job.plan)
+        job.results = [None] * len(job.plan.branches)
+        m, chain = self._cache.lookup(packed.tokens[: packed.root_len]) if packed.root_len else (0, None)
+        m = min(m, packed.reads[0][1])  # a position that is read must be computed
+        job.chain = chain.prefix(m) if chain is not None else KVChain()
+        job.cursor = job.cached = m
         self._jobs.append(job)
 
     def _round(self) -> None:
-        picked: list[tuple[Job, _Item, int]] = []
-        tokens = 0
-        budget = self._limits.batch_tokens
-        progressed = True
-        while progressed and tokens < budget:
-            progressed = False
-            for job in self._jobs:
-                if not job.ready or tokens >= budget:
-                    continue
-                item = job.ready[0]
-                if picked and item.remaining > budget - tokens:
-                    continue  # would be cut to a sliver: wait for the next round
-                job.ready.popleft()
-                take = min(item.remaining, budget - tokens)
-                # one row alone must also fit the attention budget
-                while take > 1 and take * (item.past.length + take) > self._limits.attention_budget:
-                    take = max(1, take // 2)
-                picked.append((job, item, take))
-                tokens += take
-                progressed = True
-                if job.t_start is None:
-                    job.t_start = time.perf_counter()
+        picked: list[tuple[Job, int]] = []
+        tokens, budget = 0, self._limits.batch_tokens
+        for job in self._jobs:  # arrival order: older jobs first, one slice each
+            if tokens >= budget:
+                break
+            if picked and job.remaining > budget - tokens:
+                continue  # would be cut to a sliver: next round
+            take = min(job.remaining, budget - tokens)
+            # a slice must also fit the attention budget alone
+            while take > 1 and take * (job.cursor + take) > self._limits.attention_budget:
+                take = max(1, take // 2)
+            picked.append((job, take))
+            tokens += take
+            if job.t_start is None:
+                job.t_start = time.perf_counter()
+        # the next round starts with whoever went last, so no job is always served first
+        if len(self._jobs) > 1:
+            self._jobs.append(self._jobs.pop(0))
         for group in self._partition(picked):
             self._forward(group)
 
-    def _partition(self, picked: list[tuple[Job, _Item, int]]) -> list[list[tuple[Job, _Item, int]]]:
+    def _row(self, job: Job, take: int) -> Row:
+        p, c = job.packed, job.cursor
+        return Row(past=job.chain, tokens=p.tokens[c : c + take], positions=p.positions[c : c + take],
+                   visible=p.visibility(c, c + take))
+
+    def _partition(self, picked: list[tuple[Job, int]]) -> list[list[tuple[Job, int, Row]]]:
         """Forwards of similar lengths (padding stays small) within the attention budget."""
-        picked = sorted(picked, key=lambda p: p[2])
-        groups: list[list] = []
-        for entry in picked:
+        groups: list[list[tuple[Job, int, Row]]] = []
+        for job, take in sorted(picked, key=lambda p: p[1]):
+            row = self._row(job, take)
             if groups:
                 group = groups[-1]
-                shortest = group[0][2]
-                rows = [self._row(*g) for g in group] + [self._row(*entry)]
-                if entry[2] <= 2 * shortest + 8 and padded_cost(rows) <= self._limits.attention_budget:
-                    group.append(entry)
+                if take <= 2 * group[0][1] + 8 and \
+                        padded_cost([g[2] for g in group] + [row]) <= self._limits.attention_budget:
+                    group.append((job, take, row))
                     continue
-            groups.append([entry])
+            groups.append([(job, take, row)])
         return groups
 
-    @staticmethod
-    def _row(job: Job, item: _Item, take: int) -> Row:
-        tokens = item.node.tokens[item.offset : item.offset + take]
-        finished = take == item.remaining
-        keep = not finished or bool(item.node.children) or item.node.start == 0
-        return Row(past=item.past, tokens=tokens, keep_kv=keep)
-
-    def _forward(self, group: list[tuple[Job, _Item, int]]) -> None:
-        live = [g for g in group if not g[0].cancelled.is_set()]
-        if not live:
+    def _forward(self, group: list[tuple[Job, int, Row]]) -> None:
+        group = [g for g in group if not g[0].cancelled.is_set()]
+        if not group:
             return
-        rows = [self._row(*g) for g in live]
         try:
-            result = self._runner.forward(rows)
+            hidden, chunks = self._runner.forward([row for _, _, row in group])
         except Exception as exc:  # the engine's failure, reported to the requests it hits
             log.exception("forward failed")
             error = exc if isinstance(exc, EngineError) else EngineError(f"the engine failed: {exc}")
-            for job in {id(g[0]): g[0] for g in live}.values():
+            for job, _, _ in group:
                 job.deliver(error)
-                job.left = 0
+                job.next_read = len(job.packed.reads)  # done: dropped next round
             return
         self.forwards += 1
-        reads: list[tuple[Job, int, int]] = []  # (job, branch index, row)
-        for r, ((job, item, take), row) in enumerate(zip(live, rows)):
+        picks, labels, owners = [], [], []
+        now = time.perf_counter()
+        for r, ((job, take, _), chunk) in enumerate(zip(group, chunks)):
+            start = job.cursor
+            job.chain = job.chain.extend(chunk)
+            job.cursor += take
             job.computed += take
-            chain = item.past.extend(result.new_chunks[r]) if row.keep_kv else None
-            if take < item.remaining:
-                job.ready.appendleft(_Item(item.node, chain, item.offset + take))
-                continue
-            node = item.node
-            if node.start == 0:
-                job.t_root = time.perf_counter()
-                self._cache.insert(node.tokens, chain)
-            for child in node.children:
-                job.ready.append(_Item(child, chain))
-            reads += [(job, i, r) for i in node.ends]
-        if reads:
-            import torch  # the runner's tensors; imported here to keep the policy above framework-free
-
-            hidden = result.last_hidden[torch.tensor([r for _, _, r in reads])]
-            logprobs = self._runner.read(hidden, [job.plan.branches[i].label_ids for job, i, _ in reads])
-            for (job, i, _), lp in zip(reads, logprobs):
-                job.results[i] = BranchResult(lp)
-                job.left -= 1
-                if job.left == 0:
-                    self._finish(job)
+            p = job.packed
+            if start < p.root_len <= job.cursor:
+                job.t_root = now
+                self._cache.insert(p.tokens[: p.root_len], job.chain.prefix(p.root_len))
+            while job.next_read < len(p.reads) and p.reads[job.next_read][1] < job.cursor:
+                branch, index = p.reads[job.next_read]
+                picks.append((r, index - start))
+                labels.append(job.plan.branches[branch].label_ids)
+                owners.append((job, branch))
+                job.next_read += 1
+        if not picks:
+            return
+        for (job, branch), lp in zip(owners, self._runner.read(hidden, picks, labels)):
+            job.results[branch] = BranchResult(lp)
+        for job in {id(j): j for j, _ in owners}.values():
+            if job.done:
+                self._finish(job)
 
     def _finish(self, job: Job) -> None:
         now = time.perf_counter()
         start = job.t_start or now
-        root = job.t_root or now
+        root = job.t_root or start
         job.deliver(PlanResult(
             branches=tuple(job.results),
             computed_tokens=job.computed,
