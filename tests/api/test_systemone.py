@@ -36,7 +36,11 @@ async def test_valid_request_answers_every_question_in_order(api):
     assert anger["score"] == pytest.approx(sum(int(k) * p for k, p in anger["probabilities"].items()))
     assert all(k in ("type", "noul", "choice", "score", "probabilities", "confidence", "legend") or k.startswith("x_")
                for a in body["answers"].values() for k in a)
-    assert set(body["usage"]) == {"input_tokens", "output_tokens"}
+    usage = body["usage"]
+    assert set(usage) == {"input_tokens", "output_tokens", "x_prompt_tokens", "x_computed_tokens", "x_cached_tokens"}
+    plan = engine.plans[0]
+    assert (usage["input_tokens"], usage["x_prompt_tokens"]) == (plan.unique_tokens, plan.prompt_tokens)
+    assert usage["x_computed_tokens"] == plan.unique_tokens and usage["x_cached_tokens"] == 0
     assert isinstance(body["usage"]["input_tokens"], int) and body["usage"]["output_tokens"] == 0
     assert r.headers["x-typesafe-request-id"].startswith("req_")
     assert int(r.headers["x-openjev-prefix-tokens"]) == engine.plans[0].shared_prefix_len > 0

@@ -104,8 +104,19 @@ def result_to_wire(result: core.DecisionResult, model: str) -> dict[str, Any]:
     return {
         "model": model,
         "answers": {qid: answer_to_wire(a) for qid, a in result.answers},
-        "usage": {"input_tokens": int(result.usage.input_tokens), "output_tokens": int(result.usage.output_tokens)},
+        "usage": usage_to_wire(result.usage),
     }
+
+
+def usage_to_wire(usage: core.Usage) -> dict[str, Any]:
+    """The contract's two integers, then what the engine really did (x_, where known)."""
+    out: dict[str, Any] = {"input_tokens": int(usage.input_tokens), "output_tokens": int(usage.output_tokens),
+                           "x_prompt_tokens": int(usage.prompt_tokens)}
+    if usage.computed_tokens is not None:
+        out["x_computed_tokens"] = int(usage.computed_tokens)
+    if usage.cached_tokens is not None:
+        out["x_cached_tokens"] = int(usage.cached_tokens)
+    return out
 
 
 def result_headers(result: core.DecisionResult) -> dict[str, str]:

@@ -118,8 +118,11 @@ class ScoreAnswer(BaseModel):
 
 
 class Usage(BaseModel):
-    input_tokens: int
-    output_tokens: int
+    input_tokens: int = Field(..., description="distinct tokens read: the state once plus each question's own part")
+    output_tokens: int = Field(..., description="always 0: nothing is generated")
+    x_prompt_tokens: int = Field(..., description="tokens of all branches as independent prefills would read them")
+    x_computed_tokens: int | None = Field(None, description="tokens the engine actually computed (when known)")
+    x_cached_tokens: int | None = Field(None, description="tokens served from the prefix cache (when known)")
 
 
 class SystemOneResponse(BaseModel):

@@ -23,6 +23,7 @@ from openjev.core.types import ChoiceQuestion, DecisionRequest, NoulQuestion, Qu
 log = logging.getLogger(__name__)
 
 ANSWER_CUE = "Answer:"
+INSTRUCTION = "Answer the question about the content above with the letter of exactly one option."
 LABEL_SEPARATOR = " "
 # Stands in for the question turn while the template is probed; never reaches the model.
 _SENTINEL = "\x00openjev-question\x00"
@@ -64,15 +65,14 @@ def question_text(question: Question, labels: LabelSet) -> str:
     else:
         ask = question.instructions or "Where on this scale does it fall?"
         heading = "Options (a scale, from lowest to highest):"
+    # What every question shares comes first, so it joins the prefix computed once per request.
     lines = [
-        "Answer this question about the content above.",
+        INSTRUCTION,
         "",
         f"Question: {ask}",
         "",
         heading,
         *(f"{labels.texts[i]}. {text}" for i, text in enumerate(options)),
-        "",
-        "Reply with the letter of exactly one option.",
     ]
     return "\n".join(lines)
 
