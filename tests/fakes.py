@@ -93,3 +93,79 @@ class FakeEngine:
 
     async def close(self) -> None:
         self.closed = True
+
+
+class FakeSGLang:
+    """An httpx MockTransport handler speaking SGLang's native protocol, with a radix cache.
+
+    A sequence enters the cache when its call completes, so calls sent together do not
+    share work (as in the real engine). `cached_tokens` is the longest cached prefix.
+    Knobs reproduce what real servers do: entries in another order than asked, no
+    `cached_tokens` (Rust frontend), error statuses, aborted finish reasons, slowness.
+    """
+
+    def __init__(self, *, delay_s: float = 0.0, report_cached: bool = True, fail_status: int | None = None,
+                 fail_when=None, abort_when=None, null_token: int | None = None) -> None:
+        self.delay_s = delay_s
+        self.report_cached = report_cached
+        self.fail_status = fail_status
+        self.fail_when = fail_when  # predicate on input_ids -> answer fail_status
+        self.abort_when = abort_when  # predicate on input_ids -> finish_reason abort
+        self.null_token = null_token  # a label id whose log-prob comes back as null (-inf)
+        self.completed: list[tuple[int, ...]] = []
+        self.calls: list[dict] = []  # body, start, end
+        self.aborted: list[str] = []
+        self.in_flight = 0
+        self.max_in_flight = 0
+
+    def transport(self) -> "httpx.MockTransport":
+        import httpx
+
+        return httpx.MockTransport(self.handle)
+
+    def _cached(self, ids: tuple[int, ...]) -> int:
+        best = 0
+        for seq in self.completed:
+            n = 0
+            while n < min(len(seq), len(ids)) and seq[n] == ids[n]:
+                n += 1
+            best = max(best, n)
+        return min(best, len(ids) - 1)  # the last position is always computed
+
+    async def handle(self, request):
+        import json
+
+        import httpx
+
+        if request.url.path == "/abort_request":
+            self.aborted.append(json.loads(request.content)["rid"])
+            return httpx.Response(200)
+        if request.url.path == "/health":
+            return httpx.Response(200)
+        body = json.loads(request.content)
+        record = {"body": body, "start": asyncio.get_running_loop().time(), "end": None}
+        self.calls.append(record)
+        ids = tuple(body["input_ids"])
+        self.in_flight += 1
+        self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        try:
+            cached = self._cached(ids)
+            if self.delay_s:
+                await asyncio.sleep(self.delay_s)
+            if self.fail_status and (self.fail_when is None or self.fail_when(ids)):
+                return httpx.Response(self.fail_status, headers={"Retry-After": "7"}, text="busy")
+            self.completed.append(ids)
+        finally:
+            self.in_flight -= 1
+            record["end"] = asyncio.get_running_loop().time()
+        labels = body["token_ids_logprob"]
+        values = fake_logprobs(ids, len(labels))
+        entries = [[None if t == self.null_token else v, t, None] for v, t in zip(values, labels)][::-1]
+        finish = {"type": "length", "length": 1}
+        if self.abort_when and self.abort_when(ids):
+            finish = {"type": "abort", "message": "memory pressure"}
+        meta = {"id": body["rid"], "finish_reason": finish, "prompt_tokens": len(ids), "completion_tokens": 1,
+                "output_token_ids_logprobs": [entries]}
+        if self.report_cached:
+            meta["cached_tokens"] = cached
+        return httpx.Response(200, json={"text": "", "output_ids": [labels[0]], "meta_info": meta})

@@ -1,0 +1,215 @@
+"""The production engine: SGLang's native HTTP API (SGLang on GPUs, SGLang-JAX on TPUs).
+
+Each branch is one `POST /generate` with its token ids, one new token, and the
+log-probabilities of the label ids (`token_ids_logprob`) at the last prompt position
+(`logprob_start_len: -1`). Replies are read by token id, never by position, and
+validated. Every call asks for selected-token log-probs, warm-ups included: batches that
+mix logprob and non-logprob requests crash SGLang 0.5.19 (sgl-project/sglang#34719).
+
+Submission order (submission.py) makes SGLang's radix cache compute each shared prefix
+once. Calls in flight are capped for the whole server; a failing branch cancels its
+siblings, and whatever is still running when a request is cancelled (deadline, client
+gone) is aborted on the server with `/abort_request`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+import uuid
+from typing import Any, Sequence
+
+import httpx
+
+from openjev.core.plan import Plan
+from openjev.core.ports import BranchResult, PlanResult
+from openjev.engines.submission import RecentPrefixes, choose, execute
+from openjev.errors import EngineError, EngineTimeout, EngineUnavailable, OpenjevError
+
+log = logging.getLogger(__name__)
+
+
+def parse_reply(body: Any, label_ids: Sequence[int]) -> tuple[tuple[float, ...], int | None, int | None]:
+    """(label log-probs aligned with `label_ids`, prompt_tokens, cached_tokens) from a
+    /generate reply; raises EngineError for anything unusable."""
+    if not isinstance(body, dict) or not isinstance(body.get("meta_info"), dict):
+        raise EngineError("the engine's reply has no meta_info")
+    meta = body["meta_info"]
+    finish = meta.get("finish_reason")
+    if isinstance(finish, dict) and finish.get("type") == "abort":
+        raise EngineError(f"the engine aborted the request: {finish.get('message') or finish}")
+    completion = meta.get("completion_tokens")
+    if completion is not None and completion != 1:
+        raise EngineError(f"the engine generated {completion} tokens; expected exactly 1")
+    steps = meta.get("output_token_ids_logprobs")
+    if not isinstance(steps, list) or not steps or not isinstance(steps[0], list):
+        raise EngineError("the engine's reply has no output_token_ids_logprobs (is token_ids_logprob supported?)")
+    by_id: dict[int, float] = {}
+    for entry in steps[0]:
+        if not isinstance(entry, (list, tuple)) or len(entry) < 2:
+            raise EngineError(f"malformed log-prob entry {entry!r}")
+        value, token = entry[0], entry[1]
+        # orjson writes -inf as null
+        by_id[int(token)] = -math.inf if value is None else float(value)
+    missing = [t for t in label_ids if t not in by_id]
+    if missing:
+        raise EngineError(f"the engine's reply lacks log-probs for label tokens {missing}")
+    values = tuple(by_id[t] for t in label_ids)
+    if any(math.isnan(v) or v == math.inf for v in values):
+        raise EngineError(f"the engine returned non-finite log-probs {values}")
+    if all(v == -math.inf for v in values):
+        raise EngineError("the engine gave every label probability zero")
+    prompt = meta.get("prompt_tokens")
+    cached = meta.get("cached_tokens")  # the Rust frontend omits it
+    return values, (int(prompt) if prompt is not None else None), (int(cached) if cached is not None else None)
+
+
+class SGLangEngine:
+    """Engine port over a running SGLang-protocol server at `url`."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        strategy: str = "auto",
+        max_calls: int = 64,
+        call_timeout_s: float = 120.0,
+        warmup_min_tokens: int = 256,
+        stage_min_tokens: int = 32,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        self.url = url.rstrip("/")
+        self.strategy = strategy
+        self._max_calls = max_calls
+        self._timeout = httpx.Timeout(call_timeout_s, connect=10.0)
+        self._warmup_min = warmup_min_tokens
+        self._stage_min = stage_min_tokens
+        self._transport = transport
+        self._client: httpx.AsyncClient | None = None
+        self._slots: asyncio.Semaphore | None = None
+        self.recent = RecentPrefixes()
+        self.strategies_used: dict[str, int] = {}
+        self._aborts: set[asyncio.Task] = set()  # fire-and-forget aborts, kept alive until done
+
+    def _http(self) -> tuple[httpx.AsyncClient, asyncio.Semaphore]:
+        # Created on first use, inside the serving event loop.
+        if self._client is None:
+            self._client = httpx.AsyncClient(
+                base_url=self.url, timeout=self._timeout, transport=self._transport,
+                limits=httpx.Limits(max_connections=self._max_calls, max_keepalive_connections=self._max_calls),
+            )
+            self._slots = asyncio.Semaphore(self._max_calls)
+        return self._client, self._slots
+
+    async def close(self) -> None:
+        if self._aborts:
+            await asyncio.gather(*self._aborts, return_exceptions=True)
+        if self._client is not None:
+            await self._client.aclose()
+
+    async def run(self, plan: Plan) -> PlanResult:
+        strategy = choose(self.strategy, plan, self.recent, warmup_min_tokens=self._warmup_min)
+        self.strategies_used[strategy] = self.strategies_used.get(strategy, 0) + 1
+        results: list[BranchResult | None] = [None] * len(plan.branches)
+        totals = {"prompt": 0, "cached": 0, "known": True}
+        t0 = time.perf_counter()
+        first_done: list[float] = []
+
+        def account(prompt: int | None, cached: int | None) -> None:
+            if prompt is None or cached is None:
+                totals["known"] = False
+            else:
+                totals["prompt"] += prompt
+                totals["cached"] += cached
+            if not first_done:
+                first_done.append(time.perf_counter())
+
+        async def branch(i: int) -> None:
+            b = plan.branches[i]
+            values, prompt, cached = await self._generate(b.input_ids, b.label_ids)
+            results[i] = BranchResult(values)
+            account(prompt, cached)
+
+        async def prefix(tokens: Sequence[int]) -> None:
+            # Any label id will do: the point is a selected-logprob request (sglang#34719).
+            _, prompt, cached = await self._generate(tokens, plan.branches[0].label_ids[:1])
+            account(prompt, cached)
+
+        try:
+            await execute(strategy, plan, branch, prefix, stage_min_tokens=self._stage_min)
+        except BaseExceptionGroup as group:
+            raise _first_error(group) from None
+        self.recent.add(plan.root.tokens)
+        t2 = time.perf_counter()
+        t1 = first_done[0] if first_done else t2
+        computed = totals["prompt"] - totals["cached"] if totals["known"] else None
+        return PlanResult(
+            branches=tuple(results),  # type: ignore[arg-type]
+            computed_tokens=computed,
+            cached_tokens=totals["cached"] if totals["known"] else None,
+            timings_ms={"prefill": (t1 - t0) * 1000, "branches": (t2 - t1) * 1000},
+        )
+
+    async def _generate(self, input_ids: Sequence[int], label_ids: Sequence[int]):
+        client, slots = self._http()
+        rid = uuid.uuid4().hex
+        body = {
+            "input_ids": list(input_ids),
+            "sampling_params": {"max_new_tokens": 1, "temperature": 0.0},
+            "return_logprob": True,
+            "logprob_start_len": -1,
+            "token_ids_logprob": list(label_ids),
+            "return_text_in_logprobs": False,
+            "rid": rid,
+        }
+        async with slots:
+            try:
+                response = await client.post("/generate", json=body)
+            except asyncio.CancelledError:
+                self._abort(rid)
+                raise
+            except httpx.TimeoutException:
+                self._abort(rid)
+                raise EngineTimeout(f"the engine did not answer within {self._timeout.read:g} s") from None
+            except httpx.TransportError as e:
+                raise EngineUnavailable(f"cannot reach the engine at {self.url}: {e}") from None
+        if response.status_code in (429, 503):
+            retry = response.headers.get("retry-after")
+            raise EngineUnavailable(f"the engine is busy ({response.status_code})",
+                                    headers={"Retry-After": retry} if retry else None)
+        if response.status_code >= 400:
+            raise EngineError(f"the engine answered {response.status_code}: {response.text[:300]}")
+        try:
+            payload = response.json()
+        except ValueError:
+            raise EngineError("the engine's reply is not JSON") from None
+        return parse_reply(payload, label_ids)
+
+    def _abort(self, rid: str) -> None:
+        """Ask the server to drop `rid` (fire and forget: the caller is already leaving)."""
+        client = self._client
+
+        async def abort() -> None:
+            try:
+                await client.post("/abort_request", json={"rid": rid}, timeout=5.0)
+            except httpx.HTTPError as e:
+                log.warning("abort of %s failed: %s", rid, e)
+
+        if client is not None:
+            task = asyncio.get_running_loop().create_task(abort())
+            self._aborts.add(task)
+            task.add_done_callback(self._aborts.discard)
+
+
+def _first_error(group: BaseExceptionGroup) -> BaseException:
+    """The error to report for a failed request: ours if any, else the first."""
+    flat: list[BaseException] = []
+
+    def walk(g: BaseExceptionGroup) -> None:
+        for e in g.exceptions:
+            walk(e) if isinstance(e, BaseExceptionGroup) else flat.append(e)
+
+    walk(group)
+    return next((e for e in flat if isinstance(e, OpenjevError)), flat[0])

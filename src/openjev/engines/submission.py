@@ -1,0 +1,104 @@
+"""Submission strategies for engines with a radix (prefix) cache, planned on the trie.
+
+An engine like SGLang caches the KV of every prefix it has computed, but branches sent at
+the same moment all start before any of them has cached the shared prefix, and each pays
+for it. The strategies order submissions so that the shared part is computed once:
+
+- all:    every branch at once (right when the prefix is already cached, or short);
+- warmup: the shared prefix alone first (one extra call), then every branch (seed one);
+- staged: one real branch per group first, then the rest of the group, recursively down
+          the trie; independent groups run together (seed two); no extra call;
+- auto:   per request: `all` when there is one branch, the shared prefix is short, or it
+          was sent recently (likely still cached); otherwise `staged`.
+
+The planner is pure: it drives two awaitables, `branch(i)` and `prefix(tokens)`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import OrderedDict
+from typing import Awaitable, Callable, Sequence
+
+from openjev.core.plan import Plan, TrieNode
+
+STRATEGIES = ("all", "warmup", "staged", "auto")
+
+
+class RecentPrefixes:
+    """Which shared prefixes were sent lately (bounded LRU of their hashes)."""
+
+    def __init__(self, size: int = 4096) -> None:
+        self._seen: OrderedDict[int, None] = OrderedDict()
+        self._size = size
+
+    def seen(self, tokens: Sequence[int]) -> bool:
+        return hash(tuple(tokens)) in self._seen
+
+    def add(self, tokens: Sequence[int]) -> None:
+        key = hash(tuple(tokens))
+        self._seen[key] = None
+        self._seen.move_to_end(key)
+        while len(self._seen) > self._size:
+            self._seen.popitem(last=False)
+
+
+def choose(strategy: str, plan: Plan, recent: RecentPrefixes, *, warmup_min_tokens: int) -> str:
+    """The concrete strategy for this plan."""
+    if strategy != "auto":
+        return strategy
+    if len(plan.branches) == 1 or plan.shared_prefix_len < warmup_min_tokens:
+        return "all"
+    if recent.seen(plan.root.tokens):
+        return "all"
+    return "staged"
+
+
+async def execute(
+    strategy: str,
+    plan: Plan,
+    branch: Callable[[int], Awaitable[None]],
+    prefix: Callable[[Sequence[int]], Awaitable[None]],
+    *,
+    stage_min_tokens: int,
+) -> None:
+    """Submit every branch of `plan` exactly once, in the order `strategy` prescribes.
+
+    Sibling submissions run concurrently; the first failure cancels the rest.
+    """
+    indices = range(len(plan.branches))
+    if strategy == "all" or len(plan.branches) == 1:
+        await _together([branch(i) for i in indices])
+    elif strategy == "warmup":
+        if plan.root.tokens:
+            await prefix(plan.root.tokens)
+        await _together([branch(i) for i in indices])
+    elif strategy == "staged":
+        await _staged(plan.root, None, branch, stage_min_tokens)
+    else:
+        raise ValueError(f"unknown strategy {strategy!r}")
+
+
+async def _staged(node: TrieNode, seed: int | None, branch, stage_min_tokens: int) -> None:
+    """Precondition: the path down to `node` is cached iff `seed` (a branch below it) is done."""
+    if seed is None:
+        seed = node.branch_indices()[0]
+        await branch(seed)
+    work = [branch(i) for i in node.ends if i != seed]
+    for child in node.children:
+        below = child.branch_indices()
+        if seed in below:
+            work.append(_staged(child, seed, branch, stage_min_tokens))
+        elif len(below) > 1 and len(child.tokens) >= stage_min_tokens:
+            work.append(_staged(child, None, branch, stage_min_tokens))
+        else:  # one branch, or a run too short to be worth a round trip
+            work += [branch(i) for i in below]
+    await _together(work)
+
+
+async def _together(aws: list[Awaitable[None]]) -> None:
+    if not aws:
+        return
+    async with asyncio.TaskGroup() as group:
+        for aw in aws:
+            group.create_task(aw)

@@ -1,0 +1,218 @@
+"""The SGLang engine against a faithful fake of SGLang's native protocol (httpx MockTransport)."""
+
+import asyncio
+import math
+
+import httpx
+import pytest
+
+from openjev.core.plan import Branch, Plan
+from openjev.engines.sglang import SGLangEngine, parse_reply
+from openjev.errors import EngineError, EngineTimeout, EngineUnavailable
+from tests.fakes import FakeSGLang, fake_logprobs
+
+LABELS = (10, 11, 12)
+STATE = tuple(range(100, 400))  # a 300-token shared prefix
+
+
+def _plan(n: int = 4, state=STATE) -> Plan:
+    # branches: state, then two groups sharing a 40-token question run, then each own tail
+    branches = []
+    for i in range(n):
+        group = tuple(range(1000 + 100 * (i % 2), 1040 + 100 * (i % 2)))
+        branches.append(Branch(state + group + (5000 + i, 5001 + i), LABELS))
+    return Plan.from_branches(branches)
+
+
+def _engine(fake: FakeSGLang, **kw) -> SGLangEngine:
+    return SGLangEngine("http://sglang.test", transport=fake.transport(), **kw)
+
+
+async def _run(engine: SGLangEngine, plan: Plan):
+    try:
+        return await engine.run(plan)
+    finally:
+        await engine.close()
+
+
+# ---- replies
+
+
+def _reply(entries, **meta):
+    return {"meta_info": {"finish_reason": {"type": "length", "length": 1}, "prompt_tokens": 5,
+                          "completion_tokens": 1, "output_token_ids_logprobs": [entries], **meta}}
+
+
+def test_reply_is_read_by_token_id_not_position():
+    values, prompt, cached = parse_reply(_reply([[-3.0, 12, None], [-1.0, 10, None], [-2.0, 11, None]],
+                                                cached_tokens=2), LABELS)
+    assert values == (-1.0, -2.0, -3.0) and (prompt, cached) == (5, 2)
+
+
+def test_null_is_minus_infinity_and_cached_tokens_may_be_absent():
+    values, _, cached = parse_reply(_reply([[-1.0, 10, None], [None, 11, None], [-2.0, 12, None]]), LABELS)
+    assert values[1] == -math.inf and cached is None
+
+
+@pytest.mark.parametrize("body,why", [
+    ({"text": "x"}, "no meta_info"),
+    (_reply([[-1.0, 10, None], [-2.0, 11, None]]), "lacks log-probs"),
+    (_reply([[None, 10, None], [None, 11, None], [None, 12, None]]), "probability zero"),
+    (_reply([[float("nan"), 10, None], [-1.0, 11, None], [-1.0, 12, None]]), "non-finite"),
+    (_reply([[-1.0, 10, None], [-1.0, 11, None], [-1.0, 12, None]], completion_tokens=2), "exactly 1"),
+    ({"meta_info": {"finish_reason": {"type": "abort", "message": "oom"}}}, "aborted"),
+    ({"meta_info": {"output_token_ids_logprobs": []}}, "no output_token_ids_logprobs"),
+])
+def test_unusable_replies_are_engine_errors(body, why):
+    with pytest.raises(EngineError, match=why):
+        parse_reply(body, LABELS)
+
+
+# ---- protocol
+
+
+async def test_every_call_is_prefill_only_with_selected_logprobs():
+    fake = FakeSGLang()
+    plan = _plan()
+    result = await _run(_engine(fake, strategy="warmup"), plan)
+    for call in fake.calls:
+        body = call["body"]
+        assert body["sampling_params"]["max_new_tokens"] == 1
+        assert body["return_logprob"] is True and body["logprob_start_len"] == -1
+        assert body["token_ids_logprob"]  # warm-ups included (sglang#34719)
+        assert body["return_text_in_logprobs"] is False and body["rid"]
+    for b, r in zip(plan.branches, result.branches):
+        assert r.logprobs == fake_logprobs(b.input_ids, len(LABELS))
+
+
+async def test_all_pays_the_prefix_per_branch_warmup_and_staged_reach_the_floor():
+    plan = _plan()
+    computed = {}
+    for strategy in ("all", "warmup", "staged"):
+        fake = FakeSGLang(delay_s=0.01)
+        result = await _run(_engine(fake, strategy=strategy, stage_min_tokens=1), plan)
+        computed[strategy] = result.computed_tokens
+        assert result.computed_tokens + result.cached_tokens == sum(len(c["body"]["input_ids"]) for c in fake.calls)
+    root = plan.shared_prefix_len
+    assert computed["all"] == plan.prompt_tokens  # sent together: nobody's cache helps anybody
+    # the prefix once, then each branch's own part (deeper shared runs once per branch)
+    assert computed["warmup"] == root + sum(len(b.input_ids) - root for b in plan.branches)
+    assert computed["staged"] == plan.unique_tokens  # every distinct token once, no extra call
+
+
+async def test_warmup_finishes_before_any_branch_starts():
+    fake = FakeSGLang(delay_s=0.02)
+    plan = _plan()
+    await _run(_engine(fake, strategy="warmup"), plan)
+    warm, *branches = fake.calls
+    assert tuple(warm["body"]["input_ids"]) == plan.root.tokens
+    assert all(b["start"] >= warm["end"] for b in branches)
+    assert len(branches) == len(plan.branches)
+
+
+async def test_staged_seeds_each_group_before_its_siblings():
+    fake = FakeSGLang(delay_s=0.02)
+    plan = _plan()
+    await _run(_engine(fake, strategy="staged", stage_min_tokens=1), plan)
+    seed = fake.calls[0]
+    assert all(c["start"] >= seed["end"] for c in fake.calls[1:])  # nothing before the state is cached
+    assert len(fake.calls) == len(plan.branches)  # no extra call
+    # the other group got its own seed before its second member
+    group_b = [c for c in fake.calls if c["body"]["input_ids"][len(STATE)] == 1100]
+    assert group_b[1]["start"] >= group_b[0]["end"]
+
+
+async def test_auto_stages_a_long_cold_prefix_then_sends_all_once_it_is_cached():
+    fake = FakeSGLang()
+    engine = _engine(fake, strategy="auto", warmup_min_tokens=256)
+    try:
+        first = await engine.run(_plan())
+        second = await engine.run(_plan())
+        short = await engine.run(_plan(state=tuple(range(100, 150))))
+    finally:
+        await engine.close()
+    assert engine.strategies_used == {"staged": 1, "all": 2}
+    assert second.cached_tokens >= len(STATE) * len(_plan().branches)
+    assert first.computed_tokens < _plan().prompt_tokens and short.computed_tokens is not None
+
+
+async def test_missing_cached_tokens_makes_accounting_unknown():
+    result = await _run(_engine(FakeSGLang(report_cached=False), strategy="all"), _plan())
+    assert result.cached_tokens is None and result.computed_tokens is None
+
+
+async def test_calls_in_flight_are_capped():
+    fake = FakeSGLang(delay_s=0.02)
+    await _run(_engine(fake, strategy="all", max_calls=2), _plan(8))
+    assert fake.max_in_flight == 2
+
+
+# ---- failures
+
+
+@pytest.mark.parametrize("status,error", [(429, EngineUnavailable), (503, EngineUnavailable), (500, EngineError)])
+async def test_error_statuses(status, error):
+    with pytest.raises(error) as info:
+        await _run(_engine(FakeSGLang(fail_status=status), strategy="all"), _plan())
+    if status in (429, 503):
+        assert info.value.headers["Retry-After"] == "7" and info.value.status == 503
+
+
+async def test_aborted_finish_reason_is_an_engine_error():
+    with pytest.raises(EngineError, match="aborted"):
+        await _run(_engine(FakeSGLang(abort_when=lambda ids: True), strategy="all"), _plan())
+
+
+async def test_unreachable_engine_is_unavailable():
+    def refuse(request):
+        raise httpx.ConnectError("connection refused", request=request)
+
+    engine = SGLangEngine("http://sglang.test", transport=httpx.MockTransport(refuse))
+    with pytest.raises(EngineUnavailable):
+        await _run(engine, _plan())
+
+
+async def test_call_timeout_is_504_and_aborts_on_the_server():
+    fake = FakeSGLang()
+
+    async def handle(request):  # what a real transport raises when the read deadline passes
+        if request.url.path == "/generate":
+            raise httpx.ReadTimeout("timed out", request=request)
+        return await fake.handle(request)
+
+    engine = SGLangEngine("http://sglang.test", transport=httpx.MockTransport(handle), strategy="all")
+    with pytest.raises(EngineTimeout):
+        await _run(engine, _plan(2))
+    assert len(fake.aborted) == 2  # the server was told to drop both
+
+
+async def test_a_failing_branch_cancels_and_aborts_its_siblings():
+    fail_first = _plan().branches[0].input_ids
+    fake = FakeSGLang(fail_status=500, fail_when=lambda ids: ids == fail_first)
+
+    async def handle(request):  # the failing call answers at once, its siblings are slow
+        import json
+        if request.url.path == "/generate" and tuple(json.loads(request.content)["input_ids"]) != fail_first:
+            await asyncio.sleep(0.5)
+        return await fake.handle(request)
+
+    loop = asyncio.get_running_loop()
+    t0 = loop.time()
+    engine = SGLangEngine("http://sglang.test", transport=httpx.MockTransport(handle), strategy="all")
+    with pytest.raises(EngineError):
+        await _run(engine, _plan())
+    assert loop.time() - t0 < 0.45  # did not wait for the slow siblings
+    assert len(fake.aborted) == len(_plan().branches) - 1
+
+
+async def test_cancelling_a_request_aborts_whatever_is_in_flight():
+    fake = FakeSGLang(delay_s=5)
+    engine = _engine(fake, strategy="all")
+    task = asyncio.create_task(engine.run(_plan(3)))
+    while len(fake.calls) < 3:
+        await asyncio.sleep(0.01)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    await engine.close()
+    assert sorted(fake.aborted) == sorted(c["body"]["rid"] for c in fake.calls)
