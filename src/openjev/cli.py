@@ -20,7 +20,8 @@ def _add_setting_flags(parser: argparse.ArgumentParser) -> None:
         help_text = f"{f.metadata['help']} [env {env_name(f)}; default {f.default!r}]"
         kind = str(f.type)
         if kind.startswith("tuple"):
-            parser.add_argument(flag_name(f), dest=f.name, action="append", default=None, metavar="KEY", help=help_text)
+            parser.add_argument(flag_name(f), dest=f.name, action="append", default=None,
+                                metavar=f.metadata.get("metavar", "VALUE"), help=help_text)
         else:
             cast: Any = int if kind == "int" else float if kind == "float" else str
             parser.add_argument(flag_name(f), dest=f.name, type=cast, default=None, help=help_text)
@@ -36,10 +37,15 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _settings(args: argparse.Namespace) -> Settings:
+def _settings(args: argparse.Namespace, passthrough: Sequence[str] = ()) -> Settings:
+    """Settings from flags (and the environment); `passthrough` is what followed `--`:
+    flags for the engine server we start (appended to --sglang-arg)."""
     overrides = {f.name: getattr(args, f.name, None) for f in dataclasses.fields(Settings)}
-    if overrides.get("api_keys") is not None:
-        overrides["api_keys"] = tuple(overrides["api_keys"])
+    for f in dataclasses.fields(Settings):
+        if str(f.type).startswith("tuple") and overrides.get(f.name) is not None:
+            overrides[f.name] = tuple(overrides[f.name])
+    if passthrough:
+        overrides["sglang_args"] = tuple(overrides.get("sglang_args") or ()) + tuple(passthrough)
     return load_settings(overrides)
 
 
@@ -81,11 +87,16 @@ def schema() -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    passthrough: list[str] = []
+    if "--" in argv:  # `openjev serve --engine sglang ... -- <child server flags>`
+        at = argv.index("--")
+        argv, passthrough = argv[:at], argv[at + 1:]
     args = build_parser().parse_args(argv)
     try:
         if args.command == "schema":
             return schema()
-        return serve(_settings(args))
+        return serve(_settings(args, passthrough))
     except ConfigError as e:
         print(f"openjev: {e}", file=sys.stderr)
         return 2

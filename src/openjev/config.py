@@ -42,9 +42,22 @@ class Settings:
     dtype: str = _opt("auto", "torch dtype: auto (float32 on CPU, bfloat16 on CUDA), float32, bfloat16, float16")
     cache_dir: str = _opt(_default_cache_dir(), "where converted weights are cached (GGUF -> safetensors)")
     temperature: float = _opt(1.0, "softmax temperature applied to label log-probs (1.0 = the model's own)")
+    tokenizer: str | None = _opt(None, "local tokenizer folder when it differs from --model (sglang engine)")
+    # the sglang engine (SGLang on GPUs, SGLang-JAX on TPUs)
+    connect: str | None = _opt(None, "sglang engine: URL of a running SGLang-protocol server or router")
+    sglang_python: str | None = _opt(None, "sglang engine: python of an SGLang install; starts the server as a child")
+    sglang_module: str = _opt("sglang.launch_server", "sglang engine: launcher module (sgl_jax.launch_server for SGLang-JAX)")
+    sglang_port: int = _opt(30000, "sglang engine: port of the child server")
+    sglang_args: tuple[str, ...] = _opt((), "sglang engine: extra child server flags (after `--` on the command line)",
+                                        flag="sglang-arg", env="SGLANG_ARGS")
+    strategy: str = _opt("auto", "sglang engine: submission strategy: auto, all, warmup, staged")
+    max_engine_calls: int = _opt(64, "sglang engine: /generate calls in flight, shared by all requests")
+    warmup_min_tokens: int = _opt(256, "sglang engine: shortest shared prefix worth a seeding round (auto)")
+    startup_timeout_s: float = _opt(900.0, "sglang engine: how long to wait for the server's /health")
     # who may call
     api_keys: tuple[str, ...] = _opt(
-        (), "accepted API keys (flag repeatable; env comma-separated); none = no auth", flag="api-key", env="API_KEYS"
+        (), "accepted API keys (flag repeatable; env comma-separated); none = no auth", flag="api-key", env="API_KEYS",
+        metavar="KEY"
     )
     # limits (checked before any engine work)
     max_questions: int = _opt(64, "questions per request")
@@ -86,7 +99,8 @@ class Settings:
 
     def validate(self) -> "Settings":
         positive = ("port", "max_questions", "max_body_bytes", "max_branch_tokens", "max_request_tokens",
-                    "max_in_flight", "engine_timeout_s", "retry_after_s", "attention_budget", "batch_tokens")
+                    "max_in_flight", "engine_timeout_s", "retry_after_s", "attention_budget", "batch_tokens",
+                    "max_engine_calls", "startup_timeout_s")
         for name in positive:
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be positive, got {getattr(self, name)!r}")

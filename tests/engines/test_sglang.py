@@ -216,3 +216,41 @@ async def test_cancelling_a_request_aborts_whatever_is_in_flight():
         await task
     await engine.close()
     assert sorted(fake.aborted) == sorted(c["body"]["rid"] for c in fake.calls)
+
+
+# ---- tokenizer agreement
+
+
+def _probe_server(shift: int, bos: bool = False):
+    import json as _json
+
+    def handle(request):
+        body = _json.loads(request.content)
+        ids = [ord(c) + shift for c in body["text"]]  # the "server's" tokenizer: one id per character
+        if bos:
+            ids = [1] + ids
+        return httpx.Response(200, json={"meta_info": {"input_token_logprobs": [[None, t, None] for t in ids]}})
+    return httpx.Client(transport=httpx.MockTransport(handle))
+
+
+class CharTokenizer:
+    def render(self, turns, *, add_generation_prompt):
+        return "".join(f"[{t.role}]{t.content}" for t in turns) + ("[assistant]" if add_generation_prompt else "")
+
+    def encode(self, text):
+        return [ord(c) for c in text]
+
+
+def test_tokenizer_agreement_accepts_the_same_tokenizer_with_or_without_bos():
+    from openjev.engines.sglang import verify_tokenizer
+
+    verify_tokenizer("http://s", CharTokenizer(), client=_probe_server(0))
+    verify_tokenizer("http://s", CharTokenizer(), client=_probe_server(0, bos=True))
+
+
+def test_tokenizer_mismatch_is_refused():
+    from openjev.engines.sglang import verify_tokenizer
+    from openjev.errors import ModelUnsuitable
+
+    with pytest.raises(ModelUnsuitable, match="differs from ours"):
+        verify_tokenizer("http://s", CharTokenizer(), client=_probe_server(1))

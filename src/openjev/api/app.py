@@ -64,7 +64,7 @@ class Runtime:
         if self.service is not None and self.loaded is not None:
             return self.service, self.loaded.card
         if self.error is not None:
-            raise EngineUnavailable(f"the model failed to load: {self.error}")
+            raise EngineUnavailable(f"the engine is unavailable: {self.error}")
         raise NotReady("the model is still loading")
 
 
@@ -96,12 +96,18 @@ def create_app(
             loaded = await asyncio.to_thread(loader, settings)
             runtime.loaded = loaded
             runtime.service = await asyncio.to_thread(build_service, settings, loaded)
+            if loaded.supervise is not None:
+                loaded.supervise(lambda exc: _fatal(exc))
             log.info("serving %s", loaded.card.name)
         except Exception as exc:  # reported, not swallowed: /health shows it, on_fatal exits
             log.error("model failed to load: %s", exc)
-            runtime.error = exc
-            if on_fatal is not None:
-                on_fatal(exc)
+            _fatal(exc)
+
+    def _fatal(exc: BaseException) -> None:
+        runtime.error = exc
+        runtime.service = None
+        if on_fatal is not None:
+            on_fatal(exc)
 
     @asynccontextmanager
     async def lifespan(app):

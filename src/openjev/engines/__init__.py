@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
+from typing import Callable
 
 from openjev.config import Settings
 from openjev.core.ports import ChatTokenizer, Engine
@@ -26,6 +27,9 @@ class LoadedEngine:
     tokenizer: ChatTokenizer
     card: ModelCard
     load_seconds: float
+    # Starts watching what the engine depends on (a child server); calls its argument with
+    # the reason if that dies. None where there is nothing to watch.
+    supervise: Callable[[Callable[[BaseException], None]], None] | None = None
 
 
 @dataclass(frozen=True)
@@ -40,6 +44,7 @@ class EngineEntry:
 
 ENGINES: dict[str, EngineEntry] = {
     "transformers": EngineEntry(load="openjev.engines.inprocess:load", preflight="openjev.engines.hf_model:preflight"),
+    "sglang": EngineEntry(load="openjev.engines.sglang:load", preflight="openjev.engines.sglang:preflight"),
 }
 
 

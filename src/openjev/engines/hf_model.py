@@ -64,7 +64,7 @@ def resolve_source(model: str | None) -> ModelSource:
     path = Path(model).expanduser()
     if not path.exists():
         raise ConfigError(f"--model {model!r}: no such file or folder (models are never downloaded)")
-    date = _file_date(path)
+    date = file_date(path)
     if path.is_file():
         if path.suffix != ".gguf":
             raise ConfigError(f"--model {model!r}: a file must be a .gguf; otherwise pass a model folder")
@@ -83,7 +83,7 @@ def _slug(name: str) -> str:
     return "".join(c if c.isalnum() or c in "-._" else "-" for c in name.lower()).strip("-") or "model"
 
 
-def _file_date(path: Path) -> str:
+def file_date(path: Path) -> str:
     import datetime
 
     return datetime.date.fromtimestamp(path.stat().st_mtime).isoformat()

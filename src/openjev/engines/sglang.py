@@ -92,6 +92,7 @@ class SGLangEngine:
         self.recent = RecentPrefixes()
         self.strategies_used: dict[str, int] = {}
         self._aborts: set[asyncio.Task] = set()  # fire-and-forget aborts, kept alive until done
+        self.process = None  # the child server, when we started it (stopped on close)
 
     def _http(self) -> tuple[httpx.AsyncClient, asyncio.Semaphore]:
         # Created on first use, inside the serving event loop.
@@ -108,6 +109,8 @@ class SGLangEngine:
             await asyncio.gather(*self._aborts, return_exceptions=True)
         if self._client is not None:
             await self._client.aclose()
+        if self.process is not None:
+            await asyncio.to_thread(self.process.stop)
 
     async def run(self, plan: Plan) -> PlanResult:
         strategy = choose(self.strategy, plan, self.recent, warmup_min_tokens=self._warmup_min)
@@ -213,3 +216,118 @@ def _first_error(group: BaseExceptionGroup) -> BaseException:
 
     walk(group)
     return next((e for e in flat if isinstance(e, OpenjevError)), flat[0])
+
+
+# ---- wiring: settings -> a ready engine (blocking; runs off the event loop)
+
+
+def preflight(settings) -> None:
+    """Settings that cannot work are refused before the server listens."""
+    from openjev.engines.submission import STRATEGIES
+    from openjev.errors import ConfigError
+    from openjev.runtime.sglang_process import check_args
+
+    if settings.strategy not in STRATEGIES:
+        raise ConfigError(f"--strategy {settings.strategy!r}: expected one of {', '.join(STRATEGIES)}")
+    if bool(settings.connect) == bool(settings.sglang_python):
+        raise ConfigError("--engine sglang needs exactly one of --connect URL or --sglang-python PATH")
+    if settings.sglang_python and not settings.model:
+        raise ConfigError("--sglang-python needs --model (the model the child server loads)")
+    _tokenizer_folder(settings)
+    check_args(settings.sglang_args, settings.strategy)
+
+
+def _tokenizer_folder(settings) -> str:
+    from pathlib import Path
+
+    from openjev.errors import ConfigError
+
+    folder = settings.tokenizer or settings.model
+    if not folder or not Path(folder).is_dir():
+        raise ConfigError("the sglang engine tokenizes here: pass --model (or --tokenizer) as a local model folder "
+                          "with the same tokenizer as the server's model")
+    return folder
+
+
+def verify_tokenizer(url: str, tokenizer, timeout_s: float = 60.0, client: httpx.Client | None = None) -> None:
+    """Refuse a server whose tokenizer differs from ours: it would read other tokens than we
+    planned. The probe is a real rendered prompt, sent as text so the server tokenizes it."""
+    from openjev.core.types import Turn
+    from openjev.errors import ModelUnsuitable
+
+    probe = tokenizer.render([Turn("user", "Prüfe: naïve café, 12,345.67 — tabs\tand\nnewlines 🙂 ok?")],
+                             add_generation_prompt=True) + "Answer:"
+    ours = tokenizer.encode(probe)
+    body = {"text": probe, "sampling_params": {"max_new_tokens": 1, "temperature": 0.0}, "return_logprob": True,
+            "logprob_start_len": 0, "token_ids_logprob": ours[:1], "return_text_in_logprobs": False}
+    try:
+        r = (client or httpx).post(url + "/generate", json=body, timeout=timeout_s)
+        r.raise_for_status()
+        theirs = [int(entry[1]) for entry in r.json()["meta_info"]["input_token_logprobs"]]
+    except (httpx.HTTPError, KeyError, TypeError, ValueError, IndexError) as e:
+        log.warning("could not verify that the engine's tokenizer equals ours (%s); "
+                    "a server started with --skip-tokenizer-init cannot be checked", e)
+        return
+    if theirs[-len(ours):] == ours and len(theirs) - len(ours) <= 1:  # the server may prepend a BOS
+        return
+    at = next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b), min(len(ours), len(theirs)))
+    raise ModelUnsuitable(
+        f"the engine's tokenizer differs from ours (first difference at token {at} of the probe: "
+        f"ours {ours[at:at + 3]}, the engine's {theirs[at:at + 3]}); serve the same model on both sides"
+    )
+
+
+def load(settings):
+    """Start or reach the server, check it, and return the engine (blocking)."""
+    from pathlib import Path
+
+    from transformers import AutoTokenizer
+
+    from openjev.engines import LoadedEngine, ModelCard
+    from openjev.engines.hf_model import file_date
+    from openjev.engines.hf_tokenizer import HFChatTokenizer
+    from openjev.runtime.sglang_process import SGLangProcess, check_args, wait_healthy
+
+    t0 = time.perf_counter()
+    preflight(settings)
+    tokenizer = HFChatTokenizer(AutoTokenizer.from_pretrained(_tokenizer_folder(settings), local_files_only=True))
+    process = None
+    if settings.sglang_python:
+        process = SGLangProcess(python=settings.sglang_python, model=settings.model, port=settings.sglang_port,
+                                module=settings.sglang_module, extra_args=tuple(settings.sglang_args))
+        process.start()
+        url = process.url
+    else:
+        url = settings.connect.rstrip("/")
+    try:
+        wait_healthy(url, settings.startup_timeout_s, process.process if process else None)
+        info = _server_info(url)
+        if info.get("disable_radix_cache") and settings.strategy != "all":
+            check_args(("--disable-radix-cache",), settings.strategy)
+        verify_tokenizer(url, tokenizer)
+    except BaseException:
+        if process is not None:
+            process.stop()
+        raise
+    engine = SGLangEngine(url, strategy=settings.strategy, max_calls=settings.max_engine_calls,
+                          call_timeout_s=settings.engine_timeout_s, warmup_min_tokens=settings.warmup_min_tokens)
+    engine.process = process
+    model_path = str(info.get("model_path") or settings.model)
+    name = settings.served_name or Path(model_path.rstrip("/")).name.lower()
+    local = Path(settings.model) if settings.model and Path(settings.model).exists() else None
+    card = ModelCard(name=name, description=f"{model_path} served by SGLang at {url}",
+                     release_date=file_date(local) if local else time.strftime("%Y-%m-%d"))
+    return LoadedEngine(engine=engine, tokenizer=tokenizer, card=card, load_seconds=time.perf_counter() - t0,
+                        supervise=process.watch if process is not None else None)
+
+
+def _server_info(url: str) -> dict:
+    """GET /get_server_info, falling back to /get_model_info; {} if neither answers."""
+    for path in ("/get_server_info", "/get_model_info"):
+        try:
+            r = httpx.get(url + path, timeout=10.0)
+            if r.status_code == 200:
+                return r.json()
+        except (httpx.HTTPError, ValueError):
+            continue
+    return {}

@@ -1,0 +1,1 @@
+"""Engine processes: command lines, start, health, supervision, shutdown."""

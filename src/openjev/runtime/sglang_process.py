@@ -1,0 +1,106 @@
+"""An SGLang (or SGLang-JAX) server started as our child, in its own process group.
+
+The pair lives and dies together: if the child exits, `watch` reports it so the server
+exits non-zero (an orchestrator then restarts both, instead of routing to an API whose
+backend is gone); on shutdown the whole group gets SIGTERM, then SIGKILL.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import httpx
+
+from openjev.errors import ConfigError, EngineUnavailable
+
+log = logging.getLogger(__name__)
+
+# Flags that defeat reading shared prefixes once; refused unless the strategy is `all`.
+RADIX_OFF = "--disable-radix-cache"
+
+
+def check_args(args: Sequence[str], strategy: str) -> None:
+    if RADIX_OFF in args and strategy != "all":
+        raise ConfigError(
+            f"{RADIX_OFF} turns off the prefix cache that the {strategy!r} strategy relies on; "
+            "remove it or use --strategy all"
+        )
+
+
+def wait_healthy(url: str, timeout_s: float, process: subprocess.Popen | None = None) -> None:
+    """Block until GET /health answers 200; EngineUnavailable if the child dies or time runs out."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if process is not None and process.poll() is not None:
+            raise EngineUnavailable(f"the SGLang server exited with code {process.returncode} while starting")
+        try:
+            if httpx.get(url + "/health", timeout=2.0).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() >= deadline:
+            raise EngineUnavailable(f"no healthy SGLang server at {url} within {timeout_s:g} s")
+        time.sleep(0.5)
+
+
+@dataclass
+class SGLangProcess:
+    python: str
+    model: str
+    port: int
+    module: str = "sglang.launch_server"
+    host: str = "127.0.0.1"
+    extra_args: tuple[str, ...] = ()
+    log_path: str | None = None
+    process: subprocess.Popen | None = field(default=None, init=False)
+    _stopping: bool = field(default=False, init=False)
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def command(self) -> list[str]:
+        return [self.python, "-m", self.module, "--model-path", self.model, "--host", self.host,
+                "--port", str(self.port), *self.extra_args]
+
+    def start(self) -> None:
+        if not os.path.exists(self.python):
+            raise ConfigError(f"--sglang-python {self.python!r}: no such interpreter")
+        out = open(self.log_path, "ab") if self.log_path else None
+        log.info("starting %s", " ".join(self.command()))
+        self.process = subprocess.Popen(self.command(), stdout=out, stderr=subprocess.STDOUT if out else None,
+                                        start_new_session=True)
+
+    def wait_healthy(self, timeout_s: float) -> None:
+        wait_healthy(self.url, timeout_s, self.process)
+
+    def watch(self, on_exit: Callable[[BaseException], None]) -> None:
+        """Call `on_exit` (from a daemon thread) if the child exits before `stop`."""
+        def loop() -> None:
+            code = self.process.wait()
+            if not self._stopping:
+                on_exit(EngineUnavailable(f"the SGLang server exited with code {code}"))
+
+        threading.Thread(target=loop, name="sglang-watch", daemon=True).start()
+
+    def stop(self, grace_s: float = 15.0) -> None:
+        self._stopping = True
+        if self.process is None or self.process.poll() is not None:
+            return
+        for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
+            try:
+                os.killpg(self.process.pid, sig)
+            except ProcessLookupError:
+                return
+            try:
+                self.process.wait(wait)
+                return
+            except subprocess.TimeoutExpired:
+                continue

@@ -1,0 +1,108 @@
+"""openjev with an engine child: start, health, tokenizer check, supervision, shutdown.
+The child is tests/fake_sglang_server.py (a named fake); SGLang-JAX runs in `make test-sglang`."""
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from openjev.config import load_settings
+from openjev.core.plan import Branch, Plan
+from openjev.engines.sglang import load, preflight
+from openjev.errors import ConfigError
+from tests.integration.conftest import free_port, start_server, stop_server
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="session")
+def tokenizer_folder(tmp_path_factory):
+    """The embedded model's tokenizer as a local folder (what --model points the sglang engine at)."""
+    from transformers import AutoTokenizer
+
+    from openjev.engines.hf_model import resolve_source
+
+    source = resolve_source(None)
+    folder = tmp_path_factory.mktemp("tokenizer")
+    AutoTokenizer.from_pretrained(source.folder, gguf_file=source.gguf_file).save_pretrained(folder)
+    return str(folder)
+
+
+def _settings(folder, **kw):
+    base = {"engine": "sglang", "sglang_python": sys.executable, "sglang_module": "tests.fake_sglang_server",
+            "model": folder, "sglang_port": free_port(), "startup_timeout_s": 60}
+    return load_settings({**base, **kw}, environ={})
+
+
+@pytest.mark.parametrize("kw,why", [
+    ({"strategy": "fastest"}, "--strategy"),
+    ({"connect": "http://127.0.0.1:1"}, "exactly one"),
+    ({"sglang_python": None}, "exactly one"),
+    ({"model": None}, "needs --model"),
+    ({"sglang_args": ("--disable-radix-cache",), "strategy": "staged"}, "disable-radix-cache"),
+])
+def test_preflight_refuses_what_cannot_work(tokenizer_folder, kw, why):
+    with pytest.raises(ConfigError, match=why):
+        preflight(_settings(tokenizer_folder, **kw))
+
+
+def test_radix_cache_off_is_fine_for_all(tokenizer_folder):
+    preflight(_settings(tokenizer_folder, sglang_args=("--disable-radix-cache",), strategy="all"))
+
+
+def test_child_is_started_checked_supervised_and_stopped(tokenizer_folder):
+    settings = _settings(tokenizer_folder, sglang_args=("--disable-radix-cache",), strategy="all")
+    loaded = load(settings)
+    engine = loaded.engine
+    child = engine.process.process
+    try:
+        assert loaded.card.name == Path(tokenizer_folder).name.lower()
+        plan = Plan.from_branches([Branch((1, 2, 3), (5, 6)), Branch((1, 2, 4), (5, 6))])
+        result = asyncio.run(engine.run(plan))
+        assert len(result.branches) == 2
+        died = []
+        loaded.supervise(died.append)
+        os.killpg(child.pid, signal.SIGKILL)  # the child dies under us
+        for _ in range(100):
+            if died:
+                break
+            time.sleep(0.05)
+        assert died and "exited" in str(died[0])
+    finally:
+        asyncio.run(engine.close())
+    assert child.poll() is not None
+
+
+def test_stop_terminates_the_process_group(tokenizer_folder):
+    loaded = load(_settings(tokenizer_folder))
+    child = loaded.engine.process.process
+    asyncio.run(loaded.engine.close())
+    assert child.poll() is not None
+    with pytest.raises(ProcessLookupError):
+        os.killpg(child.pid, 0)
+
+
+def test_serve_with_a_child_answers_and_exits_nonzero_when_the_child_dies(tmp_path, tokenizer_folder):
+    port = free_port()
+    server = start_server(tmp_path, "--engine", "sglang", "--sglang-python", sys.executable,
+                          "--sglang-module", "tests.fake_sglang_server", "--model", tokenizer_folder,
+                          "--sglang-port", str(port), "--", "--disable-radix-cache", "--strategy-unused-flag",
+                          env={"OPENJEV_STRATEGY": "all", "PYTHONPATH": str(ROOT)})
+    try:
+        r = httpx.post(server.url + "/v1/systemone", timeout=30, json={
+            "state": "charged twice", "questions": {"q": {"type": "noul", "instructions": "Refund?"}}})
+        assert r.status_code == 200, r.text
+        child = subprocess.run(["pgrep", "-f", f"tests.fake_sglang_server.*--port {port}"],
+                               capture_output=True, text=True).stdout.split()
+        assert child
+        os.kill(int(child[0]), signal.SIGKILL)
+        assert server.process.wait(30) == 1
+        assert "SGLang server exited" in open(server.log_path).read()
+    finally:
+        stop_server(server)
