@@ -25,13 +25,16 @@ class FakeTokenizer:
     boundaries merge words (to exercise the whole-branch fallback).
     """
 
-    def __init__(self, split_labels: Sequence[str] = (), glued: bool = False) -> None:
+    def __init__(self, split_labels: Sequence[str] = (), glued: bool = False, alternating: bool = False) -> None:
         self.vocab: dict[str, int] = {}
         self.split_labels = set(split_labels)
         self.glued = glued
+        self.alternating = alternating  # refuse two user turns in a row, like Gemma's template
         self.encode_calls = 0
 
     def render(self, turns: Sequence[Turn], *, add_generation_prompt: bool) -> str:
+        if self.alternating and any(a.role == b.role == "user" for a, b in zip(turns, turns[1:])):
+            raise ValueError("Conversation roles must alternate user/assistant/user/assistant/...")
         if self.glued:
             text = "".join(f"{t.role}: {t.content}" for t in turns)
             return text + ("assistant: " if add_generation_prompt else "")

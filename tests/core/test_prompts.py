@@ -81,3 +81,14 @@ def test_unstable_boundary_falls_back_to_whole_encoding():
     compiled = compiler.compile(DecisionRequest(State((Turn("user", "charged twice"),)), QUESTIONS))
     for branch in compiled.plan.branches:
         assert tok.encode(_text_of(tok, branch.input_ids)) == list(branch.input_ids)
+
+
+def test_strictly_alternating_template_gets_the_question_in_the_last_user_turn():
+    tok = FakeTokenizer(alternating=True)
+    compiled = PromptCompiler(tok, max_labels=255).compile(DecisionRequest(STATE, QUESTIONS))
+    for branch in compiled.plan.branches:
+        text = _text_of(tok, branch.input_ids)
+        assert text.count("<|im_start|>user") == 1
+        assert text.startswith("<|im_start|>user\nMy card was charged twice and I want a refund.\n\n")
+        assert tok.encode(text) == list(branch.input_ids)
+    assert compiled.plan.shared_prefix_len > 10  # the state is still shared, found on token ids

@@ -97,7 +97,15 @@ class PromptCompiler:
         `prefix` is the state's own rendering where the template keeps it intact, else "".
         """
         turns = list(state.turns)
-        full = self._tok.render([*turns, Turn("user", _SENTINEL)], add_generation_prompt=True)
+        try:
+            full = self._tok.render([*turns, Turn("user", _SENTINEL)], add_generation_prompt=True)
+        except Exception:
+            # Templates that demand strict user/assistant alternation (Gemma's) refuse a
+            # second user turn: the question then joins the last user turn.
+            if not turns or turns[-1].role != "user":
+                raise
+            folded = Turn("user", turns[-1].content + "\n\n" + _SENTINEL)
+            full = self._tok.render([*turns[:-1], folded], add_generation_prompt=True)
         at = full.find(_SENTINEL)
         if at < 0:
             raise AssertionError("the chat template dropped the question turn")
