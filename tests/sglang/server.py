@@ -1,0 +1,180 @@
+"""A real SGLang-protocol server on CPU: SGLang-JAX (`sgl_jax`) as a child process.
+
+Shared by tests/sglang and bench/bench_sglang.py. The server runs from .venv-sglang-jax
+(scripts/setup_sglang_jax.sh) in its own process group; its idle scheduler keeps about a
+core busy, so always `stop` it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+REPO = Path(__file__).resolve().parents[2]
+SGL_JAX_PYTHON = REPO / ".venv-sglang-jax" / "bin" / "python"
+FLAGS = (
+    "--device", "cpu", "--attention-backend", "native", "--dtype", "float32",
+    "--disable-precompile", "--disable-overlap-schedule",
+)
+
+
+def sizing_flags(max_running: int, context_length: int, chunk: int) -> tuple[str, ...]:
+    """The native backend's prefill attends over max_running * (context_length - 1) padded
+    KV slots whatever the batch (its cache_loc is padded to the largest bucket), for up to
+    `chunk` query tokens per forward. The defaults (4096 requests, the model's 8192
+    context) ask for terabytes and crash the first prefill; keep all three small. The KV
+    pool would otherwise be sized from free host RAM (gigabytes)."""
+    return ("--max-running-requests", str(max_running), "--context-length", str(context_length),
+            "--chunked-prefill-size", str(chunk), "--max-prefill-tokens", str(chunk),
+            "--max-total-tokens", str(2 * max_running * context_length))
+
+
+def embedded_model_folder() -> Path:
+    """The embedded model's converted float32 safetensors folder, created if missing."""
+    import torch
+
+    from openjev.config import load_settings
+    from openjev.engines.hf_model import gguf_cache_folder, load_model_and_tokenizer, resolve_source
+
+    source = resolve_source(None)
+    cache_dir = load_settings({}, environ={}).cache_dir
+    folder = gguf_cache_folder(source, cache_dir)
+    if not (folder / "model.safetensors").exists():
+        load_model_and_tokenizer(source, cache_dir=cache_dir, dtype=torch.float32, device="cpu")
+    return folder
+
+
+def served_folder(source: Path, target: Path) -> Path:
+    """A view of `source` (written by transformers 5) that sglang-jax's transformers 4.57
+    reads as intended: the weights and tokenizer.json are symlinked, and two files rewritten.
+
+    - config.json: transformers 5 nests `rope_theta` in `rope_parameters`; 4.57 would
+      silently fall back to rope_theta 10000 (SmolLM2 uses 100000), so it is copied up.
+    - tokenizer_config.json: the class `TokenizersBackend` does not exist in 4.57; the same
+      tokenizer.json loads as `PreTrainedTokenizerFast`.
+    """
+    target.mkdir(parents=True, exist_ok=True)
+    for name in os.listdir(source):
+        if name in ("config.json", "tokenizer_config.json") or name.startswith("."):
+            continue
+        link = target / name
+        if not link.exists():
+            link.symlink_to(source / name)
+    config = json.loads((source / "config.json").read_text())
+    rope = config.get("rope_parameters") or {}
+    if "rope_theta" not in config and "rope_theta" in rope:
+        config["rope_theta"] = rope["rope_theta"]
+    if rope.get("rope_type", "default") not in ("default", None):
+        config.setdefault("rope_scaling", rope)
+    config.setdefault("torch_dtype", config.get("dtype", "float32"))
+    (target / "config.json").write_text(json.dumps(config, indent=2))
+    tok = json.loads((source / "tokenizer_config.json").read_text())
+    if tok.get("tokenizer_class") == "TokenizersBackend":
+        tok["tokenizer_class"] = "PreTrainedTokenizerFast"
+    tok.pop("backend", None)
+    (target / "tokenizer_config.json").write_text(json.dumps(tok, indent=2))
+    return target
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class SglJaxServer:
+    url: str
+    process: subprocess.Popen
+    log_path: Path
+
+    def log_tail(self, chars: int = 4000) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-chars:]
+        except OSError as e:
+            return f"(no log: {e})"
+
+    def stop(self) -> None:
+        """SIGTERM to the whole process group, then SIGKILL (the scheduler is a grandchild)."""
+        for sig, wait in ((signal.SIGTERM, 20.0), (signal.SIGKILL, 10.0)):
+            try:
+                os.killpg(self.process.pid, sig)
+            except ProcessLookupError:
+                break
+            try:
+                self.process.wait(wait)
+            except subprocess.TimeoutExpired:
+                continue
+            # the leader is gone; make sure nothing of the group lingers
+            try:
+                os.killpg(self.process.pid, 0)
+            except ProcessLookupError:
+                break
+            time.sleep(1.0)
+
+
+def start(model_folder: Path, log_path: Path, *, timeout_s: float = 600.0, port: int | None = None,
+          max_running: int = 8, context_length: int = 2048, chunk: int = 1024) -> SglJaxServer:
+    """Start sgl_jax serving `model_folder` (a served_folder) and wait for /health.
+
+    `max_running` must cover the branches a request sends at once (else later ones queue
+    and find the prefix cached), `context_length` the longest branch.
+
+    Raises RuntimeError with the log's tail if it exits or is not healthy in time.
+    """
+    port = port or free_port()
+    cmd = [str(SGL_JAX_PYTHON), "-m", "sgl_jax.launch_server", "--model-path", str(model_folder),
+           "--host", "127.0.0.1", "--port", str(port), *FLAGS,
+           *sizing_flags(max_running, context_length, chunk)]
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    env.pop("PYTHONPATH", None)
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "wb") as out:
+        process = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=log_path.parent,
+                                   start_new_session=True)
+    server = SglJaxServer(f"http://127.0.0.1:{port}", process, log_path)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if process.poll() is not None:
+            server.stop()
+            raise RuntimeError(f"sgl_jax exited with code {process.returncode} while starting; log tail:\n"
+                               f"{server.log_tail()}")
+        try:
+            if httpx.get(server.url + "/health", timeout=5.0).status_code == 200:
+                break
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() >= deadline:
+            server.stop()
+            raise RuntimeError(f"sgl_jax not healthy within {timeout_s:g} s; log tail:\n{server.log_tail()}")
+        time.sleep(1.0)
+    # /health answers before the server's own warm-up request has run (and a bad setting
+    # crashes it there): one real request proves the forward pass works.
+    try:
+        r = httpx.post(server.url + "/generate", json={
+            "input_ids": [1, 2, 3, 4, 5, 6, 7, 8], "sampling_params": {"max_new_tokens": 1, "temperature": 0.0},
+            "return_logprob": True, "logprob_start_len": -1, "token_ids_logprob": [9]},
+            timeout=max(60.0, deadline - time.monotonic()))
+        r.raise_for_status()
+        r.json()["meta_info"]["output_token_ids_logprobs"][0][0]
+    except (httpx.HTTPError, KeyError, IndexError, TypeError, ValueError) as e:
+        server.stop()
+        raise RuntimeError(f"sgl_jax is up but its first /generate failed ({e!r}); log tail:\n"
+                           f"{server.log_tail()}") from None
+    return server
+
+
+def flush_cache(url: str) -> bool:
+    """Empty the server's radix cache (True if it did; SGLang refuses while requests run)."""
+    try:
+        return httpx.post(url + "/flush_cache", timeout=30.0).status_code == 200
+    except httpx.HTTPError:
+        return False

@@ -1,0 +1,177 @@
+"""openjev's SGLang engine against a real SGLang-protocol server: SGLang-JAX on CPU.
+
+Runs with `make test-sglang` (which installs SGLang-JAX with scripts/setup_sglang_jax.sh),
+so `make test` stays fast. The server loads the embedded model's converted float32 weights (the same the
+in-process engine uses), so every strategy must give the in-process engine's answers.
+
+    OPENJEV_SGLANG_JAX=1 .venv/bin/python -m pytest tests/sglang
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+
+import pytest
+
+from tests.sglang import server as sgl
+
+# Opt-in (`make test-sglang` sets OPENJEV_SGLANG_JAX=1): a few minutes of CPU. Once asked
+# for, a missing SGLang-JAX install is a failure, not a skip.
+pytestmark = [
+    pytest.mark.model,
+    pytest.mark.skipif(os.environ.get("OPENJEV_SGLANG_JAX") != "1",
+                       reason="the SGLang-JAX suite runs with `make test-sglang`"),
+]
+
+from openjev.config import MAX_CHOICE_OPTIONS, load_settings  # noqa: E402
+from openjev.core.prompts import PromptCompiler  # noqa: E402
+from openjev.core.scoring import softmax  # noqa: E402
+from openjev.core.types import (  # noqa: E402
+    ChoiceQuestion, DecisionRequest, NoulQuestion, Option, ScoreQuestion, State, Turn,
+)
+from openjev.engines.sglang import SGLangEngine, verify_tokenizer  # noqa: E402
+from openjev.errors import ModelUnsuitable  # noqa: E402
+
+STRATEGIES = ("all", "warmup", "staged", "auto")
+TEXT = ("Hello, I ordered a blue jacket (order #{n}) three weeks ago. It still has not arrived, and yesterday my "
+        "card was charged a second time for the same order. I want the duplicate charge refunded today, or I "
+        "will dispute it with my bank. ")
+QUESTIONS = (
+    ("refund", NoulQuestion("Does the customer ask for a refund?")),
+    ("team", ChoiceQuestion("Which team should handle this?", (
+        Option("billing", "Payments, charges and refunds"), Option("shipping", "Delivery and tracking"),
+        Option("tech", None)))),
+    ("anger", ScoreQuestion("How frustrated is the customer?", ("Calm", "Annoyed", "Angry", "Furious"))),
+)
+MORE_QUESTIONS = (
+    ("late", NoulQuestion("Is the order late?")),
+    ("channel", ChoiceQuestion("Where should the answer go?", (Option("email", None), Option("phone", None)))),
+    ("urgency", ScoreQuestion("How urgent is this?", ("Low", "Medium", "High"))),
+)
+
+
+def state(n: int) -> State:
+    """About 220 tokens; distinct `n`, distinct states (never cached by another test)."""
+    return State((Turn("user", TEXT.format(n=n) * 4),))
+
+
+@pytest.fixture(scope="module")
+def loaded():
+    """The in-process engine on the embedded model (its first load also writes the
+    converted safetensors folder the server reads)."""
+    from openjev.engines import load_engine
+
+    return load_engine(load_settings({}, environ={}))
+
+
+@pytest.fixture(scope="module")
+def compiler(loaded):
+    return PromptCompiler(loaded.tokenizer, max_labels=MAX_CHOICE_OPTIONS)
+
+
+@pytest.fixture(scope="module")
+def server(loaded, tmp_path_factory):
+    root = tmp_path_factory.mktemp("sgl_jax")
+    folder = sgl.served_folder(sgl.embedded_model_folder(), root / "model")
+    # Sized for these tests: up to 3 branches at once, ~320 tokens each (see sgl.sizing_flags).
+    srv = sgl.start(folder, root / "server.log", timeout_s=600, max_running=4, context_length=1024, chunk=512)
+    try:
+        yield srv
+    finally:
+        srv.stop()
+
+
+def reference_engine(loaded):
+    from openjev.engines.inprocess import TransformersEngine
+
+    return TransformersEngine(loaded.engine.model, prefix_cache_bytes=0)
+
+
+def remote(server, strategy: str) -> SGLangEngine:
+    return SGLangEngine(server.url, strategy=strategy, call_timeout_s=600)  # a CPU forward takes seconds
+
+
+async def run_with(engine, plan):
+    try:
+        return await engine.run(plan)
+    finally:
+        await engine.close()
+
+
+async def while_busy(server, engine, plan, tag: int):
+    """Run `plan` while the server is busy with an unrelated prefill.
+
+    An idle CPU server starts on the first branch that arrives, alone, and its siblings
+    (arriving milliseconds later) queue behind it and find the prefix cached: `all` gets
+    staged by accident. A busy server, the case strategies are for, queues them together.
+    """
+    import httpx
+
+    filler = [1000 + (tag * 7 + i) % 40000 for i in range(400)]
+    async with httpx.AsyncClient(timeout=600) as client:
+        blocker = asyncio.create_task(client.post(server.url + "/generate", json={
+            "input_ids": filler, "sampling_params": {"max_new_tokens": 1}, "return_logprob": True,
+            "logprob_start_len": -1, "token_ids_logprob": [5]}))
+        await asyncio.sleep(0.5)  # it is being prefilled now
+        result = await run_with(engine, plan)
+        (await blocker).raise_for_status()
+    return result
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+async def test_every_strategy_gives_the_in_process_probabilities(loaded, compiler, server, strategy):
+    plan = compiler.compile(DecisionRequest(state(100 + STRATEGIES.index(strategy)), QUESTIONS)).plan
+    assert plan.shared_prefix_len > 200
+    engine = remote(server, strategy)
+    got = await run_with(engine, plan)
+    local = await run_with(reference_engine(loaded), plan)
+    assert len(got.branches) == len(local.branches) == len(plan.branches)
+    worst = 0.0
+    for b, r, l in zip(plan.branches, got.branches, local.branches):
+        assert len(r.logprobs) == len(l.logprobs) == len(b.label_ids)
+        pr, pl = softmax(r.logprobs), softmax(l.logprobs)
+        worst = max(worst, *(abs(x - y) for x, y in zip(pr, pl)))
+    assert worst < 1e-3, f"{strategy}: max probability difference {worst:.2e}"
+    expected = "staged" if strategy == "auto" else strategy  # a cold, long shared prefix
+    assert engine.strategies_used == {expected: 1}
+
+
+async def test_cached_tokens_are_reported_and_staging_computes_less(compiler, server):
+    cold_all = compiler.compile(DecisionRequest(state(200), QUESTIONS)).plan
+    cold_staged = compiler.compile(DecisionRequest(state(201), QUESTIONS)).plan
+    warm = compiler.compile(DecisionRequest(state(201), MORE_QUESTIONS)).plan  # same state, new questions
+    assert cold_all.prompt_tokens == cold_staged.prompt_tokens  # equally long: comparable costs
+
+    assert sgl.flush_cache(server.url), "POST /flush_cache failed"
+    a = await while_busy(server, remote(server, "all"), cold_all, 1)
+    assert sgl.flush_cache(server.url), "POST /flush_cache failed"
+    s = await while_busy(server, remote(server, "staged"), cold_staged, 2)
+    w = await run_with(remote(server, "all"), warm)
+
+    for result, plan in ((a, cold_all), (s, cold_staged), (w, warm)):
+        assert result.cached_tokens is not None and result.computed_tokens is not None  # reported
+        assert result.computed_tokens + result.cached_tokens == plan.prompt_tokens
+    assert s.computed_tokens < a.computed_tokens, (s, a)
+    assert s.computed_tokens <= cold_staged.unique_tokens + len(cold_staged.branches)  # about the floor
+    assert w.cached_tokens >= warm.shared_prefix_len, (w, warm.shared_prefix_len)
+
+
+def test_tokenizer_agreement_probe_passes(loaded, server, caplog):
+    with caplog.at_level(logging.WARNING, logger="openjev.engines.sglang"):
+        verify_tokenizer(server.url, loaded.tokenizer)
+    assert not [r for r in caplog.records if "could not verify" in r.getMessage()], caplog.text
+
+
+def test_tokenizer_agreement_probe_catches_a_different_tokenizer(loaded, server):
+    class Shifted:  # ours, with every id one off: not what the server tokenizes
+        def render(self, *args, **kwargs):
+            return loaded.tokenizer.render(*args, **kwargs)
+
+        def encode(self, text):
+            return [t + 1 for t in loaded.tokenizer.encode(text)]
+
+    with pytest.raises(ModelUnsuitable):
+        verify_tokenizer(server.url, Shifted())
+
