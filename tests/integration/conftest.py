@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -14,6 +13,7 @@ import httpx
 import pytest
 
 from openjev.config import load_settings
+from tests.net import free_port
 
 
 @pytest.fixture(scope="session")
@@ -22,12 +22,6 @@ def embedded():
     from openjev.engines import load_engine
 
     return load_engine(load_settings({}, environ={}))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass

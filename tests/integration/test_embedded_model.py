@@ -9,19 +9,14 @@ import torch
 from openjev.core.plan import Plan
 from openjev.core.prompts import PromptCompiler
 from openjev.core.service import DecisionService, ServiceLimits
-from openjev.core.types import ChoiceQuestion, DecisionRequest, NoulQuestion, Option, ScoreQuestion, State, Turn
+from openjev.core.types import ChoiceQuestion, DecisionRequest, Option, State, Turn
 from openjev.engines.inprocess import TransformersEngine
+from tests.tickets import QUESTIONS as TICKET_QUESTIONS
+from tests.tickets import TEXT
 
-TEXT = ("Hello, I ordered a blue jacket (order #{n}) three weeks ago. It still has not arrived, and yesterday my "
-        "card was charged a second time for the same order. I want the duplicate charge refunded today, or I "
-        "will dispute it with my bank. ")
 STATE = State((Turn("user", TEXT.format(n=4471) * 4),))
 QUESTIONS = (
-    ("refund", NoulQuestion("Does the customer ask for a refund?")),
-    ("team", ChoiceQuestion("Which team should handle this?", (
-        Option("billing", "Payments, charges and refunds"), Option("shipping", "Delivery and tracking"),
-        Option("tech", None)))),
-    ("anger", ScoreQuestion("How frustrated is the customer?", ("Calm", "Annoyed", "Angry", "Furious"))),
+    *TICKET_QUESTIONS,
     ("lang", ChoiceQuestion(None, tuple(Option(f"Language {i}", None) for i in range(40)))),
     ("team2", ChoiceQuestion("Which team should handle this first?", (Option("a", None), Option("b", None)))),
 )

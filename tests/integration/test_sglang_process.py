@@ -16,7 +16,8 @@ from openjev.config import load_settings
 from openjev.core.plan import Branch, Plan
 from openjev.engines.sglang import load, preflight
 from openjev.errors import ConfigError
-from tests.integration.conftest import free_port, start_server, stop_server
+from tests.integration.conftest import start_server, stop_server
+from tests.net import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 

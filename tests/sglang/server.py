@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import socket
-import subprocess
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+
+from openjev.errors import EngineUnavailable
+from openjev.runtime.sglang_process import SGLangProcess
+from tests.net import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 SGL_JAX_PYTHON = REPO / ".venv-sglang-jax" / "bin" / "python"
@@ -84,16 +84,12 @@ def served_folder(source: Path, target: Path) -> Path:
     return target
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @dataclass
 class SglJaxServer:
+    """A running sgl_jax child, started and stopped by openjev's own launcher."""
+
     url: str
-    process: subprocess.Popen
+    process: SGLangProcess
     log_path: Path
 
     def log_tail(self, chars: int = 4000) -> str:
@@ -103,22 +99,7 @@ class SglJaxServer:
             return f"(no log: {e})"
 
     def stop(self) -> None:
-        """SIGTERM to the whole process group, then SIGKILL (the scheduler is a grandchild)."""
-        for sig, wait in ((signal.SIGTERM, 20.0), (signal.SIGKILL, 10.0)):
-            try:
-                os.killpg(self.process.pid, sig)
-            except ProcessLookupError:
-                break
-            try:
-                self.process.wait(wait)
-            except subprocess.TimeoutExpired:
-                continue
-            # the leader is gone; make sure nothing of the group lingers
-            try:
-                os.killpg(self.process.pid, 0)
-            except ProcessLookupError:
-                break
-            time.sleep(1.0)
+        self.process.stop(grace_s=20.0)
 
 
 def start(model_folder: Path, log_path: Path, *, timeout_s: float = 600.0, port: int | None = None,
@@ -130,39 +111,27 @@ def start(model_folder: Path, log_path: Path, *, timeout_s: float = 600.0, port:
 
     Raises RuntimeError with the log's tail if it exits or is not healthy in time.
     """
-    port = port or free_port()
-    cmd = [str(SGL_JAX_PYTHON), "-m", "sgl_jax.launch_server", "--model-path", str(model_folder),
-           "--host", "127.0.0.1", "--port", str(port), *FLAGS,
-           *sizing_flags(max_running, context_length, chunk)]
-    env = {**os.environ, "JAX_PLATFORMS": "cpu", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-    env.pop("PYTHONPATH", None)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env.update({"JAX_PLATFORMS": "cpu", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(log_path, "wb") as out:
-        process = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=log_path.parent,
-                                   start_new_session=True)
-    server = SglJaxServer(f"http://127.0.0.1:{port}", process, log_path)
-    deadline = time.monotonic() + timeout_s
-    while True:
-        if process.poll() is not None:
-            server.stop()
-            raise RuntimeError(f"sgl_jax exited with code {process.returncode} while starting; log tail:\n"
-                               f"{server.log_tail()}")
-        try:
-            if httpx.get(server.url + "/health", timeout=5.0).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        if time.monotonic() >= deadline:
-            server.stop()
-            raise RuntimeError(f"sgl_jax not healthy within {timeout_s:g} s; log tail:\n{server.log_tail()}")
-        time.sleep(1.0)
+    process = SGLangProcess(
+        python=str(SGL_JAX_PYTHON), model=str(model_folder), port=port or free_port(), module="sgl_jax.launch_server",
+        extra_args=(*FLAGS, *sizing_flags(max_running, context_length, chunk)), log_path=str(log_path),
+        env=env, cwd=str(log_path.parent),
+    )
+    process.start()
+    server = SglJaxServer(process.url, process, log_path)
+    try:
+        process.wait_healthy(timeout_s)
+    except EngineUnavailable as e:
+        server.stop()
+        raise RuntimeError(f"sgl_jax: {e}; log tail:\n{server.log_tail()}") from None
     # /health answers before the server's own warm-up request has run (and a bad setting
     # crashes it there): one real request proves the forward pass works.
     try:
         r = httpx.post(server.url + "/generate", json={
             "input_ids": [1, 2, 3, 4, 5, 6, 7, 8], "sampling_params": {"max_new_tokens": 1, "temperature": 0.0},
-            "return_logprob": True, "logprob_start_len": -1, "token_ids_logprob": [9]},
-            timeout=max(60.0, deadline - time.monotonic()))
+            "return_logprob": True, "logprob_start_len": -1, "token_ids_logprob": [9]}, timeout=max(60.0, timeout_s))
         r.raise_for_status()
         r.json()["meta_info"]["output_token_ids_logprobs"][0][0]
     except (httpx.HTTPError, KeyError, IndexError, TypeError, ValueError) as e:

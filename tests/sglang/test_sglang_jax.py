@@ -33,18 +33,9 @@ from openjev.core.types import (  # noqa: E402
 )
 from openjev.engines.sglang import SGLangEngine, verify_tokenizer  # noqa: E402
 from openjev.errors import ModelUnsuitable  # noqa: E402
+from tests.tickets import QUESTIONS, TEXT  # noqa: E402
 
 STRATEGIES = ("all", "warmup", "staged", "auto")
-TEXT = ("Hello, I ordered a blue jacket (order #{n}) three weeks ago. It still has not arrived, and yesterday my "
-        "card was charged a second time for the same order. I want the duplicate charge refunded today, or I "
-        "will dispute it with my bank. ")
-QUESTIONS = (
-    ("refund", NoulQuestion("Does the customer ask for a refund?")),
-    ("team", ChoiceQuestion("Which team should handle this?", (
-        Option("billing", "Payments, charges and refunds"), Option("shipping", "Delivery and tracking"),
-        Option("tech", None)))),
-    ("anger", ScoreQuestion("How frustrated is the customer?", ("Calm", "Annoyed", "Angry", "Furious"))),
-)
 MORE_QUESTIONS = (
     ("late", NoulQuestion("Is the order late?")),
     ("channel", ChoiceQuestion("Where should the answer go?", (Option("email", None), Option("phone", None)))),

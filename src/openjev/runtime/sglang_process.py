@@ -14,7 +14,7 @@ import subprocess
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Callable, Mapping, Sequence
 
 import httpx
 
@@ -59,6 +59,8 @@ class SGLangProcess:
     host: str = "127.0.0.1"
     extra_args: tuple[str, ...] = ()
     log_path: str | None = None
+    env: Mapping[str, str] | None = None  # the child's whole environment (default: ours)
+    cwd: str | None = None
     process: subprocess.Popen | None = field(default=None, init=False)
     _stopping: bool = field(default=False, init=False)
 
@@ -73,10 +75,15 @@ class SGLangProcess:
     def start(self) -> None:
         if not os.path.exists(self.python):
             raise ConfigError(f"--sglang-python {self.python!r}: no such interpreter")
-        out = open(self.log_path, "ab") if self.log_path else None
         log.info("starting %s", " ".join(self.command()))
-        self.process = subprocess.Popen(self.command(), stdout=out, stderr=subprocess.STDOUT if out else None,
-                                        start_new_session=True)
+        out = open(self.log_path, "ab") if self.log_path else None
+        try:  # the child keeps its own copy of the log descriptor
+            self.process = subprocess.Popen(self.command(), stdout=out, stderr=subprocess.STDOUT if out else None,
+                                            env=dict(self.env) if self.env is not None else None, cwd=self.cwd,
+                                            start_new_session=True)
+        finally:
+            if out is not None:
+                out.close()
 
     def wait_healthy(self, timeout_s: float) -> None:
         wait_healthy(self.url, timeout_s, self.process)
@@ -91,16 +98,31 @@ class SGLangProcess:
         threading.Thread(target=loop, name="sglang-watch", daemon=True).start()
 
     def stop(self, grace_s: float = 15.0) -> None:
+        """SIGTERM to the whole group, then SIGKILL to whatever of it is left: the servers'
+        schedulers are grandchildren that can outlive the leader."""
         self._stopping = True
-        if self.process is None or self.process.poll() is not None:
+        if self.process is None:
             return
+        group = self.process.pid
         for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
             try:
-                os.killpg(self.process.pid, sig)
+                os.killpg(group, sig)
             except ProcessLookupError:
-                return
-            try:
-                self.process.wait(wait)
-                return
-            except subprocess.TimeoutExpired:
-                continue
+                break
+            deadline = time.monotonic() + wait
+            while time.monotonic() < deadline and _group_alive(group):
+                self.process.poll()  # reap the leader so it does not linger as a zombie
+                time.sleep(0.1)
+            if not _group_alive(group):
+                break
+        self.process.poll()
+
+
+def _group_alive(group: int) -> bool:
+    try:
+        os.killpg(group, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
