@@ -38,7 +38,6 @@ class CompiledRequest:
 
     plan: Plan
     n_labels: tuple[int, ...]
-    prefix_text_tokens: int
 
 
 def option_texts(question: Question) -> list[str]:
@@ -132,4 +131,4 @@ class PromptCompiler:
                 break
         n_labels = tuple(len(option_texts(q)) for q in questions)
         branches = [Branch(tuple(b), self.labels.ids[:n]) for b, n in zip(ids, n_labels)]
-        return CompiledRequest(plan=Plan.from_branches(branches), n_labels=n_labels, prefix_text_tokens=len(prefix_ids))
+        return CompiledRequest(plan=Plan.from_branches(branches), n_labels=n_labels)

@@ -78,12 +78,6 @@ class Row:
     visible: torch.Tensor  # bool, (len(tokens), past.length + len(tokens))
 
 
-def causal_visibility(past_len: int, n: int) -> torch.Tensor:
-    q = torch.arange(n)[:, None]
-    k = torch.arange(past_len + n)[None, :]
-    return k <= q + past_len
-
-
 class _RaggedLayer(DynamicLayer):
     """One layer's padded past for the batch; `update` returns past + new and remembers the
     new states (the caller extends its chains with them)."""
