@@ -55,7 +55,10 @@ def serve(settings: Settings) -> int:
     from openjev.api.app import create_app
     from openjev.engines import preflight_engine
 
+    from openjev import calibrations
+
     preflight_engine(settings)  # ConfigError -> exit 2 before listening
+    calibrations.preflight(settings.calibration)
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     failed: list[BaseException] = []
     server: uvicorn.Server | None = None

@@ -42,6 +42,13 @@ class Settings:
     dtype: str = _opt("auto", "torch dtype: auto (float32 on CPU, bfloat16 on CUDA), float32, bfloat16, float16")
     cache_dir: str = _opt(_default_cache_dir(), "where converted weights are cached (GGUF -> safetensors)")
     temperature: float = _opt(1.0, "softmax temperature applied to label log-probs (1.0 = the model's own)")
+    # decision quality (README "Decision quality")
+    readout: str = _opt("letters", "how questions are read: letters (lettered options) or yesno (a Yes/No branch per option)")
+    rotations: int = _opt(1, "letters readout: cyclic rotations of the options read and averaged (order debiasing)")
+    calibration: str = _opt(
+        "auto", "calibration applied to answers: auto (the file shipped for the served model, if any), none, or a path"
+    )
+    max_rotations: int = _opt(8, "most rotations one request may ask for (x-openjev-rotations header)")
     tokenizer: str | None = _opt(None, "local tokenizer folder when it differs from --model (sglang engine)")
     # the sglang engine (SGLang on GPUs, SGLang-JAX on TPUs)
     connect: str | None = _opt(None, "sglang engine: URL of a running SGLang-protocol server or router")
@@ -95,12 +102,13 @@ class Settings:
             "max_request_tokens": self.max_request_tokens,
             "max_in_flight": self.max_in_flight,
             "engine_timeout_s": self.engine_timeout_s,
+            "max_rotations": self.max_rotations,
         }
 
     def validate(self) -> "Settings":
         positive = ("port", "max_questions", "max_body_bytes", "max_branch_tokens", "max_request_tokens",
                     "max_in_flight", "engine_timeout_s", "retry_after_s", "attention_budget", "batch_tokens",
-                    "max_engine_calls", "startup_timeout_s")
+                    "max_engine_calls", "startup_timeout_s", "rotations", "max_rotations")
         for name in positive:
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be positive, got {getattr(self, name)!r}")
@@ -108,6 +116,10 @@ class Settings:
             raise ConfigError("prefix_cache_bytes and batch_window_ms must not be negative")
         if self.temperature <= 0:
             raise ConfigError(f"temperature must be positive, got {self.temperature!r}")
+        if self.readout not in ("letters", "yesno"):
+            raise ConfigError(f"readout must be letters or yesno, got {self.readout!r}")
+        if self.rotations > self.max_rotations:
+            raise ConfigError(f"rotations ({self.rotations}) exceeds max_rotations ({self.max_rotations})")
         if self.max_questions > 4096:
             raise ConfigError("max_questions above 4096 is not supported")
         return self

@@ -1,6 +1,7 @@
 import pytest
 
-from openjev.core.prompts import ANSWER_CUE, PromptCompiler, option_texts, question_text
+from openjev.core.prompts import PromptCompiler
+from openjev.core.wording import ANSWER_CUE, letters_text, option_texts
 from openjev.core.types import ChoiceQuestion, DecisionRequest, NoulQuestion, Option, ScoreQuestion, State, Turn
 from tests.fakes import FakeTokenizer
 
@@ -30,7 +31,7 @@ def test_branches_equal_whole_text_encoding_and_share_the_state():
         assert tok.encode(text) == list(branch.input_ids)  # the split is token-stable
         assert text.startswith(tok.render(STATE.turns, add_generation_prompt=False))
         assert text.endswith("<|im_start|>assistant\n" + ANSWER_CUE)
-    assert compiled.n_labels == (2, 2, 3)
+    assert compiled.spans == ((0, 1), (1, 1), (2, 1))
     assert plan.branches[2].label_ids == compiler.labels.ids[:3]
 
 
@@ -48,7 +49,7 @@ def test_question_ids_never_reach_the_model_and_names_only_without_description()
 def test_options_are_lettered_in_order():
     labels = PromptCompiler(FakeTokenizer(), max_labels=255).labels
     q = ChoiceQuestion(None, tuple(Option(f"opt{i}", None) for i in range(30)))
-    text = question_text(q, labels)
+    text = letters_text(q, range(30), labels.texts)
     assert "A. opt0" in text and "Z. opt25" in text and "AA. opt26" in text and "AD. opt29" in text
     assert "Which option fits best?" in text
 

@@ -19,9 +19,12 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from openjev import __version__
 from openjev.api import convert, schemas
 from openjev.api.auth import require_key
+from openjev.api.overrides import decide_options, default_spec
+from openjev import calibrations
 from openjev.api.middleware import REQUEST_ID_HEADER, BodyMiddleware, RequestIdMiddleware, error_response, request_id_of
 from openjev.config import MAX_CHOICE_OPTIONS, Settings
 from openjev.core.prompts import PromptCompiler
+from openjev.core.wording import PROMPT_VERSION
 from openjev.core.service import DecisionService, ServiceLimits
 from openjev.engines import LoadedEngine, ModelCard, load_engine
 from openjev.errors import EngineUnavailable, NotReady, OpenjevError
@@ -69,7 +72,18 @@ class Runtime:
 
 
 def build_service(settings: Settings, loaded: LoadedEngine) -> DecisionService:
-    """Blocking (label verification encodes a few hundred short texts)."""
+    """Blocking (label verification encodes a few hundred short texts). Raises ConfigError
+    for a calibration made for another model, prompt or temperature, Unsupported for a
+    default readout this model cannot do."""
+    calibration = calibrations.select(settings.calibration, fingerprint=loaded.card.fingerprint,
+                                      prompt_version=PROMPT_VERSION, base_temperature=settings.temperature)
+    spec = default_spec(settings)
+    if calibration is not None:
+        log.info("calibration %s (%s) applied to %s", calibration.id, calibration.source or "given file",
+                 ", ".join(f.spec.describe() for f in calibration.fits))
+        if not calibration.covers(spec):
+            log.warning("calibration %s has no fit for the default readout %s: its answers are uncalibrated",
+                        calibration.id, spec.describe())
     compiler = PromptCompiler(loaded.tokenizer, max_labels=MAX_CHOICE_OPTIONS)
     limits = ServiceLimits(
         max_branch_tokens=settings.max_branch_tokens,
@@ -79,7 +93,7 @@ def build_service(settings: Settings, loaded: LoadedEngine) -> DecisionService:
         retry_after_s=settings.retry_after_s,
         temperature=settings.temperature,
     )
-    return DecisionService(compiler, loaded.engine, limits)
+    return DecisionService(compiler, loaded.engine, limits, readout=spec, calibration=calibration)
 
 
 def create_app(
@@ -161,16 +175,25 @@ def create_app(
                 "msg": f"at most {settings.max_questions} questions per request, got {len(body.questions)}",
             }])
         decision = convert.request_of(body)
+        spec, calibrate = decide_options(request.headers, settings)
         service, card = runtime.ready()
         model = convert.resolve_model(body.model, card.name)
-        result = await _unless_disconnected(request, service.decide(decision))
+        result = await _unless_disconnected(request, service.decide(decision, readout=spec, calibrate=calibrate))
         return JSONResponse(convert.result_to_wire(result, model), headers=convert.result_headers(result))
 
     @app.get("/v1/models", response_model=schemas.ModelsResponse, dependencies=[Depends(require_key)])
     async def models() -> dict[str, Any]:
-        _, card = runtime.ready()
+        service, card = runtime.ready()
+        cal = service.calibration
         return {
-            "models": [{"name": card.name, "description": card.description, "release_date": card.release_date}],
+            "models": [{
+                "name": card.name, "description": card.description, "release_date": card.release_date,
+                "x_fingerprint": card.fingerprint, "x_prompt_version": PROMPT_VERSION,
+                "x_readout": service.default_readout.describe(),
+                "x_calibration": None if cal is None else {
+                    "id": cal.id, "readouts": [f.spec.describe() for f in cal.fits],
+                    "applies_to_default": cal.covers(service.default_readout)},
+            }],
             "data": [{"id": card.name, "object": "model", "owned_by": "openjev"}],
         }
 

@@ -81,23 +81,27 @@ def resolve_model(requested: str, served: str) -> str:
 
 def answer_to_wire(answer: core.Answer) -> dict[str, Any]:
     if isinstance(answer, core.NoulAnswer):
-        return {"type": "noul", "noul": answer.p_true, "x_label_mass": answer.label_mass}
-    if isinstance(answer, core.ChoiceAnswer):
-        return {
+        out = {"type": "noul", "noul": answer.p_true, "x_label_mass": answer.label_mass}
+    elif isinstance(answer, core.ChoiceAnswer):
+        out = {
             "type": "choice",
             "choice": answer.choice,
             "probabilities": dict(answer.probabilities),
             "confidence": answer.confidence,
             "x_label_mass": answer.label_mass,
         }
-    return {
-        "type": "score",
-        "score": answer.score,
-        "confidence": answer.confidence,
-        "legend": {str(i): text for i, text in enumerate(answer.legend)},
-        "probabilities": {str(i): p for i, p in enumerate(answer.probabilities)},
-        "x_label_mass": answer.label_mass,
-    }
+    else:
+        out = {
+            "type": "score",
+            "score": answer.score,
+            "confidence": answer.confidence,
+            "legend": {str(i): text for i, text in enumerate(answer.legend)},
+            "probabilities": {str(i): p for i, p in enumerate(answer.probabilities)},
+            "x_label_mass": answer.label_mass,
+        }
+    if answer.order_agreement is not None:
+        out["x_order_agreement"] = answer.order_agreement
+    return out
 
 
 def result_to_wire(result: core.DecisionResult, model: str) -> dict[str, Any]:
@@ -120,7 +124,8 @@ def usage_to_wire(usage: core.Usage) -> dict[str, Any]:
 
 
 def result_headers(result: core.DecisionResult) -> dict[str, str]:
-    headers = {"x-openjev-prefix-tokens": str(result.prefix_tokens)}
+    headers = {"x-openjev-prefix-tokens": str(result.prefix_tokens), "x-openjev-readout": result.readout,
+               "x-openjev-calibration": result.calibration or "none"}
     if result.usage.cached_tokens is not None:
         headers["x-openjev-cached-tokens"] = str(result.usage.cached_tokens)
     if result.usage.computed_tokens is not None:

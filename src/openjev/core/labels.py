@@ -61,3 +61,17 @@ def verify_labels(encode: Callable[[str], list[int]], context: str, separator: s
         f"prompt ending {context[-40:]!r} with this tokenizer (first rejected: {rejected[:8]}); "
         "this model cannot be read with letter labels"
     )
+
+
+def verify_words(encode: Callable[[str], list[int]], context: str, separator: str,
+                 words: tuple[str, ...]) -> tuple[int, ...] | None:
+    """Token ids of `words`, each one token after `context + separator` and all distinct;
+    None if any is not (the readout that needs them is then unavailable)."""
+    base = encode(context)
+    ids: list[int] = []
+    for word in words:
+        got = encode(context + separator + word)
+        if len(got) != len(base) + 1 or got[: len(base)] != base or got[-1] in ids:
+            return None
+        ids.append(got[-1])
+    return tuple(ids)

@@ -2,7 +2,8 @@
 
 Order of work, so that nothing invalid or over budget reaches the engine:
 admission (in-flight cap) -> compile (off the event loop) -> token budgets -> engine run
-under a deadline -> scoring.
+under a deadline -> readout (branch log-probs -> option probabilities) -> calibration ->
+answers.
 """
 
 from __future__ import annotations
@@ -13,9 +14,11 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
+from openjev.core import calibration as calib
 from openjev.core import scoring
 from openjev.core.ports import Engine, PlanResult
-from openjev.core.prompts import CompiledRequest, PromptCompiler, option_texts
+from openjev.core.prompts import CompiledRequest, PromptCompiler
+from openjev.core.readouts import Combined, LettersReadout, Readout, ReadoutSpec, YesNoReadout
 from openjev.core.types import (
     Answer,
     ChoiceAnswer,
@@ -28,7 +31,8 @@ from openjev.core.types import (
     ScoreAnswer,
     Usage,
 )
-from openjev.errors import EngineError, EngineTimeout, Overloaded, TokensExceeded
+from openjev.core.wording import option_texts
+from openjev.errors import EngineError, EngineTimeout, Overloaded, TokensExceeded, Unsupported
 
 
 @dataclass(frozen=True)
@@ -41,29 +45,62 @@ class ServiceLimits:
     temperature: float = 1.0
 
 
+def question_type(question: Question) -> str:
+    return "noul" if isinstance(question, NoulQuestion) else "choice" if isinstance(question, ChoiceQuestion) else "score"
+
+
 class DecisionService:
+    """`readout` is the default readout; `calibration` (bound to this model and prompt by
+    the caller) is applied to each question whose readout and type it has a fit for."""
+
     def __init__(
         self,
         compiler: PromptCompiler,
         engine: Engine,
         limits: ServiceLimits,
         clock: Callable[[], float] = time.perf_counter,
+        *,
+        readout: ReadoutSpec = ReadoutSpec(),
+        calibration: calib.Calibration | None = None,
     ) -> None:
         self._compiler = compiler
         self._engine = engine
         self._limits = limits
         self._clock = clock
         self._in_flight = 0
+        self.default_readout = readout
+        self.calibration = calibration
+        self._readouts: dict[ReadoutSpec, Readout] = {}
+        self.readout(readout)  # an unavailable default readout fails at startup, not per request
+
+    def readout(self, spec: ReadoutSpec) -> Readout:
+        """The readout object for `spec`; raises Unsupported where this model cannot be read so."""
+        found = self._readouts.get(spec)
+        if found is None:
+            t = self._limits.temperature
+            if spec.name == "yesno":
+                if self._compiler.yes_no is None:
+                    raise Unsupported("the yesno readout is unavailable for this model: 'Yes'/'No' are not "
+                                      "single tokens after its answer cue")
+                found = YesNoReadout(*self._compiler.yes_no, temperature=t)
+            else:
+                labels = self._compiler.labels
+                found = LettersReadout(labels.texts, labels.ids, rotations=spec.rotations, temperature=t)
+            self._readouts[spec] = found
+        return found
 
     @property
     def in_flight(self) -> int:
         return self._in_flight
 
-    async def decide(self, request: DecisionRequest) -> DecisionResult:
-        """Answer every question, in request order.
+    async def decide(self, request: DecisionRequest, *, readout: ReadoutSpec | None = None,
+                     calibrate: bool = True) -> DecisionResult:
+        """Answer every question, in request order, with `readout` (default: the service's)
+        and, unless `calibrate` is false, the calibration where it has a fit.
 
-        Raises Overloaded (cap reached), TokensExceeded (budget; the engine is not called),
-        EngineTimeout (deadline), or what the engine raises.
+        Raises Overloaded (cap reached), Unsupported (a readout this model cannot do),
+        TokensExceeded (budget; the engine is not called), EngineTimeout (deadline), or
+        what the engine raises.
         """
         if self._in_flight >= self._limits.max_in_flight:
             raise Overloaded(
@@ -72,13 +109,14 @@ class DecisionService:
             )
         self._in_flight += 1
         try:
-            return await self._decide(request)
+            return await self._decide(request, readout or self.default_readout, calibrate)
         finally:
             self._in_flight -= 1
 
-    async def _decide(self, request: DecisionRequest) -> DecisionResult:
+    async def _decide(self, request: DecisionRequest, spec: ReadoutSpec, calibrate: bool) -> DecisionResult:
         t0 = self._clock()
-        compiled = await asyncio.to_thread(self._compiler.compile, request)
+        readout = self.readout(spec)
+        compiled = await asyncio.to_thread(self._compiler.compile, request, readout)
         self._check_budgets(request, compiled)
         t1 = self._clock()
         try:
@@ -88,21 +126,34 @@ class DecisionService:
         t2 = self._clock()
         if len(result.branches) != len(compiled.plan.branches):
             raise EngineError(f"engine returned {len(result.branches)} results for {len(compiled.plan.branches)} branches")
-        answers = tuple(
-            (qid, self._answer(question, branch.logprobs, n))
-            for (qid, question), branch, n in zip(request.questions, result.branches, compiled.n_labels)
-        )
+        cal = self.calibration if calibrate and self.calibration is not None and self.calibration.covers(spec) else None
+        answers = []
+        for (qid, question), (start, count) in zip(request.questions, compiled.spans):
+            branches = compiled.plan.branches[start:start + count]
+            logprobs = [r.logprobs for r in result.branches[start:start + count]]
+            for branch, lp in zip(branches, logprobs):
+                if len(lp) != len(branch.label_ids):
+                    raise EngineError(f"engine returned {len(lp)} label log-probs, expected {len(branch.label_ids)}")
+            try:
+                combined = readout.combine(question, logprobs)
+            except ValueError as e:
+                raise EngineError(f"unusable label log-probs from the engine: {e}") from None
+            fit = cal.fit_for(spec, question_type(question)) if cal is not None else None
+            answers.append((qid, self._answer(question, combined, fit)))
         timings = {"prepare": (t1 - t0) * 1000, **result.timings_ms, "engine": (t2 - t1) * 1000}
         return DecisionResult(
-            answers=answers,
+            answers=tuple(answers),
             usage=self._usage(compiled, result),
             prefix_tokens=compiled.plan.shared_prefix_len,
             timings_ms=timings,
+            readout=spec.describe(),
+            calibration=cal.id if cal is not None else None,
         )
 
     def _check_budgets(self, request: DecisionRequest, compiled: CompiledRequest) -> None:
         plan = compiled.plan
-        for (qid, _), branch in zip(request.questions, plan.branches):
+        for (qid, _), (start, count) in zip(request.questions, compiled.spans):
+            branch = max(plan.branches[start:start + count], key=lambda b: len(b.input_ids))
             if len(branch.input_ids) > self._limits.max_branch_tokens:
                 raise TokensExceeded(
                     f"question {qid!r}: the state and this question take {len(branch.input_ids)} tokens "
@@ -123,17 +174,13 @@ class DecisionService:
             cached_tokens=result.cached_tokens,
         )
 
-    def _answer(self, question: Question, logprobs: tuple[float, ...], n: int) -> Answer:
-        if len(logprobs) != n:
-            raise EngineError(f"engine returned {len(logprobs)} label log-probs, expected {n}")
-        try:
-            probs = scoring.softmax(logprobs, self._limits.temperature)
-        except ValueError as e:
-            raise EngineError(f"unusable label log-probs from the engine: {e}") from None
-        mass = scoring.label_mass(logprobs)
+    @staticmethod
+    def _answer(question: Question, combined: Combined, fit: calib.TypeFit | None) -> Answer:
+        probs = combined.probs if fit is None else calib.apply(fit, combined.probs)
         assert all(math.isfinite(p) for p in probs)
+        mass, agreement = combined.label_mass, combined.order_agreement
         if isinstance(question, NoulQuestion):
-            return NoulAnswer(p_true=probs[0], label_mass=mass)
+            return NoulAnswer(p_true=probs[0], label_mass=mass, order_agreement=agreement)
         if isinstance(question, ChoiceQuestion):
             names = [o.name for o in question.options]
             return ChoiceAnswer(
@@ -141,6 +188,7 @@ class DecisionService:
                 probabilities=tuple(zip(names, probs)),
                 confidence=scoring.choice_confidence(probs),
                 label_mass=mass,
+                order_agreement=agreement,
             )
         return ScoreAnswer(
             score=scoring.expectation(probs),
@@ -148,4 +196,5 @@ class DecisionService:
             probabilities=tuple(probs),
             legend=tuple(option_texts(question)),
             label_mass=mass,
+            order_agreement=agreement,
         )

@@ -68,10 +68,15 @@ class DecisionRequest:
 # ---- answers
 
 
+# `order_agreement`: share of the option orderings read whose own top option is the
+# answer's; None where one ordering was read (see core/readouts.py).
+
+
 @dataclass(frozen=True)
 class NoulAnswer:
     p_true: float
     label_mass: float
+    order_agreement: float | None = None
 
 
 @dataclass(frozen=True)
@@ -80,6 +85,7 @@ class ChoiceAnswer:
     probabilities: tuple[tuple[str, float], ...]
     confidence: float
     label_mass: float
+    order_agreement: float | None = None
 
 
 @dataclass(frozen=True)
@@ -89,6 +95,7 @@ class ScoreAnswer:
     probabilities: tuple[float, ...]
     legend: tuple[str, ...]
     label_mass: float
+    order_agreement: float | None = None
 
 
 Answer = Union[NoulAnswer, ChoiceAnswer, ScoreAnswer]
@@ -113,7 +120,12 @@ class Usage:
 
 @dataclass(frozen=True)
 class DecisionResult:
+    """`readout` names the readout used (e.g. "letters;rotations=4"); `calibration` the id of
+    the calibration applied, None where none was."""
+
     answers: tuple[tuple[str, Answer], ...]
     usage: Usage
     prefix_tokens: int
     timings_ms: dict[str, float] = field(default_factory=dict)
+    readout: str = "letters"
+    calibration: str | None = None

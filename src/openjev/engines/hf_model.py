@@ -74,6 +74,40 @@ def resolve_source(model: str | None) -> ModelSource:
     return ModelSource(path, None, _slug(path.name), f"{path.name}", date)
 
 
+_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".gguf", ".pt", ".pth")
+_SAMPLE_BYTES = 1 << 20
+
+
+def weights_fingerprint(path: Path) -> str:
+    """A stable identity of a model's weights: what calibration files are bound to.
+
+    For a GGUF file, or each weight file of a folder (sorted by name), it hashes the
+    name, the size and the first and last MiB, plus the folder's config.json. It reads at
+    most 2 MiB per file, so a 100 GB model is fingerprinted in milliseconds, and it never
+    depends on paths or modification times (the same wheel gives the same fingerprint on
+    every machine). Two files that differ only in their middle bytes would collide: a
+    different model is told apart, a hand-edited tensor may not be.
+    """
+    h = hashlib.sha256()
+    files = [path] if path.is_file() else sorted(
+        (f for f in path.iterdir() if f.is_file() and f.name.endswith(_WEIGHT_SUFFIXES)), key=lambda f: f.name)
+    if path.is_dir() and (path / "config.json").exists():
+        h.update(b"config.json\0" + (path / "config.json").read_bytes())
+    for f in files:
+        size = f.stat().st_size
+        h.update(f"{f.name}\0{size}\0".encode())
+        with open(f, "rb") as fh:
+            h.update(fh.read(_SAMPLE_BYTES))
+            if size > _SAMPLE_BYTES:
+                fh.seek(max(_SAMPLE_BYTES, size - _SAMPLE_BYTES))
+                h.update(fh.read(_SAMPLE_BYTES))
+    return "sha256:" + h.hexdigest()[:32]
+
+
+def source_fingerprint(source: ModelSource) -> str:
+    return weights_fingerprint(source.folder / source.gguf_file if source.gguf_file else source.folder)
+
+
 def preflight(settings) -> None:
     """Fail fast on a model setting that cannot load (missing path, wrong kind of file)."""
     resolve_source(settings.model)

@@ -22,7 +22,7 @@ from openjev.config import Settings
 from openjev.core.plan import Plan
 from openjev.core.ports import PlanResult
 from openjev.engines import LoadedEngine, ModelCard
-from openjev.engines.hf_model import load_model_and_tokenizer, resolve_source
+from openjev.engines.hf_model import load_model_and_tokenizer, resolve_source, source_fingerprint
 from openjev.engines.hf_tokenizer import HFChatTokenizer
 from openjev.engines.kv import Row, ragged_forward
 from openjev.engines.prefix_cache import PrefixCache
@@ -127,5 +127,5 @@ def load(settings: Settings) -> LoadedEngine:
     log.info("loaded %s on %s/%s in %.1f s (%s)", source.name, device, str(dtype).removeprefix("torch."),
              seconds, "converted weights from cache" if from_cache else "from source")
     card = ModelCard(name=settings.served_name or source.name, description=source.description,
-                     release_date=source.release_date)
+                     release_date=source.release_date, fingerprint=source_fingerprint(source))
     return LoadedEngine(engine=engine, tokenizer=HFChatTokenizer(hf_tokenizer), card=card, load_seconds=seconds)

@@ -284,7 +284,7 @@ def load(settings):
     from transformers import AutoTokenizer
 
     from openjev.engines import LoadedEngine, ModelCard
-    from openjev.engines.hf_model import file_date
+    from openjev.engines.hf_model import file_date, weights_fingerprint
     from openjev.engines.hf_tokenizer import HFChatTokenizer
     from openjev.runtime.sglang_process import SGLangProcess, check_args, wait_healthy
 
@@ -316,7 +316,8 @@ def load(settings):
     name = settings.served_name or Path(model_path.rstrip("/")).name.lower()
     local = Path(settings.model) if settings.model and Path(settings.model).exists() else None
     card = ModelCard(name=name, description=f"{model_path} served by SGLang at {url}",
-                     release_date=file_date(local) if local else time.strftime("%Y-%m-%d"))
+                     release_date=file_date(local) if local else time.strftime("%Y-%m-%d"),
+                     fingerprint=weights_fingerprint(local) if local else "")
     return LoadedEngine(engine=engine, tokenizer=tokenizer, card=card, load_seconds=time.perf_counter() - t0,
                         supervise=process.watch if process is not None else None)
 

@@ -1,0 +1,51 @@
+"""Per-request overrides of the readout, through request headers (so the official SDK,
+which cannot add body fields, keeps working unchanged):
+
+- `x-openjev-readout: letters | yesno`
+- `x-openjev-rotations: N` (letters only; 1..--max-rotations; default: the server's --rotations)
+- `x-openjev-calibration: none` answers uncalibrated (what `openjev calibrate` fits on);
+  `default` (or absent) applies the server's calibration where it has a fit.
+
+A bad value is a 422 with `detail[]` pointing at the header, like any validation error.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+from fastapi.exceptions import RequestValidationError
+
+from openjev.config import Settings
+from openjev.core.readouts import READOUT_NAMES, ReadoutSpec
+
+READOUT_HEADER = "x-openjev-readout"
+ROTATIONS_HEADER = "x-openjev-rotations"
+CALIBRATION_HEADER = "x-openjev-calibration"
+
+
+def _invalid(header: str, value: str, msg: str) -> RequestValidationError:
+    return RequestValidationError([{"loc": ("header", header), "type": "value_error", "msg": msg, "input": value}])
+
+
+def default_spec(settings: Settings) -> ReadoutSpec:
+    return ReadoutSpec(settings.readout, settings.rotations)
+
+
+def decide_options(headers: Mapping[str, str], settings: Settings) -> tuple[ReadoutSpec, bool]:
+    """(readout spec, whether to calibrate) for one request."""
+    name = headers.get(READOUT_HEADER, settings.readout).strip().lower()
+    if name not in READOUT_NAMES:
+        raise _invalid(READOUT_HEADER, name, f"unknown readout; expected one of: {', '.join(READOUT_NAMES)}")
+    raw = headers.get(ROTATIONS_HEADER)
+    rotations = settings.rotations
+    if raw is not None:
+        try:
+            rotations = int(raw.strip())
+        except ValueError:
+            raise _invalid(ROTATIONS_HEADER, raw, "rotations must be an integer") from None
+        if not 1 <= rotations <= settings.max_rotations:
+            raise _invalid(ROTATIONS_HEADER, raw, f"rotations must be between 1 and {settings.max_rotations}")
+    cal = headers.get(CALIBRATION_HEADER, "default").strip().lower()
+    if cal not in ("default", "none"):
+        raise _invalid(CALIBRATION_HEADER, cal, "expected 'default' or 'none'")
+    return ReadoutSpec(name, rotations), cal == "default"

@@ -1,0 +1,142 @@
+"""Calibration: pure functions applied to a readout's option probabilities.
+
+Per question type and per readout, a fit holds a temperature T and a per-position prior
+correction b (log-space, added at option position i; positions past its end get 0):
+
+    p'_i  proportional to  exp(log p_i / T + b_i)
+
+T > 1 softens an over-confident model, T < 1 sharpens; b removes a preference for some
+positions (a small model's "A"). Position i is the option's index in the request (noul:
+0 = true, 1 = false; score: the level). Fitting lives beside the server (`openjev
+calibrate`, numpy/scipy); the request path only applies a fit.
+
+A calibration file is bound to what produced its inputs: the model's weights
+fingerprint, the prompt wording's version, the base softmax temperature, and per fit the
+readout and rotations. Anything else is refused (`check_binding`), because a fit for
+other log-probs would silently mis-state every probability.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from openjev.core.readouts import ReadoutSpec
+from openjev.errors import ConfigError
+
+FORMAT = "openjev-calibration/1"
+QUESTION_TYPES = ("noul", "choice", "score")
+_FLOOR = 1e-12  # log(0) guard: a zero probability stays (practically) zero
+
+
+@dataclass(frozen=True)
+class TypeFit:
+    temperature: float
+    bias: tuple[float, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.temperature) and self.temperature > 0):
+            raise ValueError(f"temperature must be finite and positive, got {self.temperature!r}")
+        if not all(math.isfinite(b) for b in self.bias):
+            raise ValueError("bias values must be finite")
+
+
+@dataclass(frozen=True)
+class ReadoutFit:
+    spec: ReadoutSpec
+    types: Mapping[str, TypeFit]
+
+
+@dataclass(frozen=True)
+class Calibration:
+    id: str
+    model_name: str
+    fingerprint: str
+    prompt_version: str
+    base_temperature: float
+    fits: tuple[ReadoutFit, ...]
+    source: str = ""
+
+    def fit_for(self, spec: ReadoutSpec, qtype: str) -> TypeFit | None:
+        for fit in self.fits:
+            if fit.spec == spec:
+                return fit.types.get(qtype)
+        return None
+
+    def covers(self, spec: ReadoutSpec) -> bool:
+        return any(fit.spec == spec for fit in self.fits)
+
+
+def apply(fit: TypeFit, probs: Sequence[float]) -> tuple[float, ...]:
+    """Calibrated probabilities (same length, sum 1)."""
+    z = [math.log(max(p, _FLOOR)) / fit.temperature + (fit.bias[i] if i < len(fit.bias) else 0.0)
+         for i, p in enumerate(probs)]
+    top = max(z)
+    w = [math.exp(v - top) for v in z]
+    total = math.fsum(w)
+    return tuple(v / total for v in w)
+
+
+def check_binding(cal: Calibration, *, fingerprint: str, prompt_version: str, base_temperature: float) -> None:
+    """Raise ConfigError (with what differs) unless `cal` was made for exactly these inputs."""
+    problems = []
+    if cal.fingerprint != fingerprint:
+        problems.append(f"it was fitted for model {cal.model_name!r} with weights fingerprint {cal.fingerprint}, "
+                        f"this server's model has {fingerprint}")
+    if cal.prompt_version != prompt_version:
+        problems.append(f"it was fitted for prompt version {cal.prompt_version!r}, this server renders "
+                        f"version {prompt_version!r}")
+    if not math.isclose(cal.base_temperature, base_temperature):
+        problems.append(f"it was fitted at --temperature {cal.base_temperature:g}, this server uses "
+                        f"{base_temperature:g}")
+    if problems:
+        where = f" ({cal.source})" if cal.source else ""
+        raise ConfigError(f"calibration {cal.id!r}{where} does not fit this server: " + "; ".join(problems)
+                          + ". Refit it with `openjev calibrate`, or serve with --calibration none.")
+
+
+def from_dict(data: Mapping[str, Any], source: str = "") -> Calibration:
+    """Parse a calibration document; raises ConfigError for anything malformed."""
+    try:
+        if data.get("format") != FORMAT:
+            raise ValueError(f"format must be {FORMAT!r}, got {data.get('format')!r}")
+        fits = []
+        for entry in data["fits"]:
+            spec = ReadoutSpec(str(entry["readout"]), int(entry.get("rotations", 1)))
+            types = {}
+            for qtype, t in entry["types"].items():
+                if qtype not in QUESTION_TYPES:
+                    raise ValueError(f"unknown question type {qtype!r}")
+                types[qtype] = TypeFit(float(t["temperature"]), tuple(float(b) for b in t.get("bias", ())))
+            fits.append(ReadoutFit(spec, types))
+        specs = [f.spec for f in fits]
+        if len(set(specs)) != len(specs):
+            raise ValueError("two fits for the same readout")
+        return Calibration(
+            id=str(data["id"]),
+            model_name=str(data["model"]["name"]),
+            fingerprint=str(data["model"]["fingerprint"]),
+            prompt_version=str(data["prompt_version"]),
+            base_temperature=float(data.get("base_temperature", 1.0)),
+            fits=tuple(fits),
+            source=source,
+        )
+    except (KeyError, TypeError, ValueError, ConfigError) as e:
+        where = source or "calibration"
+        raise ConfigError(f"{where}: not a valid calibration file: {e}") from None
+
+
+def load(path: str | Path) -> Calibration:
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except OSError as e:
+        raise ConfigError(f"--calibration {str(path)!r}: cannot read it: {e.strerror or e}") from None
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"--calibration {str(path)!r}: not JSON: {e}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"--calibration {str(path)!r}: not a calibration document")
+    return from_dict(data, str(path))

@@ -1,0 +1,157 @@
+"""Readouts: how a question becomes branches, and how their label log-probs become answers.
+
+A readout has two jobs: `readings(question)` (the question turns to prefill, each with
+the label ids read at its end) and `combine(question, logprobs)` (per reading, the label
+log-probs; back comes one probability per option, in the question's own order). Engines
+never see a readout: its readings become ordinary branches of the request's trie, so
+extra readings share the state's computation like any other branch.
+
+- `letters`: one reading per question, options lettered A, B, C ...; with `rotations`
+  R > 1, R cyclic rotations of the options are read (evenly spaced shifts) and the
+  per-option probabilities averaged, which cancels the model's preference for early
+  letters. A score question is an ordered scale: its second ordering is the reversed
+  scale (a rotation would break the scale), so it has at most two.
+- `yesno` (the second seed's method): noul reads Yes/No directly; every choice option
+  and score level is its own reading, judged Yes/No; P(yes) of each candidate (Yes vs No,
+  renormalised) is normalised over the question's candidates. The candidates of a
+  question share the state and the question in the trie. It is order-free by
+  construction: no candidate sees the others' order.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Protocol, Sequence
+
+from openjev.core import scoring, wording
+from openjev.core.types import ChoiceQuestion, NoulQuestion, Question, ScoreQuestion
+from openjev.errors import ConfigError
+
+READOUT_NAMES = ("letters", "yesno")
+
+
+@dataclass(frozen=True)
+class ReadoutSpec:
+    """Which readout, and for letters how many orderings. Rotations mean nothing to yesno
+    (it is normalised to 1 there, so equal specs compare equal)."""
+
+    name: str = "letters"
+    rotations: int = 1
+
+    def __post_init__(self) -> None:
+        if self.name not in READOUT_NAMES:
+            raise ConfigError(f"unknown readout {self.name!r}; known: {', '.join(READOUT_NAMES)}")
+        if self.rotations < 1:
+            raise ConfigError(f"rotations must be at least 1, got {self.rotations}")
+        if self.name == "yesno" and self.rotations != 1:
+            object.__setattr__(self, "rotations", 1)
+
+    def describe(self) -> str:
+        return self.name if self.rotations == 1 else f"{self.name};rotations={self.rotations}"
+
+
+@dataclass(frozen=True)
+class Reading:
+    """One branch of a question: the question turn's content and the labels read after it."""
+
+    text: str
+    label_ids: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Combined:
+    """One probability per option in the question's own order (noul: true, false), summing to 1.
+
+    `label_mass`: mean probability the readings put on their valid labels at all.
+    `order_agreement`: share of the orderings whose own top option is the combined top
+    option; None where one ordering was read.
+    """
+
+    probs: tuple[float, ...]
+    label_mass: float
+    order_agreement: float | None = None
+
+
+class Readout(Protocol):
+    spec: ReadoutSpec
+
+    def readings(self, question: Question) -> list[Reading]: ...
+
+    def combine(self, question: Question, logprobs: Sequence[Sequence[float]]) -> Combined:
+        """Raises ValueError where the log-probs admit no distribution (every label -inf)."""
+        ...
+
+
+def n_options(question: Question) -> int:
+    if isinstance(question, NoulQuestion):
+        return 2
+    if isinstance(question, ChoiceQuestion):
+        return len(question.options)
+    return len(question.levels)
+
+
+class LettersReadout:
+    def __init__(self, labels: Sequence[str], label_ids: Sequence[int], *, rotations: int = 1,
+                 temperature: float = 1.0) -> None:
+        self.spec = ReadoutSpec("letters", rotations)
+        self._labels = tuple(labels)
+        self._ids = tuple(label_ids)
+        self._temperature = temperature
+
+    def orders(self, question: Question) -> list[tuple[int, ...]]:
+        """The option orders read: position j of ordering k shows option orders[k][j]."""
+        n = n_options(question)
+        ascending = tuple(range(n))
+        if isinstance(question, ScoreQuestion):
+            return [ascending] if self.spec.rotations == 1 else [ascending, ascending[::-1]]
+        r = min(self.spec.rotations, n)
+        shifts = [(k * n) // r for k in range(r)]  # evenly spaced, distinct since r <= n
+        return [tuple((s + j) % n for j in range(n)) for s in shifts]
+
+    def readings(self, question: Question) -> list[Reading]:
+        n = n_options(question)
+        return [Reading(wording.letters_text(question, order, self._labels), self._ids[:n])
+                for order in self.orders(question)]
+
+    def combine(self, question: Question, logprobs: Sequence[Sequence[float]]) -> Combined:
+        orders = self.orders(question)
+        n = n_options(question)
+        per_order: list[list[float]] = []
+        for order, lp in zip(orders, logprobs, strict=True):
+            shown = scoring.softmax(lp, self._temperature)
+            probs = [0.0] * n
+            for position, option in enumerate(order):
+                probs[option] = shown[position]
+            per_order.append(probs)
+        mean = [math.fsum(p[i] for p in per_order) / len(per_order) for i in range(n)]
+        mass = math.fsum(scoring.label_mass(lp) for lp in logprobs) / len(logprobs)
+        agreement = None
+        if len(per_order) > 1:
+            top = scoring.argmax(mean)
+            agreement = sum(scoring.argmax(p) == top for p in per_order) / len(per_order)
+        return Combined(tuple(mean), mass, agreement)
+
+
+class YesNoReadout:
+    def __init__(self, yes_id: int, no_id: int, *, temperature: float = 1.0) -> None:
+        self.spec = ReadoutSpec("yesno")
+        self._ids = (yes_id, no_id)
+        self._temperature = temperature
+
+    def readings(self, question: Question) -> list[Reading]:
+        if isinstance(question, NoulQuestion):
+            return [Reading(wording.yesno_noul_text(question), self._ids)]
+        return [Reading(wording.yesno_candidate_text(question, i), self._ids) for i in range(n_options(question))]
+
+    def combine(self, question: Question, logprobs: Sequence[Sequence[float]]) -> Combined:
+        yes = [scoring.softmax(lp, self._temperature)[0] for lp in logprobs]
+        mass = math.fsum(scoring.label_mass(lp) for lp in logprobs) / len(logprobs)
+        if isinstance(question, NoulQuestion):
+            return Combined((yes[0], 1.0 - yes[0]), mass)
+        if len(yes) != n_options(question):
+            raise ValueError(f"{len(yes)} candidate readings for {n_options(question)} options")
+        total = math.fsum(yes)
+        if total <= 0.0:
+            raise ValueError("every candidate has P(yes) = 0")
+        return Combined(tuple(y / total for y in yes), mass)
