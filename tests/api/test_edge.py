@@ -114,7 +114,10 @@ async def test_load_failure_is_reported_and_fatal():
 async def test_models_limits_and_request_ids(api):
     client, _ = api
     models = (await client.get("/v1/models")).json()
-    assert models["models"] == [{"name": "fake-model-1", "description": "a fake", "release_date": "2026-01-01"}]
+    (model,) = models["models"]
+    assert {k: model[k] for k in ("name", "description", "release_date")} == {
+        "name": "fake-model-1", "description": "a fake", "release_date": "2026-01-01"}
+    assert all(k.startswith("x_") for k in model if k not in ("name", "description", "release_date"))
     limits = (await client.get("/v1/limits")).json()
     assert limits["max_questions"] == 64 and limits["max_choice_options"] == 255
     a, b = (await client.get("/health/live")), (await client.get("/health/live"))

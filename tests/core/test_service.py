@@ -72,3 +72,72 @@ async def test_unusable_logprobs_are_an_engine_error():
 
     with pytest.raises(EngineError):
         await _service(AllZero()).decide(DecisionRequest(STATE, QUESTIONS[:1]))
+
+
+# ---- readouts and calibration through the service
+
+
+def _calibration(spec, **types):
+    from openjev.core import calibration as calib
+
+    return calib.Calibration(id="cal-x", model_name="m", fingerprint="f", prompt_version="2", base_temperature=1.0,
+                             fits=(calib.ReadoutFit(spec, types),))
+
+
+async def test_yesno_reads_one_branch_per_candidate_sharing_the_question():
+    from openjev.core.readouts import ReadoutSpec
+
+    engine = FakeEngine()
+    result = await _service(engine).decide(DecisionRequest(STATE, QUESTIONS), readout=ReadoutSpec("yesno"))
+    plan = engine.plans[0]
+    assert len(plan.branches) == 1 + 2 + 3  # noul, two options, three levels
+    assert result.readout == "yesno" and result.calibration is None
+    team = dict(result.answers)["team"]
+    assert math.fsum(p for _, p in team.probabilities) == pytest.approx(1.0)
+    # the two options of "team" share the state and the question: a trie node above both
+    b1, b2 = plan.branches[1].input_ids, plan.branches[2].input_ids
+    common = next(i for i, (x, y) in enumerate(zip(b1, b2)) if x != y)
+    assert common > plan.shared_prefix_len
+
+
+async def test_rotations_add_branches_and_order_agreement():
+    from openjev.core.readouts import ReadoutSpec
+
+    engine = FakeEngine()
+    result = await _service(engine).decide(DecisionRequest(STATE, QUESTIONS), readout=ReadoutSpec("letters", 4))
+    assert len(engine.plans[0].branches) == 2 + 2 + 2  # noul and 2 options: 2 rotations; a scale: 2 orders
+    assert result.readout == "letters;rotations=4"
+    assert all(a.order_agreement in (0.5, 1.0) for _, a in result.answers)
+
+
+async def test_calibration_applies_to_its_readout_only_and_can_be_switched_off():
+    from openjev.core import calibration as calib
+    from openjev.core.readouts import ReadoutSpec
+
+    limits = ServiceLimits(**LIMITS.__dict__)
+    compiler = PromptCompiler(FakeTokenizer(), max_labels=255)
+    cal = _calibration(ReadoutSpec("letters"), choice=calib.TypeFit(3.0), noul=calib.TypeFit(1.0, (0.0, 2.0)))
+    service = DecisionService(compiler, FakeEngine(), limits, calibration=cal)
+    request = DecisionRequest(STATE, QUESTIONS)
+    raw = await service.decide(request, calibrate=False)
+    fitted = await service.decide(request)
+    other = await service.decide(request, readout=ReadoutSpec("yesno"))
+    assert raw.calibration is None and fitted.calibration == "cal-x" and other.calibration is None
+    raw_a, fit_a = dict(raw.answers), dict(fitted.answers)
+    raw_team = [p for _, p in raw_a["team"].probabilities]
+    assert [p for _, p in fit_a["team"].probabilities] == pytest.approx(list(calib.apply(calib.TypeFit(3.0), raw_team)))
+    assert fit_a["refund"].p_true < raw_a["refund"].p_true  # the prior moved mass to "false"
+    assert fit_a["anger"].probabilities == raw_a["anger"].probabilities  # no fit for score
+
+
+async def test_an_unavailable_readout_is_refused_before_any_engine_work():
+    from openjev.core.readouts import ReadoutSpec
+    from openjev.errors import Unsupported
+
+    engine = FakeEngine()
+    service = _service(engine)
+    service._compiler.yes_no = None
+    service._readouts.clear()
+    with pytest.raises(Unsupported, match="yesno"):
+        await service.decide(DecisionRequest(STATE, QUESTIONS), readout=ReadoutSpec("yesno"))
+    assert engine.plans == []

@@ -189,6 +189,7 @@ def create_app(
             "models": [{
                 "name": card.name, "description": card.description, "release_date": card.release_date,
                 "x_fingerprint": card.fingerprint, "x_prompt_version": PROMPT_VERSION,
+                "x_temperature": settings.temperature,
                 "x_readout": service.default_readout.describe(),
                 "x_calibration": None if cal is None else {
                     "id": cal.id, "readouts": [f.spec.describe() for f in cal.fits],

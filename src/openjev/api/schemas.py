@@ -140,10 +140,21 @@ class ErrorBody(BaseModel):
     detail: ErrorDetail
 
 
+class CalibrationInfo(BaseModel):
+    id: str
+    readouts: list[str] = Field(description="readouts the calibration has fits for, e.g. letters;rotations=4")
+    applies_to_default: bool = Field(description="whether it has a fit for the server's default readout")
+
+
 class ModelInfo(BaseModel):
     name: str
     description: str
     release_date: str
+    x_fingerprint: str = Field("", description="the weights' fingerprint calibration files are bound to")
+    x_prompt_version: str = Field("", description="the prompt wording's version calibration files are bound to")
+    x_temperature: float = Field(1.0, description="the base softmax temperature (--temperature)")
+    x_readout: str = Field("letters", description="the default readout (override: x-openjev-readout header)")
+    x_calibration: CalibrationInfo | None = Field(None, description="the calibration applied by default, if any")
 
 
 class ModelsResponse(BaseModel):

@@ -17,7 +17,8 @@ ANSWER_CUE = "Answer:"
 LABEL_SEPARATOR = " "
 
 LETTERS_INSTRUCTION = "Answer the question about the content above with the letter of exactly one option."
-YESNO_INSTRUCTION = "Judge the proposed answer to the question about the content above. Reply Yes if it is correct, No if it is not."
+YESNO_INSTRUCTION = "Judge the proposed answer to the question about the content above."
+YESNO_ASK = "Is the proposed answer correct? Answer Yes or No."
 YES, NO = "Yes", "No"
 
 DEFAULT_ASK = {
@@ -94,4 +95,7 @@ def yesno_candidate_text(question: Question, index: int) -> str:
     else:
         lines += ["", "The scale, from lowest to highest:", *(f"{k + 1}. {text}" for k, text in enumerate(options))]
         lines += ["", f"Proposed answer: level {index + 1} ({options[index]})"]
+    # The ask repeats after the candidate: a few tokens per candidate, but a model told
+    # last what to reply puts far more of its mass on Yes/No (measured: label mass).
+    lines += ["", YESNO_ASK]
     return "\n".join(lines)

@@ -1,0 +1,166 @@
+"""`openjev eval` and `openjev calibrate`: argument parsing and the two commands."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime
+import json
+import sys
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+import httpx
+
+from openjev.evals import report
+from openjev.evals.dataset import DataError, load_items
+from openjev.evals.metrics import by_type
+from openjev.evals.runner import ResultStore, RunConfig, RunMismatch, run_items, run_meta, score
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("data", nargs="+", help="labelled JSON Lines file(s) (format: evals/data/README.md)")
+    p.add_argument("--url", help="base URL of a running openjev server (default: serve in this process)")
+    p.add_argument("--key", help="API key for the server (or OPENJEV_EVAL_KEY)")
+    p.add_argument("--concurrency", type=int, default=4, help="requests in flight (default 4)")
+    p.add_argument("--limit", type=int, help="only the first N items (a quick look)")
+    p.add_argument("--restart", action="store_true", help="discard what an earlier run left in the run folder")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    local = p.add_argument_group("in-process server (without --url); other settings from OPENJEV_* variables")
+    local.add_argument("--model", help="model folder or .gguf (default: the embedded model)")
+    local.add_argument("--prefix-cache-bytes", type=int,
+                       help="prefix cache of the in-process engine (0 makes every request cold)")
+
+
+def add_commands(sub: argparse._SubParsersAction) -> None:
+    ev = sub.add_parser("eval", help="measure accuracy and calibration on labelled data")
+    _common(ev)
+    ev.add_argument("--readout", choices=("letters", "yesno"), help="readout to ask for (default: the server's)")
+    ev.add_argument("--rotations", type=int, help="letters: rotations to ask for (default: the server's)")
+    ev.add_argument("--uncalibrated", action="store_true", help="ask for raw answers (x-openjev-calibration: none)")
+    ev.add_argument("--no-flips", action="store_true", help="skip the rotated choice requests (no order-flip rate)")
+    ev.add_argument("--calibration", help="in-process: auto, none or a calibration file (default auto)")
+    ev.add_argument("--out", help="run folder (default evals/runs/<data>-<readout>-<calibration>)")
+
+    cal = sub.add_parser("calibrate", help="fit a calibration file on labelled (dev) data")
+    _common(cal)
+    cal.add_argument("--config", action="append", metavar="READOUT[:ROTATIONS]",
+                     help="readout to fit, repeatable: letters, letters:4, yesno (default: the server's readout)")
+    cal.add_argument("-o", "--output", default="calibration.json", help="calibration file to write")
+    cal.add_argument("--id", help="calibration id (default: <model>-<data>-<date>)")
+    cal.add_argument("--out", help="folder for the raw runs (default evals/runs/calibrate-<data>)")
+
+
+@contextmanager
+def _target(args: argparse.Namespace, calibration: str | None = None) -> Iterator[tuple[str, str]]:
+    """(base URL, a stable name of the target for run.json)."""
+    if args.url:
+        yield args.url.rstrip("/"), args.url.rstrip("/")
+        return
+    from openjev.config import load_settings
+    from openjev.evals.local import local_server
+
+    overrides = {"model": args.model, "prefix_cache_bytes": args.prefix_cache_bytes, "calibration": calibration}
+    settings = load_settings(overrides)
+    print(f"serving {settings.model or 'the embedded model'} in this process ...", file=sys.stderr)
+    with local_server(settings) as url:
+        yield url, f"in-process:{settings.model or 'embedded'}:calibration={settings.calibration}"
+
+
+def _key(args: argparse.Namespace) -> str | None:
+    import os
+
+    return args.key or os.environ.get("OPENJEV_EVAL_KEY")
+
+
+def _stem(paths: list[str]) -> str:
+    return "+".join(Path(p).stem for p in paths)
+
+
+def _items(args: argparse.Namespace):
+    items = load_items(*args.data)
+    return items[: args.limit] if args.limit else items
+
+
+def evaluate(args: argparse.Namespace) -> int:
+    items = _items(args)
+    config = RunConfig(readout=args.readout, rotations=args.rotations, calibrated=not args.uncalibrated,
+                       flips=not args.no_flips)
+    label = f"{args.readout or 'default'}" + (f"-r{args.rotations}" if args.rotations else "") + \
+        ("-raw" if args.uncalibrated else "-cal")
+    folder = Path(args.out or Path("evals/runs") / f"{_stem(args.data)}-{label}")
+    with _target(args, args.calibration) as (url, target):
+        store = ResultStore(folder, run_meta(args.data, target, config), restart=args.restart)
+        asyncio.run(run_items(url, items, config, store, concurrency=args.concurrency, key=_key(args),
+                              progress=not args.no_progress))
+    scored, facts = score(items, store)
+    summary = {"metrics": by_type(scored), "run": facts, "config": run_meta(args.data, target, config)}
+    title = f"{_stem(args.data)}: readout {facts['readout']}, calibration {facts['calibration']}"
+    report.write(folder, summary, scored, title)
+    sys.stdout.write(report.markdown(summary, title))
+    print(f"\nwrote {folder}/summary.json, summary.md, reliability.png", file=sys.stderr)
+    return 0 if facts["items_failed"] == 0 else 1
+
+
+def _parse_config(text: str) -> RunConfig:
+    name, _, rot = text.partition(":")
+    if name not in ("letters", "yesno"):
+        raise ValueError(f"--config {text!r}: readout must be letters or yesno")
+    return RunConfig(readout=name, rotations=int(rot) if rot else 1, calibrated=False, flips=False)
+
+
+def calibrate(args: argparse.Namespace) -> int:
+    from openjev.core import calibration as calib
+    from openjev.evals.fit import fit_readout
+
+    items = _items(args)
+    configs = [_parse_config(c) for c in args.config] if args.config else [None]
+    base = Path(args.out or Path("evals/runs") / f"calibrate-{_stem(args.data)}")
+    fits = []
+    with _target(args, "none") as (url, target):
+        headers = {"Authorization": f"Bearer {_key(args)}"} if _key(args) else {}
+        model = httpx.get(url + "/v1/models", headers=headers, timeout=30).json()["models"][0]
+        for config in configs:
+            if config is None:  # the server's default readout
+                readout, _, rot = model["x_readout"].partition(";rotations=")
+                config = RunConfig(readout=readout, rotations=int(rot) if rot else 1, calibrated=False, flips=False)
+            name = config.readout + (f":{config.rotations}" if config.readout == "letters" else "")
+            store = ResultStore(base / name.replace(":", "-r"), run_meta(args.data, target, config),
+                                restart=args.restart)
+            print(f"reading {len(items)} items with readout {name} (uncalibrated) ...", file=sys.stderr)
+            asyncio.run(run_items(url, items, config, store, concurrency=args.concurrency, key=_key(args),
+                                  progress=not args.no_progress))
+            scored, facts = score(items, store)
+            if facts["items_failed"]:
+                print(f"openjev calibrate: {facts['items_failed']} requests failed: {facts['failures'][:3]}",
+                      file=sys.stderr)
+                return 1
+            types = fit_readout(scored)
+            fits.append({"readout": config.readout, "rotations": config.rotations, "types": types})
+            for qtype, fit in types.items():
+                print(f"  {name:10s} {qtype:6s} n={fit['n']:3d} T={fit['temperature']:.3f} {fit['form']:17s} "
+                      f"NLL {fit['nll_before']:.3f} -> {fit['nll_after']:.3f}", file=sys.stderr)
+    today = datetime.date.today().isoformat()
+    doc = {
+        "format": calib.FORMAT,
+        "id": args.id or f"{model['name']}-{_stem(args.data)}-{today}",
+        "model": {"name": model["name"], "fingerprint": model["x_fingerprint"]},
+        "prompt_version": model["x_prompt_version"],
+        "base_temperature": model.get("x_temperature", 1.0),
+        "created": today,
+        "data": {"files": [Path(p).name for p in args.data], "items": len(items)},
+        "fits": fits,
+    }
+    calib.from_dict(doc)  # what we write must load
+    Path(args.output).write_text(json.dumps(doc, indent=2) + "\n")
+    print(f"wrote {args.output}", file=sys.stderr)
+    return 0
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        return evaluate(args) if args.command == "eval" else calibrate(args)
+    except (DataError, RunMismatch, ValueError, RuntimeError, httpx.HTTPError) as e:
+        print(f"openjev {args.command}: {e}", file=sys.stderr)
+        return 2

@@ -1,0 +1,54 @@
+"""Readout and calibration chosen per request through headers; what the server says it applied."""
+
+import pytest
+
+from tests.api.conftest import running_app
+from tests.api.test_systemone import VALID
+
+
+async def test_default_readout_and_no_calibration_are_named_in_headers(api):
+    client, engine = api
+    r = await client.post("/v1/systemone", json=VALID)
+    assert r.status_code == 200
+    assert r.headers["x-openjev-readout"] == "letters"
+    assert r.headers["x-openjev-calibration"] == "none"  # the fake model has no shipped calibration
+    assert all("x_order_agreement" not in a for a in r.json()["answers"].values())
+    assert len(engine.plans[0].branches) == 3
+
+
+async def test_headers_override_the_readout_per_request(api):
+    client, engine = api
+    r = await client.post("/v1/systemone", json=VALID, headers={"x-openjev-readout": "yesno"})
+    assert r.status_code == 200, r.text
+    assert r.headers["x-openjev-readout"] == "yesno"
+    assert len(engine.plans[-1].branches) == 1 + 2 + 3
+    r = await client.post("/v1/systemone", json=VALID, headers={"x-openjev-rotations": "2"})
+    assert r.headers["x-openjev-readout"] == "letters;rotations=2"
+    answers = r.json()["answers"]
+    assert all(0 <= a["x_order_agreement"] <= 1 for a in answers.values())
+    assert set(answers["team"]["probabilities"]) == {"billing", "technical"}
+
+
+@pytest.mark.parametrize("headers", [
+    {"x-openjev-readout": "words"}, {"x-openjev-rotations": "0"}, {"x-openjev-rotations": "9"},
+    {"x-openjev-rotations": "two"}, {"x-openjev-calibration": "maybe"},
+])
+async def test_bad_override_headers_are_422_and_never_reach_the_engine(api, headers):
+    client, engine = api
+    r = await client.post("/v1/systemone", json=VALID, headers=headers)
+    assert r.status_code == 422
+    detail = r.json()["detail"]
+    assert detail[0]["loc"][0] == "header" and detail[0]["loc"][1] == next(iter(headers))
+    assert engine.plans == []
+
+
+async def test_server_flags_set_the_default_and_models_describe_it():
+    async with running_app(readout="letters", rotations=4) as (client, engine):
+        r = await client.post("/v1/systemone", json=VALID)
+        assert r.headers["x-openjev-readout"] == "letters;rotations=4"
+        model = (await client.get("/v1/models")).json()["models"][0]
+        assert model["x_readout"] == "letters;rotations=4"
+        assert model["x_calibration"] is None
+        assert model["x_prompt_version"] and "x_fingerprint" in model and model["x_temperature"] == 1.0
+        limits = (await client.get("/v1/limits")).json()
+        assert limits["max_rotations"] == 8

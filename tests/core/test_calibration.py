@@ -1,0 +1,67 @@
+import json
+import math
+
+import pytest
+
+from openjev.core import calibration as calib
+from openjev.core.readouts import ReadoutSpec
+from openjev.errors import ConfigError
+
+DOC = {
+    "format": calib.FORMAT, "id": "cal-1", "model": {"name": "m", "fingerprint": "sha256:abc"},
+    "prompt_version": "2", "base_temperature": 1.0,
+    "fits": [{"readout": "letters", "rotations": 4,
+              "types": {"choice": {"temperature": 2.0, "bias": [0.0, 0.5]}, "noul": {"temperature": 0.5}}}],
+}
+
+
+def test_apply_identity_softening_and_prior():
+    p = (0.7, 0.2, 0.1)
+    assert calib.apply(calib.TypeFit(1.0), p) == pytest.approx(p)
+    soft = calib.apply(calib.TypeFit(2.0), p)
+    assert soft[0] < 0.7 and soft[2] > 0.1 and math.fsum(soft) == pytest.approx(1.0)
+    assert soft == pytest.approx([math.sqrt(x) / sum(math.sqrt(y) for y in p) for x in p])
+    shifted = calib.apply(calib.TypeFit(1.0, (0.0, math.log(2.0))), (0.5, 0.25, 0.25))
+    assert shifted == pytest.approx((0.4, 0.4, 0.2))  # position 1 doubled, position 2 untouched
+    assert calib.apply(calib.TypeFit(1.0), (1.0, 0.0)) == pytest.approx((1.0, 0.0))
+
+
+def test_a_document_loads_and_finds_its_fits(tmp_path):
+    path = tmp_path / "cal.json"
+    path.write_text(json.dumps(DOC))
+    cal = calib.load(path)
+    spec = ReadoutSpec("letters", 4)
+    assert cal.covers(spec) and not cal.covers(ReadoutSpec("letters", 1))
+    assert cal.fit_for(spec, "choice") == calib.TypeFit(2.0, (0.0, 0.5))
+    assert cal.fit_for(spec, "score") is None and cal.fit_for(ReadoutSpec("yesno"), "choice") is None
+
+
+@pytest.mark.parametrize("broken,match", [
+    ({"format": "other"}, "format"),
+    ({"fits": [{"readout": "words", "types": {}}]}, "unknown readout"),
+    ({"fits": [{"readout": "yesno", "types": {"choice": {"temperature": -1}}}]}, "temperature"),
+    ({"fits": [{"readout": "yesno", "types": {"essay": {"temperature": 1}}}]}, "question type"),
+    ({"model": {}}, "name"),
+])
+def test_malformed_documents_are_refused_clearly(broken, match):
+    with pytest.raises(ConfigError, match=match):
+        calib.from_dict({**DOC, **broken}, "x.json")
+
+
+def test_unreadable_files_are_config_errors(tmp_path):
+    with pytest.raises(ConfigError, match="cannot read"):
+        calib.load(tmp_path / "missing.json")
+    (tmp_path / "bad.json").write_text("{")
+    with pytest.raises(ConfigError, match="not JSON"):
+        calib.load(tmp_path / "bad.json")
+
+
+def test_binding_names_what_differs():
+    cal = calib.from_dict(DOC, "cal.json")
+    calib.check_binding(cal, fingerprint="sha256:abc", prompt_version="2", base_temperature=1.0)
+    with pytest.raises(ConfigError, match="weights fingerprint sha256:abc.*sha256:zzz"):
+        calib.check_binding(cal, fingerprint="sha256:zzz", prompt_version="2", base_temperature=1.0)
+    with pytest.raises(ConfigError, match="prompt version '2'.*'3'"):
+        calib.check_binding(cal, fingerprint="sha256:abc", prompt_version="3", base_temperature=1.0)
+    with pytest.raises(ConfigError, match="--temperature"):
+        calib.check_binding(cal, fingerprint="sha256:abc", prompt_version="2", base_temperature=0.5)

@@ -1,0 +1,117 @@
+import math
+
+import pytest
+
+from openjev.core.readouts import LettersReadout, ReadoutSpec, YesNoReadout
+from openjev.core.types import ChoiceQuestion, NoulQuestion, Option, ScoreQuestion
+from openjev.errors import ConfigError
+
+LABELS = tuple("ABCDEFGHIJ")
+IDS = tuple(range(100, 110))
+
+
+def choice(*names: str) -> ChoiceQuestion:
+    return ChoiceQuestion("Which team?", tuple(Option(n, None) for n in names))
+
+
+def letters(rotations: int) -> LettersReadout:
+    return LettersReadout(LABELS, IDS, rotations=rotations)
+
+
+def test_spec_normalises_and_refuses():
+    assert ReadoutSpec("yesno", 4) == ReadoutSpec("yesno")
+    assert ReadoutSpec("letters", 4).describe() == "letters;rotations=4"
+    with pytest.raises(ConfigError):
+        ReadoutSpec("words")
+    with pytest.raises(ConfigError):
+        ReadoutSpec("letters", 0)
+
+
+@pytest.mark.parametrize("rotations,shifts", [(1, [0]), (2, [0, 2]), (3, [0, 1, 2]), (4, [0, 1, 2, 3]), (9, [0, 1, 2, 3])])
+def test_rotations_are_evenly_spaced_cyclic_shifts_capped_at_the_option_count(rotations, shifts):
+    orders = letters(rotations).orders(choice("a", "b", "c", "d"))
+    assert [o[0] for o in orders] == shifts
+    for order in orders:
+        assert sorted(order) == [0, 1, 2, 3]
+        assert all(order[(j + 1) % 4] == (order[j] + 1) % 4 for j in range(4))  # cyclic
+
+
+def test_a_scale_is_read_ascending_and_reversed_never_rotated():
+    q = ScoreQuestion("How urgent?", ("low", "mid", "high"))
+    assert letters(1).orders(q) == [(0, 1, 2)]
+    assert letters(4).orders(q) == [(0, 1, 2), (2, 1, 0)]
+    texts = [r.text for r in letters(2).readings(q)]
+    assert "from lowest to highest" in texts[0] and "A. low" in texts[0]
+    assert "from highest to lowest" in texts[1] and "A. high" in texts[1]
+
+
+def test_readings_show_the_rotated_options_under_the_same_letters():
+    readings = letters(2).readings(choice("billing", "tech", "sales", "legal"))
+    assert "A. billing" in readings[0].text and "A. sales" in readings[1].text and "D. tech" in readings[1].text
+    assert all(r.label_ids == IDS[:4] for r in readings)
+
+
+def _biased_model(readout: LettersReadout, question, prefer: str, bias_a: float):
+    """Log-probs of a fake model that likes one option and, more, the letter A."""
+    out = []
+    for order in readout.orders(question):
+        names = [question.options[i].name for i in order]
+        logits = [(1.0 if n == prefer else 0.0) + (bias_a if j == 0 else 0.0) for j, n in enumerate(names)]
+        z = math.log(sum(math.exp(x) for x in logits))
+        out.append(tuple(x - z for x in logits))
+    return out
+
+
+def test_rotations_cancel_a_letter_bias_and_report_agreement():
+    q = choice("billing", "tech", "sales", "legal")
+    plain, rotated = letters(1), letters(4)
+    one = plain.combine(q, _biased_model(plain, q, prefer="sales", bias_a=3.0))
+    assert max(range(4), key=lambda i: one.probs[i]) == 0  # the letter bias wins: "billing"
+    assert one.order_agreement is None
+    four = rotated.combine(q, _biased_model(rotated, q, prefer="sales", bias_a=3.0))
+    assert max(range(4), key=lambda i: four.probs[i]) == 2  # averaged over positions: "sales"
+    assert math.fsum(four.probs) == pytest.approx(1.0)
+    assert four.order_agreement == pytest.approx(1 / 4)  # only the reading with "sales" at A agrees
+
+
+def test_full_rotations_make_the_answer_invariant_to_the_callers_order():
+    q = choice("billing", "tech", "sales")
+    turned = choice("tech", "sales", "billing")
+    r = letters(3)
+    a = dict(zip([o.name for o in q.options], r.combine(q, _biased_model(r, q, "tech", 2.0)).probs))
+    b = dict(zip([o.name for o in turned.options], r.combine(turned, _biased_model(r, turned, "tech", 2.0)).probs))
+    assert a == pytest.approx(b)
+
+
+def test_yesno_reads_each_candidate_and_normalises_p_yes():
+    r = YesNoReadout(7, 8)
+    q = choice("billing", "tech", "sales")
+    readings = r.readings(q)
+    assert len(readings) == 3 and all(x.label_ids == (7, 8) for x in readings)
+    # candidates share everything up to the candidate itself (the trie shares it)
+    shared = readings[0].text[: readings[0].text.index("Proposed answer")]
+    assert all(x.text.startswith(shared) for x in readings)
+    assert [x.text.count(n) for x, n in zip(readings, ("billing", "tech", "sales"))] == [1, 1, 1]
+    p_yes = [0.8, 0.5, 0.2]
+    lp = [(math.log(p), math.log(1 - p)) for p in p_yes]
+    combined = r.combine(q, lp)
+    assert combined.probs == pytest.approx([p / sum(p_yes) for p in p_yes])
+    assert combined.label_mass == pytest.approx(1.0)
+    assert combined.order_agreement is None
+
+
+def test_yesno_noul_and_scale():
+    r = YesNoReadout(7, 8)
+    noul = NoulQuestion("Refund?", "asks for money back", None)
+    (reading,) = r.readings(noul)
+    assert "Yes means: asks for money back" in reading.text
+    assert r.combine(noul, [(math.log(0.3), math.log(0.6))]).probs == pytest.approx((1 / 3, 2 / 3))
+    scale = ScoreQuestion("Urgency?", ("low", "high"))
+    texts = [x.text for x in r.readings(scale)]
+    assert all("1. low" in t and "2. high" in t for t in texts)  # the scale is shared context
+    assert "level 2 (high)" in texts[1]
+
+
+def test_yesno_without_any_yes_is_unusable():
+    with pytest.raises(ValueError):
+        YesNoReadout(7, 8).combine(choice("a", "b"), [(-math.inf, -0.1), (-math.inf, -0.2)])
