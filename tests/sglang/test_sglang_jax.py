@@ -149,6 +149,27 @@ async def test_cached_tokens_are_reported_and_staging_computes_less(compiler, se
     assert w.cached_tokens >= warm.shared_prefix_len, (w, warm.shared_prefix_len)
 
 
+@pytest.mark.parametrize("readout", ["yesno", "letters-r2"])
+async def test_other_readouts_give_the_in_process_probabilities(loaded, compiler, server, readout):
+    """Readouts are ordinary branches of the trie: the SGLang engine runs them unchanged."""
+    from openjev.core.readouts import LettersReadout, YesNoReadout
+
+    ro = (YesNoReadout(*compiler.yes_no) if readout == "yesno"
+          else LettersReadout(compiler.labels.texts, compiler.labels.ids, rotations=2))
+    request = DecisionRequest(state(300 + len(readout)), QUESTIONS)
+    compiled = compiler.compile(request, ro)
+    plan = compiled.plan
+    assert len(plan.branches) > len(QUESTIONS)
+    got = await run_with(remote(server, "auto"), plan)
+    local = await run_with(reference_engine(loaded), plan)
+    worst = 0.0
+    for (_, question), (start, count) in zip(request.questions, compiled.spans):
+        a = ro.combine(question, [r.logprobs for r in got.branches[start:start + count]])
+        b = ro.combine(question, [r.logprobs for r in local.branches[start:start + count]])
+        worst = max(worst, *(abs(x - y) for x, y in zip(a.probs, b.probs)))
+    assert worst < 1e-3, f"{readout}: max answer probability difference {worst:.2e}"
+
+
 def test_tokenizer_agreement_probe_passes(loaded, server, caplog):
     with caplog.at_level(logging.WARNING, logger="openjev.engines.sglang"):
         verify_tokenizer(server.url, loaded.tokenizer)
