@@ -53,7 +53,8 @@ def reliability_png(scored: Sequence[Scored], path: str | Path, title: str) -> N
         accs = [acc for count, _, acc in bins if count]
         confs = [conf for count, conf, _ in bins if count]
         ax.bar(xs, accs, width=width * 0.9, color="#4c72b0", label="accuracy")
-        ax.plot(confs, accs, "o", color="#dd8452", markersize=3, label="mean confidence")
+        # Where the bin's answers claimed to be: the gap to the bar is the miscalibration.
+        ax.plot(xs, confs, "_", color="#dd8452", markersize=9, markeredgewidth=2, label="mean top probability")
         ax.plot([0, 1], [0, 1], "--", color="grey", linewidth=1)
         ax.set_xlim(0, 1)
         ax.set_ylim(0, 1)
