@@ -91,6 +91,7 @@ def configure(level: str, fmt: str, with_messages: bool = False) -> None:
         root.removeHandler(old)
     root.addHandler(handler)
     root.setLevel(level.upper())
+    logging.captureWarnings(True)  # library warnings as log lines (one format on stderr)
     for name in ("uvicorn", "uvicorn.error", "uvicorn.access"):
         logging.getLogger(name).handlers.clear()
         logging.getLogger(name).propagate = True

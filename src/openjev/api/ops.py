@@ -121,7 +121,8 @@ class OpsMiddleware:
         except OpenjevError as exc:
             await error_response(exc, request_id_of(scope))(scope, receive, send_tracked)
         except Exception as exc:  # a bug: answer JSON, log without the message (it may quote input)
-            log.error("unexpected error on %s %s", method, route_of(path), exc_info=exc)
+            log.error("unexpected error on %s %s", method, route_of(path), exc_info=exc,
+                      extra={"fields": {"request_id": request_id_of(scope)}})
             if sent["status"] is None:
                 response = JSONResponse({"detail": {"error_type": "unknown", "message": "internal error"}},
                                         status_code=500)
