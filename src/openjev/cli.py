@@ -7,6 +7,7 @@ import argparse
 import dataclasses
 import json
 import logging
+import os
 import signal
 import sys
 from typing import Any, Sequence
@@ -63,6 +64,8 @@ def serve(settings: Settings) -> int:
 
     preflight_engine(settings)  # ConfigError -> exit 2 before listening
     logs.configure(settings.log_level, settings.log_format, with_messages=settings.log_request_bodies)
+    if settings.log_format == "json":  # progress bars on stderr would break one-object-per-line
+        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     failed: list[BaseException] = []
     server: DrainingServer | None = None
 

@@ -72,7 +72,7 @@ class TransformersEngine:
 
     def __init__(self, model, *, attention_budget: int = 1 << 24, batch_tokens: int = 2048,
                  prefix_cache_bytes: int = 1 << 30, batch_window_s: float = 0.002, pad_id: int = 0,
-                 slice_s: float = 0.25) -> None:
+                 slice_s: float = 0.5) -> None:
         self.runner = TorchRunner(model, pad_id)
         self.cache = PrefixCache(prefix_cache_bytes)
         self.scheduler = Scheduler(self.runner, self.cache, SchedulerLimits(
