@@ -7,6 +7,8 @@ import argparse
 import dataclasses
 import json
 import logging
+import os
+import signal
 import sys
 from typing import Any, Sequence
 
@@ -19,7 +21,10 @@ def _add_setting_flags(parser: argparse.ArgumentParser) -> None:
     for f in dataclasses.fields(Settings):
         help_text = f"{f.metadata['help']} [env {env_name(f)}; default {f.default!r}]"
         kind = str(f.type)
-        if kind.startswith("tuple"):
+        if kind == "bool":
+            parser.add_argument(flag_name(f), dest=f.name, action="store_const", const=True, default=None,
+                                help=help_text)
+        elif kind.startswith("tuple"):
             parser.add_argument(flag_name(f), dest=f.name, action="append", default=None,
                                 metavar=f.metadata.get("metavar", "VALUE"), help=help_text)
         else:
@@ -55,16 +60,19 @@ def _settings(args: argparse.Namespace, passthrough: Sequence[str] = ()) -> Sett
 def serve(settings: Settings) -> int:
     import uvicorn
 
+    from openjev import calibrations
+    from openjev.api import logs
     from openjev.api.app import create_app
     from openjev.engines import preflight_engine
-
-    from openjev import calibrations
+    from openjev.runtime.drain import DrainingServer
 
     preflight_engine(settings)  # ConfigError -> exit 2 before listening
     calibrations.preflight(settings.calibration)
-    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logs.configure(settings.log_level, settings.log_format, with_messages=settings.log_request_bodies)
+    if settings.log_format == "json":  # progress bars on stderr would break one-object-per-line
+        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     failed: list[BaseException] = []
-    server: uvicorn.Server | None = None
+    server: DrainingServer | None = None
 
     def on_fatal(exc: BaseException) -> None:
         # A server that cannot answer must not look alive to an orchestrator: stop, exit 1.
@@ -73,9 +81,13 @@ def serve(settings: Settings) -> int:
             server.should_exit = True
 
     app = create_app(settings, on_fatal=on_fatal)
+    ops = app.state.ops
+    signal.signal(signal.SIGHUP, lambda sig, frame: ops.keys.reload())
+    # The drain (SIGTERM) has already let in-flight requests finish when uvicorn's own
+    # shutdown starts; what is left for it is closing idle keep-alive connections.
     config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level=settings.log_level,
-                            timeout_graceful_shutdown=10)
-    server = uvicorn.Server(config)
+                            log_config=None, access_log=False, timeout_graceful_shutdown=5)
+    server = DrainingServer(config, ops.drain)
     server.run()
     if failed:
         print(f"openjev: cannot serve: {failed[0]}", file=sys.stderr)

@@ -66,6 +66,12 @@ class Settings:
         (), "accepted API keys (flag repeatable; env comma-separated); none = no auth", flag="api-key", env="API_KEYS",
         metavar="KEY"
     )
+    api_keys_file: str | None = _opt(
+        None, "file of named keys, one `name:key` or `name:sha256:<hex>` per line, optional "
+        "`requests_per_min=N tokens_per_min=N`; reloaded on SIGHUP"
+    )
+    key_requests_per_min: int = _opt(0, "per API key: requests per minute (token bucket; 0: unlimited); beyond: 429")
+    key_tokens_per_min: int = _opt(0, "per API key: distinct tokens per minute (token bucket; 0: unlimited); beyond: 429")
     # limits (checked before any engine work)
     max_questions: int = _opt(64, "questions per request")
     max_body_bytes: int = _opt(2 * 1024 * 1024, "request body bytes, after decoding")
@@ -73,7 +79,11 @@ class Settings:
     max_request_tokens: int = _opt(262_144, "distinct tokens of one request (state once + every question)")
     max_in_flight: int = _opt(16, "evaluations in flight; beyond it: 529 with Retry-After")
     engine_timeout_s: float = _opt(120.0, "deadline for the engine's work on one request; beyond it: 504")
-    retry_after_s: int = _opt(1, "Retry-After seconds sent with 529")
+    retry_after_s: int = _opt(1, "Retry-After seconds sent with 529 until a drain rate is measured")
+    max_tokens_in_flight: int = _opt(
+        0, "distinct tokens admitted to the engine at once, all requests together (0: unlimited); beyond: 529"
+    )
+    drain_timeout_s: float = _opt(0.0, "on SIGTERM, how long in-flight requests may finish (0: engine timeout + 15 s)")
     # in-process engine tuning
     attention_budget: int = _opt(
         1 << 24, "in-process engine: max query x key positions per forward (bounds attention memory)"
@@ -81,13 +91,23 @@ class Settings:
     batch_tokens: int = _opt(2048, "in-process engine: real tokens per forward (longer prefills go in slices)")
     batch_window_ms: float = _opt(2.0, "in-process engine: wait this long after idle to batch concurrent arrivals")
     prefix_cache_bytes: int = _opt(1 << 30, "in-process engine: memory for prefix KV kept across requests (0: off)")
+    slice_ms: float = _opt(
+        500.0, "in-process engine: target time of one forward; longer prefills go in slices (cancellation acts between)"
+    )
     log_level: str = _opt("info", "debug, info, warning, error")
+    log_format: str = _opt("text", "text or json (one object per line)")
+    log_request_bodies: bool = _opt(False, "debug only: let logs carry request text and error messages")
 
     # ---- derived
 
     @property
     def auth_enabled(self) -> bool:
         return bool(self.api_keys)
+
+    @property
+    def drain_timeout(self) -> float:
+        """Long enough for the longest admitted request (compile + engine deadline) unless set."""
+        return self.drain_timeout_s or self.engine_timeout_s + 15.0
 
     def limits(self) -> dict[str, Any]:
         """The limits a client may rely on (served at GET /v1/limits)."""
@@ -103,6 +123,9 @@ class Settings:
             "max_in_flight": self.max_in_flight,
             "engine_timeout_s": self.engine_timeout_s,
             "max_rotations": self.max_rotations,
+            "max_tokens_in_flight": self.max_tokens_in_flight,
+            "key_requests_per_min": self.key_requests_per_min,
+            "key_tokens_per_min": self.key_tokens_per_min,
         }
 
     def validate(self) -> "Settings":
@@ -112,8 +135,14 @@ class Settings:
         for name in positive:
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be positive, got {getattr(self, name)!r}")
-        if self.prefix_cache_bytes < 0 or self.batch_window_ms < 0:
-            raise ConfigError("prefix_cache_bytes and batch_window_ms must not be negative")
+        for name in ("prefix_cache_bytes", "batch_window_ms", "max_tokens_in_flight", "drain_timeout_s",
+                     "key_requests_per_min", "key_tokens_per_min"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{name} must not be negative, got {getattr(self, name)!r}")
+        if self.slice_ms <= 0:
+            raise ConfigError(f"slice_ms must be positive, got {self.slice_ms!r}")
+        if self.log_format not in ("text", "json"):
+            raise ConfigError(f"log_format must be text or json, got {self.log_format!r}")
         if self.temperature <= 0:
             raise ConfigError(f"temperature must be positive, got {self.temperature!r}")
         if self.readout not in ("letters", "yesno"):
@@ -150,6 +179,12 @@ def parse_value(f: dataclasses.Field, raw: str) -> Any:
             return int(raw)
         if kind == "float":
             return float(raw)
+        if kind == "bool":
+            if raw.strip().lower() in ("1", "true", "yes", "on"):
+                return True
+            if raw.strip().lower() in ("0", "false", "no", "off", ""):
+                return False
+            raise ValueError("expected true or false")
         if kind.startswith("str | None"):
             return raw or None
         return raw

@@ -6,6 +6,8 @@ the API maps them to responses in one place. Stdlib only: the core imports it.
 
 from __future__ import annotations
 
+import math
+
 
 class OpenjevError(Exception):
     """Base of every error openjev raises on purpose.
@@ -90,6 +92,36 @@ class Overloaded(OpenjevError):
 
     def __init__(self, message: str, *, retry_after_s: int) -> None:
         super().__init__(message, headers={"Retry-After": str(max(1, int(retry_after_s)))})
+
+
+class RateLimited(OpenjevError):
+    """One API key is over its own requests/min or tokens/min. 429 with Retry-After; the
+    server as a whole may have room (that is Overloaded, 529)."""
+
+    status = 429
+    error_type = "rate_limit_error"
+    retryable = True
+
+    def __init__(self, message: str, *, retry_after_s: float) -> None:
+        super().__init__(message, headers={"Retry-After": str(max(1, math.ceil(retry_after_s)))})
+
+
+class Draining(OpenjevError):
+    """The server is shutting down (SIGTERM): it finishes what it admitted, takes nothing new."""
+
+    status = 503
+    error_type = "unknown"
+    retryable = True
+
+    def __init__(self, message: str, *, retry_after_s: int = 5) -> None:
+        super().__init__(message, headers={"Retry-After": str(retry_after_s)})
+
+
+class ClientDisconnected(OpenjevError):
+    """The client went away before its answer was ready; nobody reads the response (nginx's 499)."""
+
+    status = 499
+    error_type = "client_closed_request"
 
 
 class NotReady(OpenjevError):

@@ -5,6 +5,7 @@ ready, /health/live answers throughout."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -19,15 +20,16 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from openjev import __version__
 from openjev.api import convert, schemas
 from openjev.api.auth import require_key
-from openjev.api.overrides import decide_options, default_spec
 from openjev import calibrations
+from openjev.api.ops import Operations, OpsMiddleware
+from openjev.api.overrides import decide_options, default_spec
 from openjev.api.middleware import REQUEST_ID_HEADER, BodyMiddleware, RequestIdMiddleware, error_response, request_id_of
 from openjev.config import MAX_CHOICE_OPTIONS, Settings
 from openjev.core.prompts import PromptCompiler
 from openjev.core.wording import PROMPT_VERSION
 from openjev.core.service import DecisionService, ServiceLimits
 from openjev.engines import LoadedEngine, ModelCard, load_engine
-from openjev.errors import EngineUnavailable, NotReady, OpenjevError
+from openjev.errors import ClientDisconnected, EngineUnavailable, NotReady, OpenjevError
 
 log = logging.getLogger(__name__)
 
@@ -47,9 +49,10 @@ _ERRORS = {
         (413, "request body too large"),
         (415, "unsupported Content-Encoding"),
         (422, "validation error (detail[]) or token budget exceeded (tokens_exceeded)"),
-        (503, "model still loading, or the engine is down"),
+        (429, "this API key is over its requests/min or tokens/min; see Retry-After"),
+        (503, "model still loading, the engine is down, or the server is draining (SIGTERM)"),
         (504, "the engine missed its deadline (timeout)"),
-        (529, "too many evaluations in flight; see Retry-After"),
+        (529, "too many evaluations or tokens in flight; see Retry-After"),
     )
 }
 
@@ -104,10 +107,12 @@ def create_app(
     """The ASGI app. `loader` loads the engine (off the event loop, at startup); a failure is
     kept for /health and passed to `on_fatal` (the CLI exits non-zero on it)."""
     runtime = Runtime(settings)
+    ops = Operations(settings, runtime)  # keys, limits, metrics, drain (api/ops.py)
 
     async def load() -> None:
         try:
             loaded = await asyncio.to_thread(loader, settings)
+            loaded = dataclasses.replace(loaded, engine=ops.gated(loaded.engine))
             runtime.loaded = loaded
             runtime.service = await asyncio.to_thread(build_service, settings, loaded)
             if loaded.supervise is not None:
@@ -141,7 +146,9 @@ def create_app(
     )
     app.state.settings = settings
     app.state.runtime = runtime
+    app.state.ops = ops
     app.add_middleware(BodyMiddleware, max_bytes=settings.max_body_bytes)
+    app.add_middleware(OpsMiddleware, ops=ops)  # keys checked before the body is read
     app.add_middleware(RequestIdMiddleware)  # outermost of ours: ids on 413/415 too
 
     @app.exception_handler(OpenjevError)
@@ -179,6 +186,7 @@ def create_app(
         service, card = runtime.ready()
         model = convert.resolve_model(body.model, card.name)
         result = await _unless_disconnected(request, service.decide(decision, readout=spec, calibrate=calibrate))
+        request.state.result = result  # for the access log and metrics (api/ops.py)
         return JSONResponse(convert.result_to_wire(result, model), headers=convert.result_headers(result))
 
     @app.get("/v1/models", response_model=schemas.ModelsResponse, dependencies=[Depends(require_key)])
@@ -229,7 +237,7 @@ async def _unless_disconnected(request: Request, work):
                 return task.result()
             if await request.is_disconnected():
                 task.cancel()
-                raise asyncio.CancelledError("client disconnected")
+                raise ClientDisconnected("the client went away before the answer was ready")
     finally:
         if not task.done():
             task.cancel()

@@ -71,11 +71,12 @@ class TransformersEngine:
     """The Engine port over a loaded causal LM."""
 
     def __init__(self, model, *, attention_budget: int = 1 << 24, batch_tokens: int = 2048,
-                 prefix_cache_bytes: int = 1 << 30, batch_window_s: float = 0.002, pad_id: int = 0) -> None:
+                 prefix_cache_bytes: int = 1 << 30, batch_window_s: float = 0.002, pad_id: int = 0,
+                 slice_s: float = 0.5) -> None:
         self.runner = TorchRunner(model, pad_id)
         self.cache = PrefixCache(prefix_cache_bytes)
         self.scheduler = Scheduler(self.runner, self.cache, SchedulerLimits(
-            batch_tokens=batch_tokens, attention_budget=attention_budget, window_s=batch_window_s))
+            batch_tokens=batch_tokens, attention_budget=attention_budget, window_s=batch_window_s, slice_s=slice_s))
 
     @property
     def model(self):
@@ -86,6 +87,20 @@ class TransformersEngine:
 
     async def close(self) -> None:
         self.scheduler.stop()
+
+    def stats(self) -> dict[str, float]:
+        """For metrics, read without locking (plain numbers written by the worker thread; a
+        scrape may see one round's update half done, never a torn number)."""
+        cache = self.cache
+        return {
+            "prefix_cache_bytes": cache.nbytes,
+            "prefix_cache_max_bytes": cache.max_bytes,
+            "prefix_cache_entries": len(cache),
+            "prefix_cache_lookups": cache.lookups,
+            "prefix_cache_hits": cache.hits,
+            "prefix_cache_hit_ratio": cache.hits / cache.lookups if cache.lookups else 0.0,
+            "engine_forwards": self.scheduler.forwards,
+        }
 
 
 def _pick_device(setting: str) -> str:
@@ -122,6 +137,7 @@ def load(settings: Settings) -> LoadedEngine:
         prefix_cache_bytes=settings.prefix_cache_bytes,
         batch_window_s=settings.batch_window_ms / 1000,
         pad_id=pad_id,
+        slice_s=settings.slice_ms / 1000,
     )
     seconds = time.perf_counter() - t0
     log.info("loaded %s on %s/%s in %.1f s (%s)", source.name, device, str(dtype).removeprefix("torch."),

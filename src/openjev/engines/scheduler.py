@@ -8,6 +8,11 @@ A worker thread runs rounds: one slice of each waiting job's packed sequence, ro
 in arrival order while the round's token budget lasts, then the slices as a few ragged
 forwards of similar lengths. A large request thus advances slice by slice and cannot hold
 small ones back for long (fairness); concurrent requests share forwards (throughput).
+
+A round is also bounded in time: its token budget is what the measured cost per token
+allows in `slice_s` (the first forward, before any measurement, is kept short). A round
+boundary is where a cancelled request stops and where a newly arrived one joins, so on
+hardware where 2048 tokens take seconds (CPUs) both happen within about `slice_s`.
 """
 
 from __future__ import annotations
@@ -46,6 +51,13 @@ class SchedulerLimits:
     batch_tokens: int  # real tokens per round
     attention_budget: int  # padded query x key positions per forward
     window_s: float  # gathering window after idle
+    slice_s: float = 0.5  # target duration of one round's forwards
+
+
+# Before any forward was measured, a round takes at most this many tokens; and however slow
+# the hardware, a round takes at least MIN_SLICE (per-forward overheads must stay small).
+FIRST_SLICE = 256
+MIN_SLICE = 64
 
 
 @dataclass
@@ -83,6 +95,8 @@ class Scheduler:
         self._jobs: list[Job] = []
         self._stopped = False
         self.forwards = 0
+        self.computed_tokens = 0
+        self._s_per_token: float | None = None  # measured forward cost, smoothed
         self._thread = threading.Thread(target=self._loop, name="openjev-engine", daemon=True)
         self._thread.start()
 
@@ -129,7 +143,8 @@ class Scheduler:
                     self._wake.wait()
                 if self._stopped:
                     for job in [*self._jobs, *self._inbox]:
-                        job.deliver(EngineError("the engine is shut down"))
+                        if not job.done:  # a finished job's loop may be gone already
+                            job.deliver(EngineError("the engine is shut down"))
                     return
                 idle = not self._jobs
             if idle and self._limits.window_s > 0:
@@ -158,9 +173,16 @@ class Scheduler:
         job.cursor = job.cached = m
         self._jobs.append(job)
 
+    def round_budget(self) -> int:
+        """Real tokens for the next round: --batch-tokens, or fewer where that would take longer than slice_s."""
+        cap = self._limits.batch_tokens
+        if self._s_per_token is None:
+            return min(cap, FIRST_SLICE)
+        return max(min(cap, MIN_SLICE), min(cap, int(self._limits.slice_s / self._s_per_token)))
+
     def _round(self) -> None:
         picked: list[tuple[Job, int]] = []
-        tokens, budget = 0, self._limits.batch_tokens
+        tokens, budget = 0, self.round_budget()
         for job in self._jobs:  # arrival order: older jobs first, one slice each
             if tokens >= budget:
                 break
@@ -203,6 +225,7 @@ class Scheduler:
         group = [g for g in group if not g[0].cancelled.is_set()]
         if not group:
             return
+        t0 = time.perf_counter()
         try:
             hidden, chunks = self._runner.forward([row for _, _, row in group])
         except Exception as exc:  # the engine's failure, reported to the requests it hits
@@ -213,6 +236,10 @@ class Scheduler:
                 job.next_read = len(job.packed.reads)  # done: dropped next round
             return
         self.forwards += 1
+        real = sum(take for _, take, _ in group)
+        self.computed_tokens += real
+        per_token = (time.perf_counter() - t0) / real
+        self._s_per_token = per_token if self._s_per_token is None else 0.7 * self._s_per_token + 0.3 * per_token
         picks, labels, owners = [], [], []
         now = time.perf_counter()
         for r, ((job, take, _), chunk) in enumerate(zip(group, chunks)):

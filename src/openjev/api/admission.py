@@ -1,0 +1,125 @@
+"""Admission in tokens: the engine port wrapped with a server-wide bound on distinct tokens
+in flight (529 beyond, Retry-After from the measured drain rate) and the calling key's
+tokens/min bucket (429 beyond).
+
+It sits between the DecisionService and the engine, so it sees each plan after the
+compile and the per-request budgets and before any engine work, and it needs no change
+to the core. Fairness between the admitted requests stays inside the engine (the
+in-process scheduler serves them slice by slice, round-robin).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import math
+import time
+from contextvars import ContextVar
+from typing import Callable
+
+from openjev.api.keys import KeyEntry, KeyLimits
+from openjev.api.metrics import Metrics
+from openjev.core.plan import Plan
+from openjev.core.ports import Engine, PlanResult
+from openjev.errors import OpenjevError, Overloaded
+
+# The key of the request being served; set by the ops middleware, read here (contextvars
+# follow the request into the tasks it starts).
+current_key: ContextVar[KeyEntry | None] = ContextVar("openjev_key", default=None)
+
+MAX_RETRY_AFTER_S = 60
+
+
+class DrainRate:
+    """Distinct tokens served per second over the last `window_s` (None until one request is served)."""
+
+    def __init__(self, window_s: float = 60.0, clock: Callable[[], float] = time.monotonic) -> None:
+        self._window = window_s
+        self._clock = clock
+        self._done: collections.deque[tuple[float, int]] = collections.deque()
+        self._total = 0
+        self._since: float | None = None  # first admission: the start of the measured span
+
+    def started(self) -> None:
+        if self._since is None:
+            self._since = self._clock()
+
+    def record(self, tokens: int) -> None:
+        self._done.append((self._clock(), tokens))
+        self._total += tokens
+
+    def per_second(self) -> float | None:
+        now = self._clock()
+        while self._done and self._done[0][0] < now - self._window:
+            self._total -= self._done.popleft()[1]
+        if not self._done or self._since is None:
+            return None
+        span = max(1.0, min(self._window, now - self._since))
+        return self._total / span
+
+
+class GatedEngine:
+    """The Engine port, gated. `in_flight_tokens` counts admitted plans' distinct tokens."""
+
+    def __init__(self, inner: Engine, *, max_tokens_in_flight: int, key_limits: KeyLimits, metrics: Metrics,
+                 retry_after_s: int, clock: Callable[[], float] = time.monotonic) -> None:
+        self.inner = inner
+        self.max_tokens = max_tokens_in_flight
+        self.in_flight_tokens = 0
+        self.rate = DrainRate(clock=clock)
+        self._keys = key_limits
+        self._metrics = metrics
+        self._retry_after_s = retry_after_s
+
+    def retry_after(self, excess_tokens: int) -> int:
+        """Seconds until `excess_tokens` have drained at the measured rate (the configured
+        --retry-after-s before anything was measured)."""
+        rate = self.rate.per_second()
+        if not rate:
+            return self._retry_after_s
+        return max(1, min(MAX_RETRY_AFTER_S, math.ceil(excess_tokens / rate)))
+
+    async def run(self, plan: Plan) -> PlanResult:
+        n = plan.unique_tokens
+        # Alone, any request within --max-request-tokens is admitted: a bound below one
+        # request's size must not refuse it forever.
+        if self.max_tokens and self.in_flight_tokens and self.in_flight_tokens + n > self.max_tokens:
+            excess = self.in_flight_tokens + n - self.max_tokens
+            raise Overloaded(f"{self.in_flight_tokens} tokens in flight, this request needs {n} "
+                             f"(limit {self.max_tokens}); retry later", retry_after_s=self.retry_after(excess))
+        entry = current_key.get()
+        if entry is not None:  # after the server-wide check: a 529 costs the key nothing
+            self._keys.take_tokens(entry, n)
+        self.in_flight_tokens += n
+        self.rate.started()
+        self._metrics.engine_calls.inc()
+        try:
+            result = await self.inner.run(plan)
+        except OpenjevError as e:
+            self._metrics.engine_failures.labels(e.error_type).inc()
+            raise
+        except asyncio.CancelledError:  # deadline or client gone: not the engine's failure
+            raise
+        except Exception:
+            self._metrics.engine_failures.labels("unknown").inc()
+            raise
+        finally:
+            self.in_flight_tokens -= n
+        self.rate.record(n)
+        return result
+
+    async def close(self) -> None:
+        await self.inner.close()
+
+    def stats(self) -> dict[str, float]:
+        out = dict(stats_of(self.inner))
+        out["tokens_in_flight"] = self.in_flight_tokens
+        out["tokens_in_flight_limit"] = self.max_tokens
+        out["drain_rate_tokens_per_second"] = self.rate.per_second() or 0.0
+        return out
+
+
+def stats_of(engine: object) -> dict[str, float]:
+    """An engine's optional `stats()` (the in-process engine has one), else nothing."""
+    stats = getattr(engine, "stats", None)
+    return dict(stats()) if callable(stats) else {}

@@ -1,0 +1,194 @@
+"""Named API keys and their per-key limits.
+
+Keys come from `--api-key` (named key1, key2, ... in the order given) and from
+`--api-keys-file`, one key per line:
+
+    # comment
+    alice:s3cret-key-of-alice
+    bob:sha256:<64 hex digits of sha256(key)>   requests_per_min=120 tokens_per_min=500000
+
+Only names ever reach logs and metric labels. A key is matched by comparing SHA-256
+digests with hmac.compare_digest against every entry (no early exit), so neither the time
+nor the matching entry reveals how much of a guess was right. The file is re-read on
+SIGHUP; a file that does not parse keeps the previous keys (and says why in the log).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import logging
+import re
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable
+
+from openjev.errors import ConfigError, RateLimited
+
+log = logging.getLogger(__name__)
+
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+_HEX = re.compile(r"^[0-9a-fA-F]{64}$")
+_LIMITS = ("requests_per_min", "tokens_per_min")
+
+
+@dataclass(frozen=True)
+class KeyEntry:
+    name: str
+    digest: bytes  # sha256 of the key
+    requests_per_min: int | None = None  # None: the server default (--key-requests-per-min)
+    tokens_per_min: int | None = None
+
+
+def digest_of(key: str) -> bytes:
+    return hashlib.sha256(key.encode()).digest()
+
+
+def parse_keys_file(text: str, source: str = "keys file") -> list[KeyEntry]:
+    """Entries of a keys file; ConfigError naming the line for anything malformed (never the key)."""
+    entries: list[KeyEntry] = []
+    for n, raw in enumerate(text.splitlines(), 1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        head, *options = line.split()
+        name, sep, secret = head.partition(":")
+        where = f"{source} line {n}"
+        if not sep or not secret:
+            raise ConfigError(f"{where}: expected name:key or name:sha256:<hex>")
+        if not _NAME.match(name):
+            raise ConfigError(f"{where}: key name {name!r} must be 1-64 of A-Z a-z 0-9 _ . - (it becomes a label)")
+        if secret.startswith("sha256:"):
+            hexdigest = secret.removeprefix("sha256:")
+            if not _HEX.match(hexdigest):
+                raise ConfigError(f"{where}: sha256: must be followed by 64 hex digits")
+            digest = bytes.fromhex(hexdigest)
+        else:
+            digest = digest_of(secret)
+        limits: dict[str, int] = {}
+        for option in options:
+            k, _, v = option.partition("=")
+            if k not in _LIMITS or not v.isdigit():
+                raise ConfigError(f"{where}: unknown option {k!r} (expected requests_per_min=N or tokens_per_min=N)")
+            limits[k] = int(v)
+        if any(e.name == name for e in entries):
+            raise ConfigError(f"{where}: key name {name!r} appears twice")
+        entries.append(KeyEntry(name, digest, **limits))
+    return entries
+
+
+def flag_entries(keys: Iterable[str]) -> list[KeyEntry]:
+    return [KeyEntry(f"key{i}", digest_of(k)) for i, k in enumerate(keys, 1)]
+
+
+class KeyRing:
+    """The accepted keys (from flags and the file). `identify` is safe to call from any thread."""
+
+    def __init__(self, flag_keys: Iterable[str] = (), path: str | None = None) -> None:
+        self._flag_entries = flag_entries(flag_keys)
+        self._path = path
+        self._entries: tuple[KeyEntry, ...] = tuple(self._flag_entries)
+        if path is not None:
+            self._entries = self._load()  # a broken file at startup is a ConfigError: exit 2
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self._entries) or self._path is not None
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(e.name for e in self._entries)
+
+    def _load(self) -> tuple[KeyEntry, ...]:
+        assert self._path is not None
+        try:
+            text = Path(self._path).read_text()
+        except OSError as e:
+            raise ConfigError(f"--api-keys-file {self._path}: {e.strerror}") from None
+        from_file = parse_keys_file(text, self._path)
+        names = {e.name for e in from_file}
+        clash = [e.name for e in self._flag_entries if e.name in names]
+        if clash:
+            raise ConfigError(f"{self._path}: names {clash} are taken by --api-key keys")
+        return tuple(self._flag_entries + from_file)
+
+    def reload(self) -> bool:
+        """Re-read the file (SIGHUP). Keeps the old keys if it does not parse; True if swapped."""
+        if self._path is None:
+            return False
+        try:
+            entries = self._load()
+        except ConfigError as e:
+            log.error("keys not reloaded, keeping %d: %s", len(self._entries), e)
+            return False
+        self._entries = entries  # one reference swap: readers see the old or the new tuple
+        log.info("keys reloaded: %d", len(entries))
+        return True
+
+    def identify(self, given: str) -> KeyEntry | None:
+        digest = digest_of(given)
+        found = None
+        for entry in self._entries:  # every entry compared, whatever matches
+            if hmac.compare_digest(digest, entry.digest):
+                found = entry
+        return found
+
+
+class TokenBucket:
+    """`rate` per minute, bursting to one minute's worth. Debt is allowed: a cost above the
+    capacity passes when the bucket is full and leaves it negative, so a large request is
+    never refused forever but pays for itself before the next one."""
+
+    def __init__(self, per_min: int, clock=time.monotonic) -> None:
+        self.capacity = float(per_min)
+        self.rate = per_min / 60.0
+        self.level = self.capacity
+        self._clock = clock
+        self._t = clock()
+
+    def _refill(self) -> None:
+        now = self._clock()
+        self.level = min(self.capacity, self.level + (now - self._t) * self.rate)
+        self._t = now
+
+    def wait_s(self, cost: float) -> float:
+        """0 if `cost` may be taken now (then it is), else seconds until it may."""
+        self._refill()
+        need = min(cost, self.capacity)
+        if self.level >= need:
+            self.level -= cost
+            return 0.0
+        return (need - self.level) / self.rate
+
+
+class KeyLimits:
+    """Per-key buckets on requests/min and distinct tokens/min (429 beyond, with Retry-After)."""
+
+    def __init__(self, requests_per_min: int, tokens_per_min: int, clock=time.monotonic) -> None:
+        self._defaults = {"requests_per_min": requests_per_min, "tokens_per_min": tokens_per_min}
+        self._buckets: dict[tuple[str, str, int], TokenBucket] = {}
+        self._lock = threading.Lock()
+        self._clock = clock
+
+    def _take(self, entry: KeyEntry, kind: str, cost: float, what: str) -> None:
+        per_min = getattr(entry, kind)
+        per_min = self._defaults[kind] if per_min is None else per_min
+        if not per_min:
+            return
+        with self._lock:
+            key = (entry.name, kind, per_min)  # a reloaded limit starts a fresh bucket
+            bucket = self._buckets.get(key)
+            if bucket is None:
+                bucket = self._buckets[key] = TokenBucket(per_min, self._clock)
+            wait = bucket.wait_s(cost)
+        if wait > 0:
+            raise RateLimited(f"API key {entry.name!r} is over its {per_min} {what} per minute; retry later",
+                              retry_after_s=wait)
+
+    def take_request(self, entry: KeyEntry) -> None:
+        self._take(entry, "requests_per_min", 1, "requests")
+
+    def take_tokens(self, entry: KeyEntry, tokens: int) -> None:
+        self._take(entry, "tokens_per_min", tokens, "distinct tokens")

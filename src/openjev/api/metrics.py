@@ -1,0 +1,122 @@
+"""Prometheus metrics, one registry per app (apps are created many times in one test run,
+so nothing here is a module global).
+
+Counters and histograms are updated as requests finish; gauges that describe the present
+(evaluations and tokens in flight, the prefix cache) are read at scrape time from the
+objects that own them (`probe`), so they cannot drift.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Mapping
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessCollector, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from openjev.core import types as core
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+# Seconds: from sub-millisecond API work to the 120 s engine deadline.
+_TIME_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+_PHASES = ("prepare", "queue", "prefill", "engine", "total")
+
+Probe = Callable[[], Mapping[str, float]]
+
+
+class _Live:
+    """A collector over `probe()`: the present state, read when Prometheus scrapes."""
+
+    def __init__(self, probe: Probe) -> None:
+        self._probe = probe
+
+    def describe(self):
+        return []  # names vary with the engine; nothing to check at registration
+
+    def collect(self):
+        values = dict(self._probe())
+        gauges = {
+            "evaluations_in_flight": "decision requests being evaluated (admitted, not finished)",
+            "tokens_in_flight": "distinct tokens of the requests admitted to the engine",
+            "tokens_in_flight_limit": "--max-tokens-in-flight (0: unlimited)",
+            "drain_rate_tokens_per_second": "distinct tokens served per second, measured over the last minute",
+            "prefix_cache_bytes": "bytes of prefix KV held by the in-process engine",
+            "prefix_cache_max_bytes": "--prefix-cache-bytes",
+            "prefix_cache_entries": "prefixes held by the in-process engine",
+            "prefix_cache_hit_ratio": "prefix-cache lookups that matched at least one token, since start",
+            "draining": "1 after SIGTERM, while in-flight requests finish",
+            "ready": "1 once the model is loaded and the server answers decisions",
+        }
+        for name, help_text in gauges.items():
+            if name in values:
+                yield GaugeMetricFamily(f"openjev_{name}", help_text, value=values[name])
+        counters = {
+            "prefix_cache_lookups": "prefix-cache lookups (one per request admitted to the in-process engine)",
+            "prefix_cache_hits": "prefix-cache lookups that matched at least one token",
+            "engine_forwards": "model forwards run by the in-process engine",
+        }
+        for name, help_text in counters.items():
+            if name in values:
+                yield CounterMetricFamily(f"openjev_{name}", help_text, value=values[name])
+
+
+class Metrics:
+    def __init__(self, probe: Probe) -> None:
+        r = self.registry = CollectorRegistry(auto_describe=True)
+        ProcessCollector(registry=r)  # RSS, CPU seconds, open fds (Linux)
+        r.register(_Live(probe))
+        self.requests = Counter("openjev_requests", "HTTP requests by route, status and API key name",
+                                ("route", "status", "key"), registry=r)
+        self.rejections = Counter("openjev_rejections", "requests refused (4xx/5xx) by status and error_type",
+                                  ("status", "error_type"), registry=r)
+        self.phase = Histogram("openjev_phase_seconds", "decision request time by phase (total: the whole HTTP "
+                               "request; prepare: compile; queue/prefill: in-process engine; engine: the engine call)",
+                               ("phase",), buckets=_TIME_BUCKETS, registry=r)
+        self.tokens = Counter("openjev_tokens", "tokens of answered decisions: distinct (the request's own, "
+                              "state once), computed (prefilled), cached (from a prefix cache)", ("kind",),
+                              registry=r)
+        self.engine_calls = Counter("openjev_engine_calls", "plans sent to the engine", registry=r)
+        self.engine_failures = Counter("openjev_engine_failures", "engine calls that raised, by error_type",
+                                       ("error_type",), registry=r)
+        self.answers = Counter("openjev_answers", "answers given, by question type", ("type",), registry=r)
+        self.label_mass = Histogram("openjev_label_mass", "probability mass the model put on the answer labels "
+                                    "(low: the model wanted to say something else)", ("type",),
+                                    buckets=(0.01, 0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 0.8, 0.9, 0.95, 0.99, 1.0),
+                                    registry=r)
+        for phase in _PHASES:  # present from the first scrape, so rate() has a zero to start from
+            self.phase.labels(phase)
+        for kind in ("distinct", "computed", "cached"):
+            self.tokens.labels(kind)
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)
+
+    def observe_request(self, route: str, status: int, key: str, error_type: str | None, total_s: float) -> None:
+        self.requests.labels(route, str(status), key).inc()
+        if status >= 400:
+            self.rejections.labels(str(status), error_type or "unknown").inc()
+        if route == "/v1/systemone":
+            self.phase.labels("total").observe(total_s)
+
+    def observe_result(self, result: core.DecisionResult) -> None:
+        for name in ("prepare", "queue", "prefill", "engine"):
+            if name in result.timings_ms:
+                self.phase.labels(name).observe(result.timings_ms[name] / 1000)
+        usage = result.usage
+        self.tokens.labels("distinct").inc(usage.input_tokens)
+        if usage.computed_tokens is not None:
+            self.tokens.labels("computed").inc(usage.computed_tokens)
+        if usage.cached_tokens is not None:
+            self.tokens.labels("cached").inc(usage.cached_tokens)
+        for _, answer in result.answers:
+            kind = answer_type(answer)
+            self.answers.labels(kind).inc()
+            self.label_mass.labels(kind).observe(answer.label_mass)
+
+
+def answer_type(answer: core.Answer) -> str:
+    if isinstance(answer, core.NoulAnswer):
+        return "noul"
+    if isinstance(answer, core.ChoiceAnswer):
+        return "choice"
+    return "score"

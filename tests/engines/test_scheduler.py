@@ -1,0 +1,95 @@
+"""The in-process scheduler with a FakeRunner whose forward costs time per token (like a
+CPU): rounds are bounded in time, so cancellation acts within about one slice."""
+
+import asyncio
+import threading
+import time
+
+import pytest
+import torch
+
+from openjev.core.plan import Branch, Plan
+from openjev.engines.prefix_cache import PrefixCache
+from openjev.engines.scheduler import FIRST_SLICE, Scheduler, SchedulerLimits
+
+
+class FakeRunner:
+    """Forward: `s_per_token` seconds per real token; records (time, tokens) of each forward."""
+
+    def __init__(self, s_per_token: float) -> None:
+        self.s_per_token = s_per_token
+        self.forwards: list[tuple[float, int]] = []
+        self.lock = threading.Lock()
+
+    def forward(self, rows):
+        n = sum(len(r.tokens) for r in rows)
+        time.sleep(n * self.s_per_token)
+        with self.lock:
+            self.forwards.append((time.monotonic(), n))
+        chunks = [tuple((torch.zeros(1, 1, len(r.tokens), 1), torch.zeros(1, 1, len(r.tokens), 1)) for _ in range(1))
+                  for r in rows]
+        return None, chunks
+
+    def read(self, hidden, picks, label_ids):
+        return [tuple(-1.0 for _ in ids) for ids in label_ids]
+
+    def tokens_after(self, t: float) -> int:
+        with self.lock:
+            return sum(n for end, n in self.forwards if end > t)
+
+
+def _plan(n: int, first: int = 1) -> Plan:
+    return Plan.from_branches([Branch(tuple(range(first, first + n)), (1, 2))])
+
+
+def _scheduler(runner, slice_s=0.05, batch_tokens=2048):
+    return Scheduler(runner, PrefixCache(0), SchedulerLimits(batch_tokens=batch_tokens, attention_budget=1 << 30,
+                                                               window_s=0, slice_s=slice_s))
+
+
+def test_a_cancelled_long_prefill_stops_within_about_one_slice():
+    # 2 ms per token: a 2048-token slice (the round size without a time bound) would run
+    # 4 s past the cancellation; a 50 ms slice, about 50 ms.
+    runner = FakeRunner(0.002)
+    scheduler = _scheduler(runner, slice_s=0.05)
+
+    async def go():
+        task = asyncio.create_task(scheduler.run(_plan(6000)))
+        await asyncio.sleep(0.6)  # several rounds in: the cost per token is measured
+        task.cancel()
+        cancelled_at = time.monotonic()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await asyncio.sleep(0.4)
+        return cancelled_at
+
+    try:
+        cancelled_at = asyncio.run(go())
+    finally:
+        scheduler.stop()
+    after = runner.tokens_after(cancelled_at)
+    assert after <= 64, f"{after} tokens computed after the cancellation"
+    assert sum(n for _, n in runner.forwards) < 6000
+
+
+def test_the_first_round_is_short_then_rounds_follow_the_measured_cost():
+    runner = FakeRunner(0.0005)
+    scheduler = _scheduler(runner, slice_s=0.05)
+    try:
+        result = asyncio.run(scheduler.run(_plan(1500)))
+    finally:
+        scheduler.stop()
+    sizes = [n for _, n in runner.forwards]
+    assert sizes[0] == FIRST_SLICE
+    assert all(abs(n - 100) <= 30 for n in sizes[2:-1]), sizes  # 50 ms at 0.5 ms per token
+    assert sum(sizes) == 1500 and result.computed_tokens == 1500
+
+
+def test_fast_hardware_keeps_full_rounds():
+    runner = FakeRunner(0.0)
+    scheduler = _scheduler(runner, slice_s=0.05, batch_tokens=512)
+    try:
+        asyncio.run(scheduler.run(_plan(2000)))
+    finally:
+        scheduler.stop()
+    assert [n for _, n in runner.forwards] == [FIRST_SLICE, 512, 512, 512, 2000 - FIRST_SLICE - 3 * 512]
