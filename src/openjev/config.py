@@ -67,6 +67,8 @@ class Settings:
     max_in_flight: int = _opt(16, "evaluations in flight; beyond it: 529 with Retry-After")
     engine_timeout_s: float = _opt(120.0, "deadline for the engine's work on one request; beyond it: 504")
     retry_after_s: int = _opt(1, "Retry-After seconds sent with 529")
+    max_batch_items: int = _opt(256, "items per POST /v1/systemone/batch")
+    max_batch_tokens: int = _opt(1_048_576, "distinct tokens of one batch (each item's, added up)")
     # in-process engine tuning
     attention_budget: int = _opt(
         1 << 24, "in-process engine: max query x key positions per forward (bounds attention memory)"
@@ -95,12 +97,14 @@ class Settings:
             "max_request_tokens": self.max_request_tokens,
             "max_in_flight": self.max_in_flight,
             "engine_timeout_s": self.engine_timeout_s,
+            "max_batch_items": self.max_batch_items,
+            "max_batch_tokens": self.max_batch_tokens,
         }
 
     def validate(self) -> "Settings":
         positive = ("port", "max_questions", "max_body_bytes", "max_branch_tokens", "max_request_tokens",
                     "max_in_flight", "engine_timeout_s", "retry_after_s", "attention_budget", "batch_tokens",
-                    "max_engine_calls", "startup_timeout_s")
+                    "max_engine_calls", "startup_timeout_s", "max_batch_items", "max_batch_tokens")
         for name in positive:
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be positive, got {getattr(self, name)!r}")

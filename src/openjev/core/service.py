@@ -59,8 +59,16 @@ class DecisionService:
     def in_flight(self) -> int:
         return self._in_flight
 
-    async def decide(self, request: DecisionRequest) -> DecisionResult:
-        """Answer every question, in request order.
+    async def prepare(self, request: DecisionRequest) -> CompiledRequest:
+        """Compile and check the token budgets (TokensExceeded); no admission, no engine work.
+        A batch prepares every item first, to check its own token total before any item runs."""
+        compiled = await asyncio.to_thread(self._compiler.compile, request)
+        self._check_budgets(request, compiled)
+        return compiled
+
+    async def decide(self, request: DecisionRequest, compiled: CompiledRequest | None = None) -> DecisionResult:
+        """Answer every question, in request order (`compiled`: what prepare() returned for
+        this request, so it is not compiled twice).
 
         Raises Overloaded (cap reached), TokensExceeded (budget; the engine is not called),
         EngineTimeout (deadline), or what the engine raises.
@@ -72,14 +80,14 @@ class DecisionService:
             )
         self._in_flight += 1
         try:
-            return await self._decide(request)
+            return await self._decide(request, compiled)
         finally:
             self._in_flight -= 1
 
-    async def _decide(self, request: DecisionRequest) -> DecisionResult:
+    async def _decide(self, request: DecisionRequest, compiled: CompiledRequest | None) -> DecisionResult:
         t0 = self._clock()
-        compiled = await asyncio.to_thread(self._compiler.compile, request)
-        self._check_budgets(request, compiled)
+        if compiled is None:
+            compiled = await self.prepare(request)
         t1 = self._clock()
         try:
             result = await asyncio.wait_for(self._engine.run(compiled.plan), self._limits.engine_timeout_s)
