@@ -1,5 +1,5 @@
-"""`openjev serve` and `openjev schema`. Flags are generated from Settings, each with its
-OPENJEV_* environment twin (config.py holds every default)."""
+"""`openjev serve`, `openjev schema` and `openjev ask` (ask.py). Flags are generated from
+Settings, each with its OPENJEV_* environment twin (config.py holds every default)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import logging
 import sys
 from typing import Any, Sequence
 
-from openjev import __version__
+from openjev import __version__, ask
 from openjev.config import Settings, env_name, flag_name, load_settings
 from openjev.errors import ConfigError
 
@@ -34,6 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve = sub.add_parser("serve", help="serve the API (loads the model in the background)")
     _add_setting_flags(serve)
     sub.add_parser("schema", help="print the OpenAPI document (loads no model)")
+    ask.add_parser(sub)
     return parser
 
 
@@ -96,6 +97,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "schema":
             return schema()
+        if args.command == "ask":
+            return ask.run(args)
         return serve(_settings(args, passthrough))
     except ConfigError as e:
         print(f"openjev: {e}", file=sys.stderr)
