@@ -114,3 +114,18 @@ def test_ask_reports_the_servers_refusal(live):
     assert proc.returncode == 1 and "404 not_found" in proc.stderr
     proc = _ask(live, "--state", "x")
     assert proc.returncode == 2 and "at least one question" in proc.stderr
+
+
+@pytest.mark.parametrize("alias", SYSTEMONE_ROUTES[1:])
+def test_conformance_suite_passes_on_each_alias(live, tmp_path, alias):
+    """jevcompat only calls <base>/v1/systemone, so a pass-through forwarder serves the alias
+    under that name: the suite's every request and check then exercises the alias route."""
+    from tests import route_proxy
+    from tests.integration.test_live_server import run_jevcompat
+
+    url, proxy = route_proxy.start(live.url, "/v1/systemone", alias)
+    try:
+        run_jevcompat(url, live.key, tmp_path)
+        assert proxy.rewritten > 30
+    finally:
+        proxy.shutdown()
