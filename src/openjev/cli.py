@@ -1,5 +1,5 @@
-"""`openjev serve` and `openjev schema`. Flags are generated from Settings, each with its
-OPENJEV_* environment twin (config.py holds every default)."""
+"""`openjev serve`, `openjev schema` and `openjev ask` (ask.py). Flags are generated from
+Settings, each with its OPENJEV_* environment twin (config.py holds every default)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import signal
 import sys
 from typing import Any, Sequence
 
-from openjev import __version__
+from openjev import __version__, ask
 from openjev.config import Settings, env_name, flag_name, load_settings
 from openjev.errors import ConfigError
 
@@ -42,6 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
     from openjev.evals.cli import add_commands
 
     add_commands(sub)
+    ask.add_parser(sub)
     return parser
 
 
@@ -118,6 +119,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             from openjev.evals.cli import run
 
             return run(args)
+        if args.command == "ask":
+            return ask.run(args)
         return serve(_settings(args, passthrough))
     except ConfigError as e:
         print(f"openjev: {e}", file=sys.stderr)

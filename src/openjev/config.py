@@ -84,6 +84,8 @@ class Settings:
         0, "distinct tokens admitted to the engine at once, all requests together (0: unlimited); beyond: 529"
     )
     drain_timeout_s: float = _opt(0.0, "on SIGTERM, how long in-flight requests may finish (0: engine timeout + 15 s)")
+    max_batch_items: int = _opt(256, "items per POST /v1/systemone/batch")
+    max_batch_tokens: int = _opt(1_048_576, "distinct tokens of one batch (each item's, added up)")
     # in-process engine tuning
     attention_budget: int = _opt(
         1 << 24, "in-process engine: max query x key positions per forward (bounds attention memory)"
@@ -126,12 +128,15 @@ class Settings:
             "max_tokens_in_flight": self.max_tokens_in_flight,
             "key_requests_per_min": self.key_requests_per_min,
             "key_tokens_per_min": self.key_tokens_per_min,
+            "max_batch_items": self.max_batch_items,
+            "max_batch_tokens": self.max_batch_tokens,
         }
 
     def validate(self) -> "Settings":
         positive = ("port", "max_questions", "max_body_bytes", "max_branch_tokens", "max_request_tokens",
                     "max_in_flight", "engine_timeout_s", "retry_after_s", "attention_budget", "batch_tokens",
-                    "max_engine_calls", "startup_timeout_s", "rotations", "max_rotations")
+                    "max_engine_calls", "startup_timeout_s", "rotations", "max_rotations",
+                    "max_batch_items", "max_batch_tokens")
         for name in positive:
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be positive, got {getattr(self, name)!r}")

@@ -18,7 +18,7 @@ from fastapi_offline import FastAPIOffline
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from openjev import __version__
-from openjev.api import convert, schemas
+from openjev.api import batch, convert, playground, schemas
 from openjev.api.auth import require_key
 from openjev import calibrations
 from openjev.api.ops import Operations, OpsMiddleware
@@ -34,6 +34,9 @@ from openjev.errors import ClientDisconnected, EngineUnavailable, NotReady, Open
 log = logging.getLogger(__name__)
 
 Loader = Callable[[Settings], LoadedEngine]
+
+# POST routes with the /v1/systemone contract: the vendor's name first, then the aliases.
+SYSTEMONE_ROUTES = ("/v1/systemone", "/v1/decisions", "/api/alpha/decisions")
 
 DESCRIPTION = """\
 An open server for the Jev SystemOne decision API. Each question is answered by **reading**
@@ -168,13 +171,6 @@ def create_app(
         return JSONResponse({"detail": {"error_type": "unknown", "message": "internal error"}}, status_code=500,
                             headers={REQUEST_ID_HEADER: request_id_of(request.scope) or ""})
 
-    @app.post(
-        "/v1/systemone",
-        response_model=schemas.SystemOneResponse,
-        responses=_ERRORS,
-        dependencies=[Depends(require_key)],
-        summary="Answer typed questions about a state",
-    )
     async def systemone(body: schemas.SystemOneRequest, request: Request) -> JSONResponse:
         if len(body.questions) > settings.max_questions:
             raise RequestValidationError([{
@@ -188,6 +184,15 @@ def create_app(
         result = await _unless_disconnected(request, service.decide(decision, readout=spec, calibrate=calibrate))
         request.state.result = result  # for the access log and metrics (api/ops.py)
         return JSONResponse(convert.result_to_wire(result, model), headers=convert.result_headers(result))
+
+    # The same handler under the route names other Jev-compatible servers use.
+    for path in SYSTEMONE_ROUTES:
+        app.add_api_route(path, systemone, methods=["POST"], response_model=schemas.SystemOneResponse,
+                          responses=_ERRORS, dependencies=[Depends(require_key)],
+                          summary="Answer typed questions about a state" + ("" if path == SYSTEMONE_ROUTES[0] else
+                                                                            f" (alias of {SYSTEMONE_ROUTES[0]})"))
+    batch.install(app, settings, runtime.ready, _unless_disconnected)
+    playground.install(app)
 
     @app.get("/v1/models", response_model=schemas.ModelsResponse, dependencies=[Depends(require_key)])
     async def models() -> dict[str, Any]:

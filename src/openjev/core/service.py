@@ -93,10 +93,20 @@ class DecisionService:
     def in_flight(self) -> int:
         return self._in_flight
 
-    async def decide(self, request: DecisionRequest, *, readout: ReadoutSpec | None = None,
-                     calibrate: bool = True) -> DecisionResult:
+    async def prepare(self, request: DecisionRequest, readout: ReadoutSpec | None = None) -> CompiledRequest:
+        """Compile under `readout` (default: the service's) and check the token budgets
+        (TokensExceeded); no admission, no engine work. A batch prepares every item first,
+        to check its own token total before any item runs."""
+        compiled = await asyncio.to_thread(self._compiler.compile, request, self.readout(readout or self.default_readout))
+        self._check_budgets(request, compiled)
+        return compiled
+
+    async def decide(self, request: DecisionRequest, compiled: CompiledRequest | None = None, *,
+                     readout: ReadoutSpec | None = None, calibrate: bool = True) -> DecisionResult:
         """Answer every question, in request order, with `readout` (default: the service's)
-        and, unless `calibrate` is false, the calibration where it has a fit.
+        and, unless `calibrate` is false, the calibration where it has a fit. `compiled`:
+        what prepare() returned for this request under the same readout, so it is not
+        compiled twice.
 
         Raises Overloaded (cap reached), Unsupported (a readout this model cannot do),
         TokensExceeded (budget; the engine is not called), EngineTimeout (deadline), or
@@ -109,15 +119,16 @@ class DecisionService:
             )
         self._in_flight += 1
         try:
-            return await self._decide(request, readout or self.default_readout, calibrate)
+            return await self._decide(request, compiled, readout or self.default_readout, calibrate)
         finally:
             self._in_flight -= 1
 
-    async def _decide(self, request: DecisionRequest, spec: ReadoutSpec, calibrate: bool) -> DecisionResult:
+    async def _decide(self, request: DecisionRequest, compiled: CompiledRequest | None, spec: ReadoutSpec,
+                      calibrate: bool) -> DecisionResult:
         t0 = self._clock()
         readout = self.readout(spec)
-        compiled = await asyncio.to_thread(self._compiler.compile, request, readout)
-        self._check_budgets(request, compiled)
+        if compiled is None:
+            compiled = await self.prepare(request, spec)
         t1 = self._clock()
         try:
             result = await asyncio.wait_for(self._engine.run(compiled.plan), self._limits.engine_timeout_s)

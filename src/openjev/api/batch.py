@@ -1,0 +1,211 @@
+"""POST /v1/systemone/batch: many decisions in one call.
+
+Two envelopes: `{"requests": [<a /v1/systemone body>, ...]}`, or one question set over many
+states `{"model", "questions", "states": [...]}`. Each item is validated, prepared (compiled,
+its own token budgets checked) and decided through the same DecisionService as
+/v1/systemone, so admission, limits and the engine are the same. An item that fails carries
+its own error and never fails the others; only the envelope itself (its shape, the item
+count, the batch's token total) fails the whole call, before any engine work.
+
+Items sharing a state are run leader first, the others once the leader is done: the engine's
+prefix cache then serves the state to them instead of each computing it (concurrent arrivals
+would each compute it). Items with different states run concurrently, at most half the
+in-flight slots at a time so single requests still get in.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any, AsyncIterator, Awaitable, Callable
+
+from fastapi import Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from openjev.api import convert, schemas
+from openjev.api.auth import require_key
+from openjev.api.overrides import decide_options
+from openjev.config import Settings
+from openjev.core.prompts import CompiledRequest
+from openjev.core.readouts import ReadoutSpec
+from openjev.core.service import DecisionService
+from openjev.core.types import DecisionRequest
+from openjev.engines import ModelCard
+from openjev.errors import OpenjevError, RequestError, TokensExceeded
+
+log = logging.getLogger(__name__)
+
+NDJSON = "application/x-ndjson"
+
+
+class BatchRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    requests: list[Any] | None = Field(
+        None, min_length=1, description="items, each a /v1/systemone body (validated one by one)")
+    model: str = Field("jev-latest", description="states form: the model every item asks")
+    questions: dict[str, schemas.Question] | None = Field(
+        None, min_length=1, description="states form: the questions asked about every state")
+    states: list[Any] | None = Field(None, min_length=1, description="states form: one item per state")
+
+    @model_validator(mode="after")
+    def _one_form(self) -> "BatchRequest":
+        if self.requests is not None:
+            if self.states is not None or self.questions is not None:
+                raise ValueError("send either `requests` or `questions` with `states`, not both")
+        elif self.states is None or self.questions is None:
+            raise ValueError("send `requests` (a list of /v1/systemone bodies) or `questions` with `states`")
+        return self
+
+    def items(self) -> list[Any]:
+        """Each item as a /v1/systemone body (not yet validated)."""
+        if self.requests is not None:
+            return list(self.requests)
+        questions = {qid: q.model_dump(exclude_none=True) for qid, q in self.questions.items()}
+        return [{"model": self.model, "state": state, "questions": questions} for state in self.states]
+
+
+@dataclass
+class _Item:
+    index: int
+    request: DecisionRequest | None = None
+    model: str | None = None
+    compiled: CompiledRequest | None = None
+    readout: ReadoutSpec = ReadoutSpec()  # the batch's x-openjev-readout / -rotations headers
+    calibrate: bool = True
+    prepare_ms: float = 0.0
+    line: dict[str, Any] | None = None  # set once the item is answered or failed
+
+
+def _error_line(index: int, exc: OpenjevError) -> dict[str, Any]:
+    return {"index": index, "status": exc.status, "error": {"error_type": exc.error_type, "message": exc.message}}
+
+
+def _validation_message(e: ValidationError) -> str:
+    return "; ".join(f"{'.'.join(str(p) for p in err['loc']) or 'body'}: {err['msg']}" for err in e.errors())
+
+
+class _ItemInvalid(RequestError):
+    status = 422
+
+
+def install(app: FastAPI, settings: Settings, ready: Callable[[], tuple[DecisionService, ModelCard]],
+            unless_disconnected: Callable[[Request, Awaitable[Any]], Awaitable[Any]]) -> None:
+    """Add the batch route to `app`; `ready` is the runtime's (service, card) or raises NotReady."""
+
+    @app.post(
+        "/v1/systemone/batch",
+        dependencies=[Depends(require_key)],
+        summary="Many decisions in one call (NDJSON in completion order, or a JSON array with Accept: application/json)",
+        responses={200: {"content": {NDJSON: {}, "application/json": {}},
+                         "description": "one line per item ({index, model, answers, usage} or {index, status, "
+                                        "error}), then {summary}; or the items as one JSON array in item order"}},
+    )
+    async def batch(body: BatchRequest, request: Request):
+        raw = body.items()
+        if len(raw) > settings.max_batch_items:
+            raise RequestValidationError([{
+                "loc": ("body", "requests" if body.requests is not None else "states"), "type": "too_long",
+                "input": None, "msg": f"at most {settings.max_batch_items} items per batch, got {len(raw)}",
+            }])
+        spec, calibrate = decide_options(request.headers, settings)  # one readout for every item
+        service, card = ready()
+        t0 = time.perf_counter()
+        items = await asyncio.gather(*(_prepare(i, item, service, card.name, spec, calibrate)
+                                       for i, item in enumerate(raw)))
+        total = sum(it.compiled.plan.unique_tokens for it in items if it.compiled is not None)
+        if total > settings.max_batch_tokens:
+            raise TokensExceeded(f"the batch takes {total} distinct tokens, its items' added up "
+                                 f"(limit {settings.max_batch_tokens} per batch)")
+        slots = max(1, settings.max_in_flight // 2)
+        accept = request.headers.get("accept", "")
+        if "application/json" in accept and NDJSON not in accept:
+            lines = await unless_disconnected(request, _collect(_run(items, service, slots)))
+            return JSONResponse(sorted(lines, key=lambda line: line["index"]))
+        return StreamingResponse(_ndjson(items, service, slots, t0), media_type=NDJSON)
+
+    async def _prepare(index: int, raw: Any, service: DecisionService, served: str, spec: ReadoutSpec,
+                       calibrate: bool) -> _Item:
+        item = _Item(index, readout=spec, calibrate=calibrate)
+        t0 = time.perf_counter()
+        try:
+            try:
+                parsed = schemas.SystemOneRequest.model_validate(raw)
+            except ValidationError as e:
+                raise _ItemInvalid(_validation_message(e)) from None
+            if len(parsed.questions) > settings.max_questions:
+                raise _ItemInvalid(f"at most {settings.max_questions} questions per request, "
+                                   f"got {len(parsed.questions)}")
+            item.request = convert.request_of(parsed)
+            item.model = convert.resolve_model(parsed.model, served)
+            item.compiled = await service.prepare(item.request, spec)
+        except OpenjevError as exc:
+            item.line = _error_line(index, exc)
+        item.prepare_ms = (time.perf_counter() - t0) * 1000
+        return item
+
+
+async def _collect(lines: AsyncIterator[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [line async for line in lines]
+
+
+async def _run(items: list[_Item], service: DecisionService, slots: int) -> AsyncIterator[dict[str, Any]]:
+    """Each item's line, in completion order (items that failed to prepare first)."""
+    for item in items:
+        if item.line is not None:
+            yield item.line
+    groups: dict[Any, list[_Item]] = {}
+    for item in items:
+        if item.line is None:
+            groups.setdefault(item.request.state, []).append(item)
+    gate = asyncio.Semaphore(slots)
+    done: asyncio.Queue[_Item] = asyncio.Queue()
+
+    async def decide(item: _Item) -> None:
+        async with gate:
+            try:
+                result = await service.decide(item.request, item.compiled, readout=item.readout,
+                                              calibrate=item.calibrate)
+                timings = {**result.timings_ms, "prepare": item.prepare_ms}  # prepared up front, not in decide
+                item.line = {"index": item.index, **convert.result_to_wire(result, item.model),
+                             "x_readout": result.readout, "x_calibration": result.calibration,
+                             "x_timings_ms": {k: round(v, 1) for k, v in timings.items()}}
+            except OpenjevError as exc:
+                item.line = _error_line(item.index, exc)
+            except Exception:  # an item's bug is that item's 500, not the batch's
+                log.exception("batch item %d failed", item.index)
+                item.line = {"index": item.index, "status": 500,
+                             "error": {"error_type": "unknown", "message": "internal error"}}
+        await done.put(item)
+
+    async def group(members: list[_Item]) -> None:
+        await decide(members[0])  # the leader computes the shared state; the rest find it cached
+        await asyncio.gather(*(decide(m) for m in members[1:]))
+
+    tasks = [asyncio.create_task(group(members)) for members in groups.values()]
+    try:
+        for _ in range(sum(len(m) for m in groups.values())):
+            yield (await done.get()).line
+    finally:
+        for task in tasks:  # a client gone mid-stream: stop the items still running
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def _ndjson(items: list[_Item], service: DecisionService, slots: int, t0: float) -> AsyncIterator[bytes]:
+    usage = {"input_tokens": 0, "output_tokens": 0, "x_prompt_tokens": 0}  # x_computed/x_cached: where known
+    ok = 0
+    async for line in _run(items, service, slots):
+        if "answers" in line:
+            ok += 1
+            for key, value in line["usage"].items():
+                usage[key] = usage.get(key, 0) + value
+        yield (json.dumps(line, ensure_ascii=False, separators=(",", ":")) + "\n").encode()
+    summary = {"items": len(items), "succeeded": ok, "failed": len(items) - ok, "usage": usage,
+               "elapsed_ms": round((time.perf_counter() - t0) * 1000, 1)}
+    yield (json.dumps({"summary": summary}, separators=(",", ":")) + "\n").encode()

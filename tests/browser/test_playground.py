@@ -1,0 +1,182 @@
+"""The playground in a real headless browser (Debian's chromium + chromedriver, driven by
+Selenium) against a real `openjev serve`: it runs an example and the bars must show the
+probabilities the API gives for the same request. Saves a screenshot.
+
+`make test-browser` installs the browser and sets OPENJEV_BROWSER_TEST=1 (then a missing
+browser fails the test); elsewhere the test is skipped when the browser is absent."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.integration.conftest import start_server, stop_server
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMEDRIVER = "/usr/bin/chromedriver"
+REQUIRED = os.environ.get("OPENJEV_BROWSER_TEST") == "1"
+SCREENSHOT = Path(os.environ.get("OPENJEV_SCREENSHOT",
+                                 Path(__file__).resolve().parents[2] / "build" / "screenshots" / "playground.png"))
+
+
+def _missing() -> str | None:
+    for path in (CHROMIUM, CHROMEDRIVER):
+        if not os.access(path, os.X_OK):
+            return f"{path} is not installed (apt-get install chromium chromium-driver, or run make test-browser)"
+    try:
+        import selenium  # noqa: F401
+    except ImportError:
+        return "selenium is not installed (pip install -e '.[browser]', or run make test-browser)"
+    return None
+
+
+pytestmark = [pytest.mark.model, pytest.mark.browser]
+
+
+@pytest.fixture(scope="module")
+def browser():
+    missing = _missing()
+    if missing:
+        if REQUIRED:
+            pytest.fail(f"browser test required but {missing}")
+        pytest.skip(missing)
+    os.environ["SE_OFFLINE"] = "true"  # Selenium Manager must never fetch a driver or a browser
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    profile = tempfile.mkdtemp(prefix="openjev-chromium-")
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                 "--disable-dev-shm-usage", f"--user-data-dir={profile}", "--window-size=1400,1100"):
+        options.add_argument(flag)
+    driver = webdriver.Chrome(service=Service(executable_path=CHROMEDRIVER), options=options)
+    driver.set_page_load_timeout(60)
+    yield driver
+    driver.quit()
+    shutil.rmtree(profile, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    srv = start_server(tmp_path_factory.mktemp("browser"), key="browser-key")
+    yield srv
+    stop_server(srv)
+
+
+def _wait(driver, script: str, timeout: float = 120):
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    return WebDriverWait(driver, timeout, poll_frequency=0.2).until(lambda d: d.execute_script(script))
+
+
+def _send(driver) -> None:
+    before = driver.execute_script("return document.getElementById('result').dataset.done || ''")
+    driver.find_element("id", "send").click()
+    _wait(driver, f"return (document.getElementById('result').dataset.done || '') !== {json.dumps(before)} "
+                  "|| !document.getElementById('error').classList.contains('hidden')")
+
+
+def _bars(driver) -> dict:
+    """{qid: {option: (p from data, text shown, bar width %)}} as the page shows them."""
+    return driver.execute_script("""
+        const out = {};
+        for (const a of document.querySelectorAll('#answers .answer')) {
+          out[a.dataset.qid] = {};
+          for (const r of a.querySelectorAll('.bar-row')) {
+            out[a.dataset.qid][r.dataset.option] = [parseFloat(r.dataset.p), r.querySelector('.pct').textContent,
+                                                    parseFloat(r.querySelector('.fill').style.width)];
+          }
+        }
+        return out;""")
+
+
+def _api_bars(answers: dict) -> dict:
+    out = {}
+    for qid, a in answers.items():
+        if a["type"] == "noul":
+            out[qid] = {"true": a["noul"], "false": 1 - a["noul"]}
+        elif a["type"] == "choice":
+            out[qid] = dict(a["probabilities"])
+        else:
+            out[qid] = {f"{i} {a['legend'][i]}": p for i, p in a["probabilities"].items()}
+    return out
+
+
+def test_playground_runs_an_example_and_shows_the_apis_probabilities(browser, server):
+    from selenium.webdriver.support.ui import Select
+
+    driver = browser
+    driver.get(server.url + "/")
+    _wait(driver, "return document.getElementById('editor').dataset.ready === '1'", 30)
+    # auth is on: the page found out and shows the key field
+    assert driver.find_element("id", "key-box").is_displayed()
+    assert "serving smollm2-135m-instruct" in driver.find_element("id", "model-info").text
+
+    # without the key: the server's own message is shown
+    _send(driver)
+    error = driver.find_element("id", "error")
+    assert error.is_displayed() and "401 authentication_error: missing API key" in error.text
+
+    driver.find_element("id", "key").send_keys(server.key)
+    Select(driver.find_element("id", "example")).select_by_visible_text("Log severity")
+    _send(driver)
+    assert not driver.find_element("id", "error").is_displayed(), driver.find_element("id", "error").text
+    shown = _bars(driver)
+
+    # as JSON text: WebDriver's own object conversion may reorder keys, and option order matters
+    request = json.loads(driver.execute_script("return JSON.stringify(buildRequest())"))
+    assert set(request["questions"]) == {"severity", "page_someone", "impact"}
+    api = httpx.post(server.url + "/v1/systemone", json=request, headers=server.headers(), timeout=60)
+    assert api.status_code == 200
+    want = _api_bars(api.json()["answers"])
+    assert shown.keys() == want.keys()
+    for qid in want:
+        assert shown[qid].keys() == want[qid].keys()
+        for option, p in want[qid].items():
+            data_p, text, width = shown[qid][option]
+            # the API's second answer comes from the prefix cache: equal up to float noise
+            assert data_p == pytest.approx(p, abs=1e-3), (qid, option)
+            assert text == f"{data_p:.3f}" and width == pytest.approx(100 * data_p, abs=0.01)
+    chosen = driver.execute_script(
+        "return [...document.querySelectorAll('.answer[data-qid=severity] .bar-row.chosen')].map(r => r.dataset.option)")
+    assert chosen == [api.json()["answers"]["severity"]["choice"]]
+
+    usage = {row.get_attribute("data-field") for row in driver.find_elements("css selector", "#usage tr")}
+    assert {"input_tokens", "output_tokens", "x_computed_tokens"} <= usage
+    phases = [r.get_attribute("data-option") for r in driver.find_elements("css selector", "#timing .bar-row")]
+    assert {"prepare", "queue", "prefill", "branches", "engine"} <= set(phases)
+    SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
+    driver.execute_script("window.scrollTo(0, 0)")
+    driver.save_screenshot(str(SCREENSHOT))
+    print(f"screenshot: {SCREENSHOT}")
+
+    # the copied Python snippet runs with the official SDK and agrees with the page
+    driver.find_element("id", "copy-python").click()
+    snippet = driver.find_element("id", "snippet").get_attribute("value")
+    assert "from typesafe_sdk import" in snippet and "TypeSafeClient(api_key=\"browser-key\"" in snippet
+    proc = subprocess.run([sys.executable, "-c", snippet], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert f"severity {api.json()['answers']['severity']['choice']} " in proc.stdout
+
+    # and so does the curl one
+    driver.find_element("id", "copy-curl").click()
+    snippet = driver.find_element("id", "snippet").get_attribute("value")
+    assert snippet.startswith("curl -sS ") and "Authorization: Bearer browser-key" in snippet
+    if shutil.which("curl"):
+        proc = subprocess.run(["bash", "-c", snippet], capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr
+        assert json.loads(proc.stdout)["answers"]["severity"]["choice"] == api.json()["answers"]["severity"]["choice"]
+
+    # a request the server refuses: its message, not a crash
+    driver.find_element("id", "model").clear()
+    driver.find_element("id", "model").send_keys("gpt-4")
+    _send(driver)
+    assert "404 not_found: model 'gpt-4' is not served here" in driver.find_element("id", "error").text
