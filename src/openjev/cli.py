@@ -48,14 +48,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _settings(args: argparse.Namespace, passthrough: Sequence[str] = ()) -> Settings:
     """Settings from flags (and the environment); `passthrough` is what followed `--`:
-    flags for the engine server we start (appended to --sglang-arg)."""
+    flags for the engine server we start (appended to --sglang-arg, or --vllm-arg with --engine vllm)."""
     overrides = {f.name: getattr(args, f.name, None) for f in dataclasses.fields(Settings)}
     for f in dataclasses.fields(Settings):
         if str(f.type).startswith("tuple") and overrides.get(f.name) is not None:
             overrides[f.name] = tuple(overrides[f.name])
-    if passthrough:
-        overrides["sglang_args"] = tuple(overrides.get("sglang_args") or ()) + tuple(passthrough)
-    return load_settings(overrides)
+    settings = load_settings(overrides)
+    if passthrough:  # to the child of whichever engine starts one
+        name = "vllm_args" if settings.engine == "vllm" else "sglang_args"
+        settings = dataclasses.replace(settings, **{name: getattr(settings, name) + tuple(passthrough)})
+    return settings
 
 
 def serve(settings: Settings) -> int:

@@ -33,13 +33,14 @@ class Settings:
     host: str = _opt("127.0.0.1", "interface to listen on")
     port: int = _opt(8000, "port to listen on")
     # what answers
-    engine: str = _opt("transformers", "engine implementation: transformers (in-process)")
+    engine: str = _opt("transformers", "engine implementation: transformers (in-process), sglang, vllm")
     model: str | None = _opt(
         None, "a local Hugging Face model folder or a .gguf file (default: the embedded SmolLM2-135M-Instruct)"
     )
     served_name: str | None = _opt(None, "model name shown in responses (default: derived from the model)")
     device: str = _opt("auto", "torch device: auto, cpu, cuda, cuda:N")
-    dtype: str = _opt("auto", "torch dtype: auto (float32 on CPU, bfloat16 on CUDA), float32, bfloat16, float16")
+    dtype: str = _opt("auto", "torch dtype: auto (bfloat16 on CUDA and on CPUs with native bfloat16, else "
+                              "float32), float32, bfloat16, float16")
     cache_dir: str = _opt(_default_cache_dir(), "where converted weights are cached (GGUF -> safetensors)")
     temperature: float = _opt(1.0, "softmax temperature applied to label log-probs (1.0 = the model's own)")
     # decision quality (README "Decision quality")
@@ -51,16 +52,22 @@ class Settings:
     max_rotations: int = _opt(8, "most rotations one request may ask for (x-openjev-rotations header)")
     tokenizer: str | None = _opt(None, "local tokenizer folder when it differs from --model (sglang engine)")
     # the sglang engine (SGLang on GPUs, SGLang-JAX on TPUs)
-    connect: str | None = _opt(None, "sglang engine: URL of a running SGLang-protocol server or router")
+    connect: str | None = _opt(None, "sglang/vllm engine: URL of a running server or router")
     sglang_python: str | None = _opt(None, "sglang engine: python of an SGLang install; starts the server as a child")
     sglang_module: str = _opt("sglang.launch_server", "sglang engine: launcher module (sgl_jax.launch_server for SGLang-JAX)")
     sglang_port: int = _opt(30000, "sglang engine: port of the child server")
     sglang_args: tuple[str, ...] = _opt((), "sglang engine: extra child server flags (after `--` on the command line)",
                                         flag="sglang-arg", env="SGLANG_ARGS")
-    strategy: str = _opt("auto", "sglang engine: submission strategy: auto, all, warmup, staged")
-    max_engine_calls: int = _opt(64, "sglang engine: /generate calls in flight, shared by all requests")
+    # the vllm engine (vLLM's token-in route)
+    vllm_python: str | None = _opt(None, "vllm engine: python of a vLLM install; starts the server as a child")
+    vllm_port: int = _opt(8100, "vllm engine: port of the child server")
+    vllm_args: tuple[str, ...] = _opt((), "vllm engine: extra child server flags (after `--` on the command line)",
+                                      flag="vllm-arg", env="VLLM_ARGS")
+    # both HTTP engines
+    strategy: str = _opt("auto", "sglang/vllm engine: submission strategy: auto, all, warmup, staged")
+    max_engine_calls: int = _opt(64, "sglang/vllm engine: generate calls in flight, shared by all requests")
     warmup_min_tokens: int = _opt(256, "sglang engine: shortest shared prefix worth a seeding round (auto)")
-    startup_timeout_s: float = _opt(900.0, "sglang engine: how long to wait for the server's /health")
+    startup_timeout_s: float = _opt(900.0, "sglang/vllm engine: how long to wait for the server's /health")
     # who may call
     api_keys: tuple[str, ...] = _opt(
         (), "accepted API keys (flag repeatable; env comma-separated); none = no auth", flag="api-key", env="API_KEYS",

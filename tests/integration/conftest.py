@@ -18,10 +18,20 @@ from tests.net import free_port
 
 @pytest.fixture(scope="session")
 def embedded():
-    """The embedded model loaded once per session (converted weights come from the user cache)."""
+    """The embedded model in float32, loaded once per session (converted weights come from the
+    user cache). float32 explicitly: `auto` means bfloat16 on CPUs with native support, and the
+    exactness tests hold float32 to its own tolerance."""
     from openjev.engines import load_engine
 
-    return load_engine(load_settings({}, environ={}))
+    return load_engine(load_settings({"dtype": "float32"}, environ={}))
+
+
+@pytest.fixture(scope="session")
+def embedded_bf16():
+    """The embedded model in bfloat16 (whatever this CPU does natively), once per session."""
+    from openjev.engines import load_engine
+
+    return load_engine(load_settings({"dtype": "bfloat16"}, environ={}))
 
 
 @dataclass

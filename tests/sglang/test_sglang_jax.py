@@ -54,7 +54,7 @@ def loaded():
     converted safetensors folder the server reads)."""
     from openjev.engines import load_engine
 
-    return load_engine(load_settings({}, environ={}))
+    return load_engine(load_settings({"dtype": "float32"}, environ={}))  # the server runs float32
 
 
 @pytest.fixture(scope="module")

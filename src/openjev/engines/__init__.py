@@ -46,6 +46,7 @@ class EngineEntry:
 ENGINES: dict[str, EngineEntry] = {
     "transformers": EngineEntry(load="openjev.engines.inprocess:load", preflight="openjev.engines.hf_model:preflight"),
     "sglang": EngineEntry(load="openjev.engines.sglang:load", preflight="openjev.engines.sglang:preflight"),
+    "vllm": EngineEntry(load="openjev.engines.vllm:load", preflight="openjev.engines.vllm:preflight"),
 }
 
 

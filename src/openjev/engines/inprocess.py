@@ -1,4 +1,4 @@
-"""The in-process engine: transformers + torch, on CPU (float32) or CUDA.
+"""The in-process engine: transformers + torch, on CPU (bfloat16 where native, else float32) or CUDA.
 
 Plans run at the prefill floor: every distinct token of a request is computed once (each
 trie node on top of its parent's KV, branches under a node batched), prefixes seen in
@@ -24,6 +24,7 @@ from openjev.core.ports import PlanResult
 from openjev.engines import LoadedEngine, ModelCard
 from openjev.engines.hf_model import load_model_and_tokenizer, resolve_source, source_fingerprint
 from openjev.engines.hf_tokenizer import HFChatTokenizer
+from openjev.engines.dtype import pick_dtype
 from openjev.engines.kv import Row, ragged_forward
 from openjev.engines.prefix_cache import PrefixCache
 from openjev.engines.scheduler import Scheduler, SchedulerLimits
@@ -111,21 +112,14 @@ def _pick_device(setting: str) -> str:
     return setting
 
 
-def _pick_dtype(setting: str, device: str) -> torch.dtype:
-    if setting == "auto":
-        return torch.bfloat16 if device.startswith("cuda") else torch.float32
-    try:
-        return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[setting]
-    except KeyError:
-        raise ConfigError(f"--dtype {setting!r}: expected auto, float32, bfloat16 or float16") from None
-
-
 def load(settings: Settings) -> LoadedEngine:
     """Load the model named by settings (blocking) and wrap it as an engine."""
     t0 = time.perf_counter()
     source = resolve_source(settings.model)
     device = _pick_device(settings.device)
-    dtype = _pick_dtype(settings.dtype, device)
+    choice = pick_dtype(settings.dtype, device)
+    log.info("dtype %s", choice.reason)
+    dtype = choice.dtype
     model, hf_tokenizer, from_cache = load_model_and_tokenizer(
         source, cache_dir=settings.cache_dir, dtype=dtype, device=device
     )

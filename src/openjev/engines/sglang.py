@@ -112,8 +112,16 @@ class SGLangEngine:
         if self.process is not None:
             await asyncio.to_thread(self.process.stop)
 
+    # Whether the server lets requests admitted in the same scheduling step share a prefix
+    # (then `auto` never needs to stage). SGLang: no, its radix cache takes a prefix once
+    # the request that computed it is done.
+    shares_prefix_within_a_batch = False
+
     async def run(self, plan: Plan) -> PlanResult:
-        strategy = choose(self.strategy, plan, self.recent, warmup_min_tokens=self._warmup_min)
+        if self.strategy == "auto" and self.shares_prefix_within_a_batch:
+            strategy = "all"
+        else:
+            strategy = choose(self.strategy, plan, self.recent, warmup_min_tokens=self._warmup_min)
         self.strategies_used[strategy] = self.strategies_used.get(strategy, 0) + 1
         results: list[BranchResult | None] = [None] * len(plan.branches)
         totals = {"prompt": 0, "cached": 0, "known": True}

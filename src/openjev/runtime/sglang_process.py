@@ -1,4 +1,4 @@
-"""An SGLang (or SGLang-JAX) server started as our child, in its own process group.
+"""An engine server (SGLang, SGLang-JAX or vLLM) started as our child, in its own process group.
 
 The pair lives and dies together: if the child exits, `watch` reports it so the server
 exits non-zero (an orchestrator then restarts both, instead of routing to an API whose
@@ -34,19 +34,19 @@ def check_args(args: Sequence[str], strategy: str) -> None:
         )
 
 
-def wait_healthy(url: str, timeout_s: float, process: subprocess.Popen | None = None) -> None:
+def wait_healthy(url: str, timeout_s: float, process: subprocess.Popen | None = None, name: str = "SGLang") -> None:
     """Block until GET /health answers 200; EngineUnavailable if the child dies or time runs out."""
     deadline = time.monotonic() + timeout_s
     while True:
         if process is not None and process.poll() is not None:
-            raise EngineUnavailable(f"the SGLang server exited with code {process.returncode} while starting")
+            raise EngineUnavailable(f"the {name} server exited with code {process.returncode} while starting")
         try:
             if httpx.get(url + "/health", timeout=2.0).status_code == 200:
                 return
         except httpx.HTTPError:
             pass
         if time.monotonic() >= deadline:
-            raise EngineUnavailable(f"no healthy SGLang server at {url} within {timeout_s:g} s")
+            raise EngineUnavailable(f"no healthy {name} server at {url} within {timeout_s:g} s")
         time.sleep(0.5)
 
 
@@ -57,6 +57,9 @@ class SGLangProcess:
     port: int
     module: str = "sglang.launch_server"
     host: str = "127.0.0.1"
+    model_flag: str = "--model-path"  # vLLM's api_server: --model
+    name: str = "SGLang"  # for messages
+    python_flag: str = "--sglang-python"  # the setting that named `python`, for messages
     extra_args: tuple[str, ...] = ()
     log_path: str | None = None
     env: Mapping[str, str] | None = None  # the child's whole environment (default: ours)
@@ -69,12 +72,12 @@ class SGLangProcess:
         return f"http://{self.host}:{self.port}"
 
     def command(self) -> list[str]:
-        return [self.python, "-m", self.module, "--model-path", self.model, "--host", self.host,
+        return [self.python, "-m", self.module, self.model_flag, self.model, "--host", self.host,
                 "--port", str(self.port), *self.extra_args]
 
     def start(self) -> None:
         if not os.path.exists(self.python):
-            raise ConfigError(f"--sglang-python {self.python!r}: no such interpreter")
+            raise ConfigError(f"{self.python_flag} {self.python!r}: no such interpreter")
         log.info("starting %s", " ".join(self.command()))
         out = open(self.log_path, "ab") if self.log_path else None
         try:  # the child keeps its own copy of the log descriptor
@@ -86,16 +89,16 @@ class SGLangProcess:
                 out.close()
 
     def wait_healthy(self, timeout_s: float) -> None:
-        wait_healthy(self.url, timeout_s, self.process)
+        wait_healthy(self.url, timeout_s, self.process, self.name)
 
     def watch(self, on_exit: Callable[[BaseException], None]) -> None:
         """Call `on_exit` (from a daemon thread) if the child exits before `stop`."""
         def loop() -> None:
             code = self.process.wait()
             if not self._stopping:
-                on_exit(EngineUnavailable(f"the SGLang server exited with code {code}"))
+                on_exit(EngineUnavailable(f"the {self.name} server exited with code {code}"))
 
-        threading.Thread(target=loop, name="sglang-watch", daemon=True).start()
+        threading.Thread(target=loop, name=f"{self.name.lower()}-watch", daemon=True).start()
 
     def stop(self, grace_s: float = 15.0) -> None:
         """SIGTERM to the whole group, then SIGKILL to whatever of it is left: the servers'

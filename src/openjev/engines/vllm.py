@@ -1,0 +1,333 @@
+"""The vLLM engine: vLLM's token-in route `POST /inference/v1/generate`.
+
+Each branch is one call with its token ids, one new token (`max_tokens: 1`), and the raw
+log-probabilities of the label ids at the last prompt position (`logprob_token_ids`, at
+most 128 per call; more labels take a second call on the then cached prefix). Replies are
+read by token id, never by position, and validated.
+
+vLLM's `/v1/completions` has no `logprob_token_ids` (only chat completions does, over
+text), and top-k log-probs would silently lose labels outside the top k, so this engine
+needs the token route and refuses a server that does not offer it. Server flags:
+`--enable-scale-out` (the route answers 403 without it), `--max-logprobs 128` (a reply
+only carries log-probs when `logprobs` is set, and that is capped at 20 by default) and
+`--enable-prompt-tokens-details` (cached-token accounting; without it the usage is
+reported unknown). A child started by openjev gets all three.
+
+The run loop (submission strategies planned on the trie, the server-wide cap on calls in
+flight, cancellation of siblings, token accounting) is the SGLang engine's; only the wire
+differs. Cancelled or timed-out calls are aborted on the server with
+`/inference/v1/abort_requests` (vLLM also aborts a request whose connection closes).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Sequence
+
+import httpx
+
+from openjev.engines.sglang import SGLangEngine
+from openjev.errors import (ConfigError, EngineError, EngineTimeout, EngineUnavailable, ModelUnsuitable,
+                            TokensExceeded)
+
+log = logging.getLogger(__name__)
+
+GENERATE = "/inference/v1/generate"
+ABORT = "/inference/v1/abort_requests"
+MAX_IDS_PER_CALL = 128  # vllm.sampling_params.MAX_LOGPROB_TOKEN_IDS
+# vLLM prefixes the id it was given (our request_id) before it reaches the engine; abort
+# by that external id.
+ID_PREFIX = "generate-tokens-"
+# Flags a child server started by openjev always gets (what this engine needs).
+REQUIRED_CHILD_FLAGS = (("--enable-scale-out",), ("--enable-prompt-tokens-details",),
+                        ("--max-logprobs", str(MAX_IDS_PER_CALL)))
+
+
+def parse_reply(body: Any, label_ids: Sequence[int]) -> tuple[tuple[float, ...], int | None, int | None]:
+    """(label log-probs aligned with `label_ids`, prompt_tokens, cached_tokens) from a
+    /inference/v1/generate reply (output_mode "tokens"); EngineError for anything unusable."""
+    if not isinstance(body, dict) or not isinstance(body.get("choices"), list) or len(body["choices"]) != 1:
+        raise EngineError("the engine's reply has no single choice")
+    choice = body["choices"][0]
+    if not isinstance(choice, dict):
+        raise EngineError("malformed choice in the engine's reply")
+    if choice.get("finish_reason") == "abort":
+        raise EngineError("the engine aborted the request")
+    generated = choice.get("token_ids")
+    if isinstance(generated, list) and len(generated) != 1:
+        raise EngineError(f"the engine generated {len(generated)} tokens; expected exactly 1")
+    content = (choice.get("logprobs") or {}).get("content")
+    if not isinstance(content, list) or not content or not isinstance(content[0], dict):
+        raise EngineError("the engine's reply has no logprobs (is the server started with --max-logprobs 128?)")
+    step = content[0]
+    by_id: dict[int, float] = {}
+    for entry in (step, *(step.get("top_logprobs") or ())):
+        if not isinstance(entry, dict) or "token_id" not in entry or "logprob" not in entry:
+            raise EngineError(f"malformed log-prob entry {entry!r}")
+        value = entry["logprob"]
+        # vLLM clamps -inf (and NaN) to -9999.0 in this shape
+        by_id[int(entry["token_id"])] = -math.inf if value is None or value <= -9999.0 else float(value)
+    missing = [t for t in label_ids if t not in by_id]
+    if missing:
+        raise EngineError(f"the engine's reply lacks log-probs for label tokens {missing}")
+    values = tuple(by_id[t] for t in label_ids)
+    if any(math.isnan(v) or v == math.inf or v > 1e-6 for v in values):
+        raise EngineError(f"the engine returned invalid log-probs {values}")
+    if all(v == -math.inf for v in values):
+        raise EngineError("the engine gave every label probability zero")
+    usage = body.get("usage") or {}
+    prompt = usage.get("prompt_tokens")
+    cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
+    return values, (int(prompt) if prompt is not None else None), (int(cached) if cached is not None else None)
+
+
+def request_body(rid: str, input_ids: Sequence[int], label_ids: Sequence[int]) -> dict:
+    """One prefill with the labels' raw log-probs at the last position.
+
+    `allowed_token_ids` = the labels makes the sampled token a label: vLLM lists the sampled
+    token first and keeps `logprobs` entries in all, so an unlisted sampled token would push
+    the last label out. It does not touch the values: vLLM's log-probs are computed from the
+    raw logits before any logits processor (logprobs mode `raw_logprobs`, the default).
+    """
+    ids = list(label_ids)
+    return {
+        "request_id": rid,
+        "token_ids": list(input_ids),
+        "sampling_params": {"max_tokens": 1, "temperature": 0.0, "logprobs": len(ids), "logprob_token_ids": ids,
+                            "allowed_token_ids": ids, "detokenize": False, "skip_special_tokens": False},
+        "output_mode": "tokens",
+        "stream": False,
+    }
+
+
+class VLLMEngine(SGLangEngine):
+    """Engine port over a running vLLM server at `url` (the SGLang engine's run loop)."""
+
+    # vLLM registers a prompt's full KV blocks in its prefix cache when it schedules them
+    # (KVCacheManager.allocate_slots), so requests admitted together share the prefix: four
+    # branches on a cold 600-token state, sent at once behind a busy server, reported
+    # 0, 512, 512, 512 cached tokens (128-token blocks). `auto` therefore sends everything
+    # at once; `staged` and `warmup` stay available and only add round trips here.
+    shares_prefix_within_a_batch = True
+
+    def __init__(self, url: str, *, max_prompt_tokens: int | None = None, **kw) -> None:
+        super().__init__(url, **kw)
+        self.max_prompt_tokens = max_prompt_tokens  # the server's max_model_len - 1 (one token is generated)
+
+    async def _generate(self, input_ids: Sequence[int], label_ids: Sequence[int]):
+        if self.max_prompt_tokens is not None and len(input_ids) > self.max_prompt_tokens:
+            raise TokensExceeded(f"a branch of {len(input_ids)} tokens exceeds the vLLM server's context "
+                                 f"({self.max_prompt_tokens} prompt tokens; raise its --max-model-len)")
+        values: list[float] = []
+        prompt: int | None = 0
+        cached: int | None = 0
+        # More than 128 labels: the next call finds this call's prompt in vLLM's prefix cache.
+        for start in range(0, len(label_ids), MAX_IDS_PER_CALL):
+            v, p, c = await self._call(input_ids, label_ids[start:start + MAX_IDS_PER_CALL])
+            values.extend(v)
+            prompt = None if prompt is None or p is None else prompt + p
+            cached = None if cached is None or c is None else cached + c
+        return tuple(values), prompt, cached
+
+    async def _call(self, input_ids: Sequence[int], label_ids: Sequence[int]):
+        client, slots = self._http()
+        rid = uuid.uuid4().hex
+        async with slots:
+            try:
+                response = await client.post(GENERATE, json=request_body(rid, input_ids, label_ids))
+            except asyncio.CancelledError:
+                self._abort(rid)
+                raise
+            except httpx.TimeoutException:
+                self._abort(rid)
+                raise EngineTimeout(f"the engine did not answer within {self._timeout.read:g} s") from None
+            except httpx.TransportError as e:
+                raise EngineUnavailable(f"cannot reach the engine at {self.url}: {e}") from None
+        if response.status_code in (429, 503):
+            retry = response.headers.get("retry-after")
+            raise EngineUnavailable(f"the engine is busy ({response.status_code})",
+                                    headers={"Retry-After": retry} if retry else None)
+        if response.status_code >= 400:
+            raise EngineError(f"the engine answered {response.status_code}: {response.text[:300]}")
+        try:
+            payload = response.json()
+        except ValueError:
+            raise EngineError("the engine's reply is not JSON") from None
+        return parse_reply(payload, label_ids)
+
+    def _abort(self, rid: str) -> None:
+        """Ask the server to drop `rid` (fire and forget: the caller is already leaving)."""
+        client = self._client
+
+        async def abort() -> None:
+            try:
+                await client.post(ABORT, json={"request_ids": [ID_PREFIX + rid]}, timeout=5.0)
+            except httpx.HTTPError as e:
+                log.warning("abort of %s failed: %s", rid, e)
+
+        if client is not None:
+            task = asyncio.get_running_loop().create_task(abort())
+            self._aborts.add(task)
+            task.add_done_callback(self._aborts.discard)
+
+
+# ---- start-up checks (blocking; before the server listens)
+
+
+def check_server(url: str, label_ids: Sequence[int], client: httpx.Client | None = None,
+                 timeout_s: float = 120.0) -> dict:
+    """Refuse a server that cannot give what the engine needs; returns what was learned:
+    {"model": served name, "max_model_len": int | None, "cached_tokens": bool}.
+
+    One probe call asks for MAX_IDS_PER_CALL label log-probs, the most a call ever asks:
+    a 403 means no `--enable-scale-out`, a 404 a vLLM without the token route, a cap below
+    128 shows as a 400 naming --max-logprobs. Never falls back to top-k log-probs.
+    """
+    http = client or httpx.Client(timeout=timeout_s)
+    info: dict = {"model": None, "max_model_len": None}
+    try:
+        r = http.get(url + "/v1/models")
+        if r.status_code == 200:
+            first = (r.json().get("data") or [{}])[0]
+            info["model"] = first.get("id")
+            info["max_model_len"] = first.get("max_model_len")
+    except (httpx.HTTPError, ValueError, AttributeError, IndexError):
+        pass
+    ids = list(label_ids)[:MAX_IDS_PER_CALL]
+    try:
+        r = http.post(url + GENERATE, json=request_body(uuid.uuid4().hex, [1, 2, 3, 4], ids))
+    except httpx.HTTPError as e:
+        raise EngineUnavailable(f"cannot reach the vLLM server at {url}: {e}") from None
+    if r.status_code == 403:
+        raise ConfigError(f"the vLLM server at {url} refuses {GENERATE} (403): start it with --enable-scale-out")
+    if r.status_code == 404:
+        raise ConfigError(f"the server at {url} has no {GENERATE} (404): openjev needs vLLM's token-in route "
+                          "(vLLM 0.32 or later, started with --enable-scale-out)")
+    if r.status_code == 400 and "max allowed" in r.text:
+        raise ConfigError(f"the vLLM server at {url} caps log-probs below {len(ids)} per call: start it with "
+                          f"--max-logprobs {MAX_IDS_PER_CALL} ({r.text[:200]})")
+    if r.status_code != 200:
+        raise ConfigError(f"the vLLM server at {url} answered the probe with {r.status_code}: {r.text[:300]}")
+    try:
+        body = r.json()
+        _, _, cached = parse_reply(body, ids)
+    except (ValueError, EngineError) as e:
+        raise ConfigError(f"the vLLM server at {url} does not return the label log-probs openjev needs: {e}") from None
+    info["cached_tokens"] = cached is not None
+    if cached is None:
+        log.warning("the vLLM server reports no cached tokens: start it with --enable-prompt-tokens-details; "
+                    "computed and cached token counts are reported as unknown")
+    return info
+
+
+def verify_tokenizer(url: str, tokenizer, client: httpx.Client | None = None, timeout_s: float = 60.0) -> None:
+    """Refuse a server whose tokenizer differs from ours (it would read other tokens than we
+    planned): a real rendered prompt, tokenized by its `/tokenize`."""
+    from openjev.core.types import Turn
+
+    probe = tokenizer.render([Turn("user", "Prüfe: naïve café, 12,345.67 — tabs\tand\nnewlines 🙂 ok?")],
+                             add_generation_prompt=True) + "Answer:"
+    ours = tokenizer.encode(probe)
+    try:
+        r = (client or httpx).post(url + "/tokenize", json={"prompt": probe, "add_special_tokens": False},
+                                   timeout=timeout_s)
+        r.raise_for_status()
+        theirs = [int(t) for t in r.json()["tokens"]]
+    except (httpx.HTTPError, KeyError, TypeError, ValueError) as e:
+        log.warning("could not verify that the engine's tokenizer equals ours (%s); "
+                    "a server started with --skip-tokenizer-init cannot be checked", e)
+        return
+    if theirs[-len(ours):] == ours and len(theirs) - len(ours) <= 1:  # the server may prepend a BOS
+        return
+    at = next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b), min(len(ours), len(theirs)))
+    raise ModelUnsuitable(
+        f"the engine's tokenizer differs from ours (first difference at token {at} of the probe: "
+        f"ours {ours[at:at + 3]}, the engine's {theirs[at:at + 3]}); serve the same model on both sides"
+    )
+
+
+def child_args(extra: Sequence[str]) -> tuple[str, ...]:
+    """The child's flags: the user's, plus whichever required flag they did not give."""
+    args = list(extra)
+    for flag in REQUIRED_CHILD_FLAGS:
+        if flag[0] not in args:
+            args += flag
+    return tuple(args)
+
+
+# ---- wiring: settings -> a ready engine
+
+
+def preflight(settings) -> None:
+    """Settings that cannot work are refused before the server listens."""
+    from openjev.engines.submission import STRATEGIES
+
+    if settings.strategy not in STRATEGIES:
+        raise ConfigError(f"--strategy {settings.strategy!r}: expected one of {', '.join(STRATEGIES)}")
+    if bool(settings.connect) == bool(settings.vllm_python):
+        raise ConfigError("--engine vllm needs exactly one of --connect URL or --vllm-python PATH")
+    if settings.vllm_python and not settings.model:
+        raise ConfigError("--vllm-python needs --model (the model the child server loads)")
+    if "--no-enable-prefix-caching" in settings.vllm_args and settings.strategy != "all":
+        raise ConfigError(f"--no-enable-prefix-caching turns off the prefix cache that the {settings.strategy!r} "
+                          "strategy relies on; remove it or use --strategy all")
+    _tokenizer_folder(settings)
+
+
+def _tokenizer_folder(settings) -> str:
+    folder = settings.tokenizer or settings.model
+    if not folder or not Path(folder).is_dir():
+        raise ConfigError("the vllm engine tokenizes here: pass --model (or --tokenizer) as a local model folder "
+                          "with the same tokenizer as the server's model")
+    return folder
+
+
+def load(settings):
+    """Start or reach the server, check it, and return the engine (blocking)."""
+    from transformers import AutoTokenizer
+
+    from openjev.config import MAX_CHOICE_OPTIONS
+    from openjev.core.prompts import PromptCompiler
+    from openjev.engines import LoadedEngine, ModelCard
+    from openjev.engines.hf_model import file_date
+    from openjev.engines.hf_tokenizer import HFChatTokenizer
+    from openjev.runtime.sglang_process import SGLangProcess, wait_healthy
+
+    t0 = time.perf_counter()
+    preflight(settings)
+    tokenizer = HFChatTokenizer(AutoTokenizer.from_pretrained(_tokenizer_folder(settings), local_files_only=True))
+    process = None
+    if settings.vllm_python:
+        process = SGLangProcess(python=settings.vllm_python, model=settings.model, port=settings.vllm_port,
+                                module="vllm.entrypoints.openai.api_server", model_flag="--model", name="vLLM",
+                                python_flag="--vllm-python", extra_args=child_args(settings.vllm_args))
+        process.start()
+        url = process.url
+    else:
+        url = settings.connect.rstrip("/")
+    try:
+        wait_healthy(url, settings.startup_timeout_s, process.process if process else None, name="vLLM")
+        labels = PromptCompiler(tokenizer, max_labels=MAX_CHOICE_OPTIONS).labels
+        info = check_server(url, labels.ids)
+        verify_tokenizer(url, tokenizer)
+    except BaseException:
+        if process is not None:
+            process.stop()
+        raise
+    max_len = info.get("max_model_len")
+    engine = VLLMEngine(url, strategy=settings.strategy, max_calls=settings.max_engine_calls,
+                        call_timeout_s=settings.engine_timeout_s, warmup_min_tokens=settings.warmup_min_tokens,
+                        max_prompt_tokens=int(max_len) - 1 if max_len else None)
+    engine.process = process
+    model_path = str(info.get("model") or settings.model)
+    name = settings.served_name or Path(model_path.rstrip("/")).name.lower()
+    local = Path(settings.model) if settings.model and Path(settings.model).exists() else None
+    card = ModelCard(name=name, description=f"{model_path} served by vLLM at {url}",
+                     release_date=file_date(local) if local else time.strftime("%Y-%m-%d"))
+    return LoadedEngine(engine=engine, tokenizer=tokenizer, card=card, load_seconds=time.perf_counter() - t0,
+                        supervise=process.watch if process is not None else None)

@@ -1,0 +1,271 @@
+"""The vLLM engine against a faithful fake of vLLM's token-in route (httpx MockTransport)."""
+
+import asyncio
+import math
+
+import httpx
+import pytest
+
+from openjev.core.plan import Branch, Plan
+from openjev.engines.vllm import (ID_PREFIX, MAX_IDS_PER_CALL, VLLMEngine, check_server, child_args, parse_reply,
+                                  request_body, verify_tokenizer)
+from openjev.errors import ConfigError, EngineError, EngineTimeout, EngineUnavailable, ModelUnsuitable, TokensExceeded
+from tests.fakes import FakeVLLM, fake_logprobs
+
+LABELS = (10, 11, 12)
+STATE = tuple(range(100, 400))  # a 300-token shared prefix
+
+
+def _plan(n: int = 4, state=STATE, labels=LABELS) -> Plan:
+    branches = []
+    for i in range(n):
+        group = tuple(range(1000 + 100 * (i % 2), 1040 + 100 * (i % 2)))
+        branches.append(Branch(state + group + (5000 + i, 5001 + i), labels))
+    return Plan.from_branches(branches)
+
+
+def _engine(fake: FakeVLLM, **kw) -> VLLMEngine:
+    return VLLMEngine("http://vllm.test", transport=fake.transport(), **kw)
+
+
+async def _run(engine: VLLMEngine, plan: Plan):
+    try:
+        return await engine.run(plan)
+    finally:
+        await engine.close()
+
+
+# ---- replies
+
+
+def _reply(entries, cached=2, **choice):
+    sampled, *rest = entries
+    usage = {"prompt_tokens": 5, "completion_tokens": 1}
+    if cached is not None:
+        usage["prompt_tokens_details"] = {"cached_tokens": cached}
+    return {"choices": [{"index": 0, "finish_reason": "length", "token_ids": [sampled["token_id"]],
+                         "logprobs": {"content": [{**sampled, "top_logprobs": entries}]}, **choice}],
+            "usage": usage}
+
+
+def _e(token, logprob):
+    return {"token_id": token, "logprob": logprob, "rank": 1}
+
+
+def test_reply_is_read_by_token_id_not_position():
+    values, prompt, cached = parse_reply(_reply([_e(12, -3.0), _e(10, -1.0), _e(11, -2.0)]), LABELS)
+    assert values == (-1.0, -2.0, -3.0) and (prompt, cached) == (5, 2)
+
+
+def test_clamped_minus_9999_is_minus_infinity_and_cached_tokens_may_be_absent():
+    values, _, cached = parse_reply(_reply([_e(10, -1.0), _e(11, -9999.0), _e(12, -2.0)], cached=None), LABELS)
+    assert values[1] == -math.inf and cached is None
+
+
+@pytest.mark.parametrize("body,why", [
+    ({"error": {"message": "x"}}, "no single choice"),
+    (_reply([_e(10, -1.0), _e(11, -2.0)]), "lacks log-probs"),
+    (_reply([_e(10, -9999.0), _e(11, -9999.0), _e(12, -9999.0)]), "probability zero"),
+    (_reply([_e(10, float("nan")), _e(11, -1.0), _e(12, -1.0)]), "invalid"),
+    (_reply([_e(10, 0.5), _e(11, -1.0), _e(12, -1.0)]), "invalid"),  # a log-prob above 0
+    (_reply([_e(10, -1.0), _e(11, -1.0), _e(12, -1.0)], token_ids=[10, 11]), "exactly 1"),
+    (_reply([_e(10, -1.0), _e(11, -1.0), _e(12, -1.0)], finish_reason="abort"), "aborted"),
+    (_reply([_e(10, -1.0)], logprobs=None), "no logprobs"),
+])
+def test_unusable_replies_are_engine_errors(body, why):
+    with pytest.raises(EngineError, match=why):
+        parse_reply(body, LABELS)
+
+
+def test_request_is_one_prefill_with_raw_label_logprobs_and_a_label_as_the_sampled_token():
+    body = request_body("r1", [1, 2, 3], LABELS)
+    params = body["sampling_params"]
+    assert body["token_ids"] == [1, 2, 3] and body["request_id"] == "r1" and body["output_mode"] == "tokens"
+    assert params["max_tokens"] == 1 and params["logprob_token_ids"] == list(LABELS)
+    assert params["logprobs"] == len(LABELS)  # without it vLLM returns no log-probs at all
+    assert params["allowed_token_ids"] == list(LABELS)  # else the sampled token pushes the last label out
+
+
+# ---- protocol
+
+
+async def test_branches_get_their_own_logprobs_and_token_accounting_adds_up():
+    fake = FakeVLLM()
+    plan = _plan()
+    result = await _run(_engine(fake, strategy="staged", stage_min_tokens=1), plan)
+    for b, r in zip(plan.branches, result.branches):
+        assert r.logprobs == fake_logprobs(b.input_ids, len(LABELS))
+    assert result.computed_tokens + result.cached_tokens == plan.prompt_tokens
+    assert result.cached_tokens >= len(STATE) // 16 * 16 * (len(plan.branches) - 1)  # the state came from cache
+
+
+async def test_more_than_128_labels_take_a_second_call_on_the_cached_prefix():
+    labels = tuple(range(2000, 2000 + 200))
+    fake = FakeVLLM()
+    plan = _plan(1, labels=labels)
+    result = await _run(_engine(fake), plan)
+    assert [len(c["body"]["sampling_params"]["logprob_token_ids"]) for c in fake.calls] == [MAX_IDS_PER_CALL, 72]
+    ids = plan.branches[0].input_ids
+    assert result.branches[0].logprobs == (fake_logprobs(ids, MAX_IDS_PER_CALL) + fake_logprobs(ids, 72))
+    # the second call found the first one's prompt cached (whole blocks); both calls counted
+    assert result.cached_tokens == (len(ids) - 1) // 16 * 16
+    assert result.computed_tokens + result.cached_tokens == 2 * len(ids)
+
+
+async def test_a_branch_longer_than_the_servers_context_is_a_clear_4xx():
+    with pytest.raises(TokensExceeded, match="max-model-len"):
+        await _run(_engine(FakeVLLM(), max_prompt_tokens=100), _plan())
+
+
+async def test_missing_cached_tokens_makes_accounting_unknown():
+    result = await _run(_engine(FakeVLLM(report_cached=False), strategy="all"), _plan())
+    assert result.cached_tokens is None and result.computed_tokens is None
+
+
+async def test_calls_in_flight_are_capped():
+    fake = FakeVLLM(delay_s=0.02)
+    await _run(_engine(fake, strategy="all", max_calls=2), _plan(8))
+    assert fake.max_in_flight == 2
+
+
+# ---- failures
+
+
+@pytest.mark.parametrize("status,error", [(429, EngineUnavailable), (503, EngineUnavailable), (500, EngineError)])
+async def test_error_statuses_are_retryable(status, error):
+    with pytest.raises(error) as info:
+        await _run(_engine(FakeVLLM(fail_status=status), strategy="all"), _plan())
+    assert info.value.retryable
+    if status in (429, 503):
+        assert info.value.headers["Retry-After"] == "7" and info.value.status == 503
+
+
+async def test_unreachable_engine_is_unavailable():
+    def refuse(request):
+        raise httpx.ConnectError("connection refused", request=request)
+
+    with pytest.raises(EngineUnavailable):
+        await _run(VLLMEngine("http://vllm.test", transport=httpx.MockTransport(refuse)), _plan())
+
+
+async def test_call_timeout_is_504_and_aborts_on_the_server():
+    fake = FakeVLLM()
+
+    async def handle(request):
+        if request.url.path == "/inference/v1/generate":
+            raise httpx.ReadTimeout("timed out", request=request)
+        return await fake.handle(request)
+
+    engine = VLLMEngine("http://vllm.test", transport=httpx.MockTransport(handle), strategy="all")
+    with pytest.raises(EngineTimeout):
+        await _run(engine, _plan(2))
+    assert len(fake.aborted) == 2 and all(rid.startswith(ID_PREFIX) for rid in fake.aborted)
+
+
+async def test_cancelling_a_request_aborts_whatever_is_in_flight_by_vllms_request_id():
+    fake = FakeVLLM(delay_s=5)
+    engine = _engine(fake, strategy="all")
+    task = asyncio.create_task(engine.run(_plan(3)))
+    while len(fake.calls) < 3:
+        await asyncio.sleep(0.01)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    await engine.close()
+    assert sorted(fake.aborted) == sorted(ID_PREFIX + c["body"]["request_id"] for c in fake.calls)
+
+
+# ---- start-up checks
+
+
+def _client(fake: FakeVLLM) -> httpx.Client:
+    return httpx.Client(base_url="http://vllm.test", transport=fake.sync_transport())
+
+
+def test_check_server_learns_the_model_and_its_context():
+    info = check_server("http://vllm.test", range(300, 555), client=_client(FakeVLLM(max_model_len=4096)))
+    assert info == {"model": "/models/fake", "max_model_len": 4096, "cached_tokens": True}
+
+
+@pytest.mark.parametrize("fake,why", [
+    (FakeVLLM(route_status=403), "--enable-scale-out"),
+    (FakeVLLM(route_status=404), "token-in route"),
+    (FakeVLLM(max_logprobs=20), "--max-logprobs 128"),
+])
+def test_check_server_refuses_a_server_without_what_the_engine_needs(fake, why):
+    with pytest.raises(ConfigError, match=why):
+        check_server("http://vllm.test", range(300, 555), client=_client(fake))
+
+
+def test_check_server_without_prompt_tokens_details_warns_and_reports_unknown(caplog):
+    info = check_server("http://vllm.test", LABELS, client=_client(FakeVLLM(report_cached=False)))
+    assert info["cached_tokens"] is False and "--enable-prompt-tokens-details" in caplog.text
+
+
+def test_child_gets_the_required_flags_once():
+    assert child_args(()) == ("--enable-scale-out", "--enable-prompt-tokens-details", "--max-logprobs", "128")
+    given = ("--max-logprobs", "255", "--enable-scale-out", "--dtype", "float32")
+    assert child_args(given) == (*given, "--enable-prompt-tokens-details")
+
+
+class CharTokenizer:
+    def render(self, turns, *, add_generation_prompt):
+        return "".join(f"[{t.role}]{t.content}" for t in turns) + ("[assistant]" if add_generation_prompt else "")
+
+    def encode(self, text):
+        return [ord(c) for c in text]
+
+
+def test_tokenizer_agreement_accepts_the_same_tokenizer_and_refuses_another():
+    same = FakeVLLM(tokenize=lambda text: [1] + [ord(c) for c in text])  # with a BOS
+    verify_tokenizer("http://vllm.test", CharTokenizer(), client=_client(same))
+    other = FakeVLLM(tokenize=lambda text: [ord(c) + 1 for c in text])
+    with pytest.raises(ModelUnsuitable, match="differs from ours"):
+        verify_tokenizer("http://vllm.test", CharTokenizer(), client=_client(other))
+
+
+async def test_auto_sends_everything_at_once_since_vllm_shares_prefixes_within_a_batch():
+    fake = FakeVLLM()
+    engine = _engine(fake, strategy="auto", warmup_min_tokens=16)
+    try:
+        await engine.run(_plan())  # a long cold prefix: SGLang's auto would stage this
+    finally:
+        await engine.close()
+    assert engine.strategies_used == {"all": 1}
+
+
+# ---- settings
+
+
+def test_flags_after_double_dash_go_to_the_vllm_child(monkeypatch, tmp_path):
+    from openjev.cli import _settings, build_parser
+    from openjev.engines.vllm import preflight
+
+    for name in ("OPENJEV_ENGINE", "OPENJEV_VLLM_ARGS", "OPENJEV_SGLANG_ARGS"):
+        monkeypatch.delenv(name, raising=False)
+    args = build_parser().parse_args(["serve", "--engine", "vllm", "--vllm-python", "/x/python",
+                                      "--model", str(tmp_path), "--vllm-arg=--dtype=float32"])
+    s = _settings(args, ["--block-size", "32"])
+    assert s.vllm_args == ("--dtype=float32", "--block-size", "32") and s.sglang_args == ()
+    preflight(s)  # a consistent set
+    s = _settings(build_parser().parse_args(["serve", "--engine", "sglang"]), ["--tp", "2"])
+    assert s.sglang_args == ("--tp", "2") and s.vllm_args == ()
+
+
+@pytest.mark.parametrize("flags,why", [
+    ([], "exactly one of --connect"),
+    (["--connect", "http://v", "--vllm-python", "/x/python"], "exactly one of --connect"),
+    (["--vllm-python", "/x/python"], "needs --model"),
+    (["--connect", "http://v"], "tokenizes here"),
+    (["--connect", "http://v", "--model", "{tmp}", "--strategy", "eager"], "--strategy"),
+    (["--connect", "http://v", "--model", "{tmp}", "--vllm-arg=--no-enable-prefix-caching"], "prefix cache"),
+])
+def test_preflight_refuses_settings_that_cannot_work(flags, why, tmp_path, monkeypatch):
+    from openjev.cli import _settings, build_parser
+    from openjev.engines.vllm import preflight
+
+    for name in ("OPENJEV_CONNECT", "OPENJEV_MODEL", "OPENJEV_VLLM_PYTHON", "OPENJEV_STRATEGY"):
+        monkeypatch.delenv(name, raising=False)
+    argv = ["serve", "--engine", "vllm", *(f.replace("{tmp}", str(tmp_path)) for f in flags)]
+    with pytest.raises(ConfigError, match=why):
+        preflight(_settings(build_parser().parse_args(argv)))

