@@ -37,9 +37,10 @@ log = logging.getLogger(__name__)
 access_log = logging.getLogger(ACCESS)
 
 # Route labels: the served paths, everything else "other" (bounded label values).
-ROUTES = ("/v1/systemone", "/v1/models", "/v1/limits", "/health", "/health/live", "/metrics", "/docs",
+# Decision routes: the vendor's, its aliases and the batch (admission, per-key limits, drain).
+DECISION_ROUTES = ("/v1/systemone", "/v1/decisions", "/api/alpha/decisions", "/v1/systemone/batch")
+ROUTES = (*DECISION_ROUTES, "/", "/playground", "/v1/models", "/v1/limits", "/health", "/health/live", "/metrics", "/docs",
           "/redoc", "/openapi.json")
-DECIDE = "/v1/systemone"
 
 
 def route_of(path: str) -> str:
@@ -133,7 +134,8 @@ class OpsMiddleware:
     def _authenticate(self, scope: Scope, path: str) -> KeyEntry | None:
         """The caller's key where one is needed (raises 401/429); None where none is."""
         keys = self.ops.keys
-        guarded = path.startswith("/v1/") or (path == "/metrics" and not _loopback(scope))
+        guarded = (path.startswith("/v1/") or path in DECISION_ROUTES
+                   or (path == "/metrics" and not _loopback(scope)))
         if not keys.enabled or not guarded:
             return None
         header = Headers(scope=scope).get("authorization", "")
@@ -143,7 +145,7 @@ class OpsMiddleware:
         entry = keys.identify(given.strip())
         if entry is None:
             raise AuthenticationError("invalid API key")
-        if path == "/v1/systemone":
+        if path in DECISION_ROUTES:
             self.ops.key_limits.take_request(entry)
         return entry
 
@@ -156,7 +158,7 @@ class OpsMiddleware:
             await JSONResponse({"status": "draining", "in_flight": drain.in_flight}, status_code=503,
                                headers={"Retry-After": "5"})(scope, receive, send)
             return
-        if path != DECIDE:
+        if path not in DECISION_ROUTES:
             await self.app(scope, receive, send)
             return
         if drain.draining:
