@@ -10,10 +10,14 @@ async def test_default_readout_and_no_calibration_are_named_in_headers(api):
     client, engine = api
     r = await client.post("/v1/systemone", json=VALID)
     assert r.status_code == 200
-    assert r.headers["x-openjev-readout"] == "letters"
+    assert r.headers["x-openjev-readout"] == "letters;rotations=4"  # the measured default
     assert r.headers["x-openjev-calibration"] == "none"  # the fake model has no shipped calibration
+    assert all("x_order_agreement" in a for a in r.json()["answers"].values())
+    assert len(engine.plans[0].branches) == 2 + 2 + 2  # 2 options (or a scale) read in 2 orders each
+    r = await client.post("/v1/systemone", json=VALID, headers={"x-openjev-rotations": "1"})
+    assert r.headers["x-openjev-readout"] == "letters"
     assert all("x_order_agreement" not in a for a in r.json()["answers"].values())
-    assert len(engine.plans[0].branches) == 3
+    assert len(engine.plans[-1].branches) == 3
 
 
 async def test_headers_override_the_readout_per_request(api):
