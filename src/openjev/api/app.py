@@ -21,6 +21,7 @@ from openjev import __version__
 from openjev.api import convert, schemas
 from openjev.api.auth import require_key
 from openjev.api.ops import Operations, OpsMiddleware
+from openjev.api.responses import FastJSONResponse
 from openjev.api.middleware import REQUEST_ID_HEADER, BodyMiddleware, RequestIdMiddleware, error_response, request_id_of
 from openjev.config import MAX_CHOICE_OPTIONS, Settings
 from openjev.core.prompts import PromptCompiler
@@ -172,7 +173,7 @@ def create_app(
         model = convert.resolve_model(body.model, card.name)
         result = await _unless_disconnected(request, service.decide(decision))
         request.state.result = result  # for the access log and metrics (api/ops.py)
-        return JSONResponse(convert.result_to_wire(result, model), headers=convert.result_headers(result))
+        return FastJSONResponse(convert.result_to_wire(result, model), headers=convert.result_headers(result))
 
     @app.get("/v1/models", response_model=schemas.ModelsResponse, dependencies=[Depends(require_key)])
     async def models() -> dict[str, Any]:
