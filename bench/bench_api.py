@@ -75,15 +75,25 @@ def _loaded_with_instant_engine():
 def serve(port: int) -> None:
     import uvicorn
 
-    from openjev.api import logs
     from openjev.api.app import create_app
     from openjev.config import load_settings
 
     loaded = _loaded_with_instant_engine()
-    logs.configure("warning", "text")
+    _quiet_logs()
     settings = load_settings({"port": port, "max_in_flight": 4096}, environ={})
     app = create_app(settings, loader=lambda s: loaded)
     uvicorn.run(app, host="127.0.0.1", port=port, log_config=None, access_log=False, log_level="warning")
+
+
+def _quiet_logs() -> None:
+    try:
+        from openjev.api import logs
+    except ImportError:  # a version before api/logs.py (side-by-side runs)
+        import logging
+
+        logging.basicConfig(level=logging.WARNING)
+        return
+    logs.configure("warning", "text")
 
 
 # ---- the client
@@ -149,7 +159,12 @@ def split(n: int = 300) -> dict:
     from starlette.responses import JSONResponse
 
     from openjev.api import convert, schemas
-    from openjev.api.responses import FastJSONResponse
+    try:
+        from openjev.api.responses import FastJSONResponse
+    except ImportError:  # measuring a version before it: orjson as it would be used
+        class FastJSONResponse(JSONResponse):
+            def render(self, content):
+                return orjson.dumps(content)
     from openjev.config import MAX_CHOICE_OPTIONS
     from openjev.core.prompts import PromptCompiler
     from openjev.core.service import DecisionService, ServiceLimits
@@ -192,9 +207,7 @@ def main() -> None:
     if args.serve:
         serve(args.serve)
         return
-    from openjev.api import logs
-
-    logs.configure("warning", "text")
+    _quiet_logs()
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from tests.net import free_port
 
