@@ -76,6 +76,10 @@ class Settings:
     max_tokens_in_flight: int = _opt(
         0, "distinct tokens admitted to the engine at once, all requests together (0: unlimited); beyond: 529"
     )
+    max_queue_wait_s: float = _opt(
+        0.0, "refuse (529) work the engine would not reach within this many seconds at its measured rate "
+        "(0: half the engine timeout)"
+    )
     drain_timeout_s: float = _opt(0.0, "on SIGTERM, how long in-flight requests may finish (0: engine timeout + 15 s)")
     # in-process engine tuning
     attention_budget: int = _opt(
@@ -96,6 +100,10 @@ class Settings:
     @property
     def auth_enabled(self) -> bool:
         return bool(self.api_keys)
+
+    @property
+    def max_queue_wait(self) -> float:
+        return self.max_queue_wait_s or self.engine_timeout_s / 2
 
     @property
     def drain_timeout(self) -> float:
@@ -127,7 +135,7 @@ class Settings:
         for name in positive:
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be positive, got {getattr(self, name)!r}")
-        for name in ("prefix_cache_bytes", "batch_window_ms", "max_tokens_in_flight", "drain_timeout_s",
+        for name in ("prefix_cache_bytes", "batch_window_ms", "max_tokens_in_flight", "drain_timeout_s", "max_queue_wait_s",
                      "key_requests_per_min", "key_tokens_per_min"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must not be negative, got {getattr(self, name)!r}")

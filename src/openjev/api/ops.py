@@ -71,6 +71,7 @@ class Operations:
     def gated(self, engine):
         """The engine the service calls: gated by tokens in flight and per-key tokens/min."""
         self.gate = GatedEngine(engine, max_tokens_in_flight=self.settings.max_tokens_in_flight,
+                                max_wait_s=self.settings.max_queue_wait,
                                 key_limits=self.key_limits, metrics=self.metrics,
                                 retry_after_s=self.settings.retry_after_s)
         return self.gate
