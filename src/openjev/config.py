@@ -64,7 +64,9 @@ class Settings:
         "`requests_per_min=N tokens_per_min=N`; reloaded on SIGHUP"
     )
     key_requests_per_min: int = _opt(0, "per API key: requests per minute (token bucket; 0: unlimited); beyond: 429")
-    key_tokens_per_min: int = _opt(0, "per API key: distinct tokens per minute (token bucket; 0: unlimited); beyond: 429")
+    key_tokens_per_min: int = _opt(
+        0, "per API key: distinct tokens per minute (token bucket; 0: unlimited); beyond: 429"
+    )
     # limits (checked before any engine work)
     max_questions: int = _opt(64, "questions per request")
     max_body_bytes: int = _opt(2 * 1024 * 1024, "request body bytes, after decoding")
@@ -135,8 +137,8 @@ class Settings:
         for name in positive:
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be positive, got {getattr(self, name)!r}")
-        for name in ("prefix_cache_bytes", "batch_window_ms", "max_tokens_in_flight", "drain_timeout_s", "max_queue_wait_s",
-                     "key_requests_per_min", "key_tokens_per_min"):
+        for name in ("prefix_cache_bytes", "batch_window_ms", "max_tokens_in_flight", "drain_timeout_s",
+                     "max_queue_wait_s", "key_requests_per_min", "key_tokens_per_min"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must not be negative, got {getattr(self, name)!r}")
         if self.slice_ms <= 0:

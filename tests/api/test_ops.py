@@ -115,7 +115,8 @@ def test_token_bucket_refills_and_allows_debt_for_large_costs():
 
 async def test_unauthenticated_request_is_401_before_the_body_is_read_or_parsed():
     async with running_app(api_keys=("k1",), max_body_bytes=100) as (client, engine):
-        bad_json = await client.post("/v1/systemone", content=b"{not json", headers={"content-type": "application/json"})
+        bad_json = await client.post("/v1/systemone", content=b"{not json",
+                                     headers={"content-type": "application/json"})
         too_big = await client.post("/v1/systemone", content=b"x" * 1000)
         for r in (bad_json, too_big):
             assert r.status_code == 401, r.text

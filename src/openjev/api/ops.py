@@ -175,6 +175,9 @@ class OpsMiddleware:
             expired = asyncio.ensure_future(drain.expired.wait())
             try:
                 done, _ = await asyncio.wait({task, expired}, return_when=asyncio.FIRST_COMPLETED)
+            except BaseException:  # we are cancelled (server shutdown): so is the request
+                task.cancel()
+                raise
             finally:
                 expired.cancel()
             if task in done:
