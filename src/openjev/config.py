@@ -80,7 +80,9 @@ class Settings:
         "`requests_per_min=N tokens_per_min=N`; reloaded on SIGHUP"
     )
     key_requests_per_min: int = _opt(0, "per API key: requests per minute (token bucket; 0: unlimited); beyond: 429")
-    key_tokens_per_min: int = _opt(0, "per API key: distinct tokens per minute (token bucket; 0: unlimited); beyond: 429")
+    key_tokens_per_min: int = _opt(
+        0, "per API key: distinct tokens per minute (token bucket; 0: unlimited); beyond: 429"
+    )
     # limits (checked before any engine work)
     max_questions: int = _opt(64, "questions per request")
     max_body_bytes: int = _opt(2 * 1024 * 1024, "request body bytes, after decoding")
@@ -91,6 +93,10 @@ class Settings:
     retry_after_s: int = _opt(1, "Retry-After seconds sent with 529 until a drain rate is measured")
     max_tokens_in_flight: int = _opt(
         0, "distinct tokens admitted to the engine at once, all requests together (0: unlimited); beyond: 529"
+    )
+    max_queue_wait_s: float = _opt(
+        0.0, "refuse (529) work the engine would not reach within this many seconds at its measured rate "
+        "(0: half the engine timeout)"
     )
     drain_timeout_s: float = _opt(0.0, "on SIGTERM, how long in-flight requests may finish (0: engine timeout + 15 s)")
     max_batch_items: int = _opt(256, "items per POST /v1/systemone/batch")
@@ -114,6 +120,10 @@ class Settings:
     @property
     def auth_enabled(self) -> bool:
         return bool(self.api_keys)
+
+    @property
+    def max_queue_wait(self) -> float:
+        return self.max_queue_wait_s or self.engine_timeout_s / 2
 
     @property
     def drain_timeout(self) -> float:
@@ -150,7 +160,7 @@ class Settings:
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be positive, got {getattr(self, name)!r}")
         for name in ("prefix_cache_bytes", "batch_window_ms", "max_tokens_in_flight", "drain_timeout_s",
-                     "key_requests_per_min", "key_tokens_per_min"):
+                     "max_queue_wait_s", "key_requests_per_min", "key_tokens_per_min"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must not be negative, got {getattr(self, name)!r}")
         if self.slice_ms <= 0:

@@ -74,6 +74,18 @@ def test_keys_file_forms_and_options():
         assert "line" in str(e.value)
 
 
+def test_the_readme_keys_file_example_parses():
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    block = readme[readme.index("# name:key, or name:sha256"):]
+    block = block[: block.index("```")]
+    entries = parse_keys_file(block)
+    assert [e.name for e in entries] == ["alice", "batch-jobs"]
+    assert entries[0].requests_per_min == 120 and entries[0].tokens_per_min == 600000
+    assert entries[1].digest == hashlib.sha256(b"batch-secret").digest()
+
+
 def test_keyring_identifies_reloads_and_keeps_old_keys_on_a_broken_file(tmp_path):
     path = tmp_path / "keys"
     path.write_text("alice:a-key\n")
@@ -103,7 +115,8 @@ def test_token_bucket_refills_and_allows_debt_for_large_costs():
 
 async def test_unauthenticated_request_is_401_before_the_body_is_read_or_parsed():
     async with running_app(api_keys=("k1",), max_body_bytes=100) as (client, engine):
-        bad_json = await client.post("/v1/systemone", content=b"{not json", headers={"content-type": "application/json"})
+        bad_json = await client.post("/v1/systemone", content=b"{not json",
+                                     headers={"content-type": "application/json"})
         too_big = await client.post("/v1/systemone", content=b"x" * 1000)
         for r in (bad_json, too_big):
             assert r.status_code == 401, r.text
@@ -165,6 +178,29 @@ async def test_tokens_in_flight_bound_is_529_with_retry_after_and_a_lone_request
                 assert r.json()["detail"]["error_type"] == "rate_limit_error"
                 assert int(r.headers["retry-after"]) >= 1
         assert len(engine.plans) == 1
+
+
+def test_drain_rate_counts_busy_time_only():
+    from openjev.api.admission import DrainRate
+
+    now = [0.0]
+    rate = DrainRate(clock=lambda: now[0])
+    assert rate.per_second() is None
+    rate.started(); now[0] = 1.0; rate.finished(100)
+    now[0] = 31.0  # idle: not counted
+    rate.started(); rate.started(); now[0] = 32.0; rate.finished(100); now[0] = 33.0; rate.finished(200)
+    assert rate.per_second() == pytest.approx(400 / 3)
+    now[0] = 200.0  # all out of the window
+    assert rate.per_second() is None
+
+
+async def test_work_the_engine_could_not_reach_in_time_is_529_not_a_later_504():
+    engine = FakeEngine(delay_s=0.3)
+    async with running_app(engine, max_queue_wait_s=0.45) as (client, _):
+        assert (await client.post("/v1/systemone", json=VALID)).status_code == 200  # measures the rate
+        results = await asyncio.gather(*(client.post("/v1/systemone", json=VALID) for _ in range(3)))
+        assert sorted(r.status_code for r in results) == [200, 529, 529]
+        assert all(int(r.headers["retry-after"]) >= 1 for r in results if r.status_code == 529)
 
 
 async def test_evaluation_cap_still_applies():

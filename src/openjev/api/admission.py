@@ -31,40 +31,51 @@ MAX_RETRY_AFTER_S = 60
 
 
 class DrainRate:
-    """Distinct tokens served per second over the last `window_s` (None until one request is served)."""
+    """Distinct tokens the engine serves per second of *busy* time (at least one request in
+    flight) over the last `window_s`; None until a request was served. Idle time does not
+    count: after a quiet minute the rate still says what the engine can do."""
 
     def __init__(self, window_s: float = 60.0, clock: Callable[[], float] = time.monotonic) -> None:
         self._window = window_s
         self._clock = clock
-        self._done: collections.deque[tuple[float, int]] = collections.deque()
-        self._total = 0
-        self._since: float | None = None  # first admission: the start of the measured span
+        self._done: collections.deque[tuple[float, int, float]] = collections.deque()  # (t, tokens, busy s)
+        self._active = 0
+        self._mark: float | None = None  # start of the busy time not yet attributed
 
     def started(self) -> None:
-        if self._since is None:
-            self._since = self._clock()
+        if self._active == 0:
+            self._mark = self._clock()
+        self._active += 1
 
-    def record(self, tokens: int) -> None:
-        self._done.append((self._clock(), tokens))
-        self._total += tokens
+    def finished(self, tokens: int) -> None:
+        """One request left the engine, having served `tokens` (0 if it failed or was cancelled)."""
+        now = self._clock()
+        busy = now - self._mark if self._mark is not None else 0.0
+        self._mark = now
+        self._active -= 1
+        if self._active == 0:
+            self._mark = None
+        self._done.append((now, tokens, busy))
 
     def per_second(self) -> float | None:
         now = self._clock()
         while self._done and self._done[0][0] < now - self._window:
-            self._total -= self._done.popleft()[1]
-        if not self._done or self._since is None:
+            self._done.popleft()
+        tokens = sum(t for _, t, _ in self._done)
+        busy = sum(b for _, _, b in self._done)
+        if not tokens or busy <= 0:
             return None
-        span = max(1.0, min(self._window, now - self._since))
-        return self._total / span
+        return tokens / busy
 
 
 class GatedEngine:
     """The Engine port, gated. `in_flight_tokens` counts admitted plans' distinct tokens."""
 
-    def __init__(self, inner: Engine, *, max_tokens_in_flight: int, key_limits: KeyLimits, metrics: Metrics,
-                 retry_after_s: int, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, inner: Engine, *, max_tokens_in_flight: int, max_wait_s: float, key_limits: KeyLimits,
+                 metrics: Metrics, retry_after_s: int, clock: Callable[[], float] = time.monotonic) -> None:
         self.inner = inner
         self.max_tokens = max_tokens_in_flight
+        self.max_wait_s = max_wait_s
         self.in_flight_tokens = 0
         self.rate = DrainRate(clock=clock)
         self._keys = key_limits
@@ -87,14 +98,25 @@ class GatedEngine:
             excess = self.in_flight_tokens + n - self.max_tokens
             raise Overloaded(f"{self.in_flight_tokens} tokens in flight, this request needs {n} "
                              f"(limit {self.max_tokens}); retry later", retry_after_s=self.retry_after(excess))
+        # What is admitted must finish before its deadline: refuse (529, retryable) what the
+        # engine, at its measured rate, could not reach within max_wait_s, rather than
+        # admit it into a queue that ends in a 504.
+        rate = self.rate.per_second()
+        if rate and self.max_wait_s and self.in_flight_tokens and (self.in_flight_tokens + n) / rate > self.max_wait_s:
+            excess = self.in_flight_tokens + n - int(rate * self.max_wait_s)
+            raise Overloaded(f"{self.in_flight_tokens} tokens in flight would take "
+                             f"{self.in_flight_tokens / rate:.0f} s to serve; retry later",
+                             retry_after_s=self.retry_after(excess))
         entry = current_key.get()
         if entry is not None:  # after the server-wide check: a 529 costs the key nothing
             self._keys.take_tokens(entry, n)
         self.in_flight_tokens += n
         self.rate.started()
         self._metrics.engine_calls.inc()
+        served = 0
         try:
             result = await self.inner.run(plan)
+            served = n
         except OpenjevError as e:
             self._metrics.engine_failures.labels(e.error_type).inc()
             raise
@@ -105,7 +127,7 @@ class GatedEngine:
             raise
         finally:
             self.in_flight_tokens -= n
-        self.rate.record(n)
+            self.rate.finished(served)
         return result
 
     async def close(self) -> None:

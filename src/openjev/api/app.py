@@ -23,6 +23,7 @@ from openjev.api.auth import require_key
 from openjev import calibrations
 from openjev.api.ops import Operations, OpsMiddleware
 from openjev.api.overrides import decide_options, default_spec
+from openjev.api.responses import FastJSONResponse
 from openjev.api.middleware import REQUEST_ID_HEADER, BodyMiddleware, RequestIdMiddleware, error_response, request_id_of
 from openjev.config import MAX_CHOICE_OPTIONS, Settings
 from openjev.core.prompts import PromptCompiler
@@ -183,7 +184,7 @@ def create_app(
         model = convert.resolve_model(body.model, card.name)
         result = await _unless_disconnected(request, service.decide(decision, readout=spec, calibrate=calibrate))
         request.state.result = result  # for the access log and metrics (api/ops.py)
-        return JSONResponse(convert.result_to_wire(result, model), headers=convert.result_headers(result))
+        return FastJSONResponse(convert.result_to_wire(result, model), headers=convert.result_headers(result))
 
     # The same handler under the route names other Jev-compatible servers use.
     for path in SYSTEMONE_ROUTES:

@@ -3,7 +3,7 @@
 Keys come from `--api-key` (named key1, key2, ... in the order given) and from
 `--api-keys-file`, one key per line:
 
-    # comment
+    # comment; also after a space at the end of a line
     alice:s3cret-key-of-alice
     bob:sha256:<64 hex digits of sha256(key)>   requests_per_min=120 tokens_per_min=500000
 
@@ -51,7 +51,10 @@ def parse_keys_file(text: str, source: str = "keys file") -> list[KeyEntry]:
     entries: list[KeyEntry] = []
     for n, raw in enumerate(text.splitlines(), 1):
         line = raw.strip()
-        if not line or line.startswith("#"):
+        if line.startswith("#"):
+            continue
+        line = line.split(" #", 1)[0].strip()  # a trailing comment, after a space (keys have none)
+        if not line:
             continue
         head, *options = line.split()
         name, sep, secret = head.partition(":")

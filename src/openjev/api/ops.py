@@ -72,6 +72,7 @@ class Operations:
     def gated(self, engine):
         """The engine the service calls: gated by tokens in flight and per-key tokens/min."""
         self.gate = GatedEngine(engine, max_tokens_in_flight=self.settings.max_tokens_in_flight,
+                                max_wait_s=self.settings.max_queue_wait,
                                 key_limits=self.key_limits, metrics=self.metrics,
                                 retry_after_s=self.settings.retry_after_s)
         return self.gate
@@ -176,6 +177,9 @@ class OpsMiddleware:
             expired = asyncio.ensure_future(drain.expired.wait())
             try:
                 done, _ = await asyncio.wait({task, expired}, return_when=asyncio.FIRST_COMPLETED)
+            except BaseException:  # we are cancelled (server shutdown): so is the request
+                task.cancel()
+                raise
             finally:
                 expired.cancel()
             if task in done:

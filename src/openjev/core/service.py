@@ -35,6 +35,15 @@ from openjev.core.wording import option_texts
 from openjev.errors import EngineError, EngineTimeout, Overloaded, TokensExceeded, Unsupported
 
 
+# Requests with at most this much text compile on the event loop (a few hundred microseconds
+# of tokenizing); larger ones in a thread, so the loop keeps serving (bench/bench_api.py).
+INLINE_COMPILE_CHARS = 4096
+
+
+def _text_chars(request: DecisionRequest) -> int:
+    return sum(len(t.content) for t in request.state.turns) + sum(len(repr(q)) for _, q in request.questions)
+
+
 @dataclass(frozen=True)
 class ServiceLimits:
     max_branch_tokens: int
@@ -97,7 +106,11 @@ class DecisionService:
         """Compile under `readout` (default: the service's) and check the token budgets
         (TokensExceeded); no admission, no engine work. A batch prepares every item first,
         to check its own token total before any item runs."""
-        compiled = await asyncio.to_thread(self._compiler.compile, request, self.readout(readout or self.default_readout))
+        ro = self.readout(readout or self.default_readout)
+        if _text_chars(request) <= INLINE_COMPILE_CHARS:
+            compiled = self._compiler.compile(request, ro)  # well under a millisecond: cheaper than a thread hop
+        else:
+            compiled = await asyncio.to_thread(self._compiler.compile, request, ro)
         self._check_budgets(request, compiled)
         return compiled
 

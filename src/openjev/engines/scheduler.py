@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import ctypes
 import logging
 import threading
 import time
@@ -33,6 +34,25 @@ from openjev.engines.prefix_cache import PrefixCache
 from openjev.errors import EngineError
 
 log = logging.getLogger(__name__)
+
+
+def _malloc_trim():
+    try:
+        return ctypes.CDLL("libc.so.6").malloc_trim
+    except (OSError, AttributeError):  # not glibc: nothing to do
+        return None
+
+
+_TRIM = _malloc_trim()
+
+
+def release_free_memory() -> None:
+    """Give the heap's free pages back to the OS (glibc). A forward's working set (attention
+    scores, activations: up to hundreds of MB with large slices) is freed after it, but
+    glibc keeps freed heap memory mapped, so without this RSS stays at the peak working
+    set on top of the weights and the prefix cache (bench/bench_load.py --rss-minutes)."""
+    if _TRIM is not None:
+        _TRIM(0)
 
 
 class Runner(Protocol):
@@ -97,6 +117,7 @@ class Scheduler:
         self.forwards = 0
         self.computed_tokens = 0
         self._s_per_token: float | None = None  # measured forward cost, smoothed
+        self._dirty = False  # forwards ran since the allocator last gave memory back
         self._thread = threading.Thread(target=self._loop, name="openjev-engine", daemon=True)
         self._thread.start()
 
@@ -138,6 +159,9 @@ class Scheduler:
 
     def _loop(self) -> None:
         while True:
+            if self._dirty and not self._jobs and not self._inbox:
+                self._dirty = False
+                release_free_memory()  # idle: a few ms here cost nobody anything
             with self._wake:
                 while not self._inbox and not self._jobs and not self._stopped:
                     self._wake.wait()
@@ -236,6 +260,7 @@ class Scheduler:
                 job.next_read = len(job.packed.reads)  # done: dropped next round
             return
         self.forwards += 1
+        self._dirty = True
         real = sum(take for _, take, _ in group)
         self.computed_tokens += real
         per_token = (time.perf_counter() - t0) / real
