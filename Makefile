@@ -12,7 +12,7 @@ INSTALLER ?= uv
 UV_VERSION := 0.13.9
 export HF_HUB_OFFLINE := 1
 
-.PHONY: setup serve test test-browser test-sglang bench lock clean
+.PHONY: setup serve test test-browser test-sglang test-scaleout bench lock clean
 
 $(STAMP): pyproject.toml $(LOCK) Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -58,6 +58,14 @@ lock:
 test-sglang: setup
 	bash scripts/setup_sglang_jax.sh
 	OPENJEV_SGLANG_JAX=1 $(PY) -m pytest tests/sglang
+
+# Scale-out on SGLang's real router: two SGLang-JAX workers on this CPU behind sglang-router
+# (cache-aware policy, own .venv-sglang-router), openjev --connect'ed to the router.
+test-scaleout: setup
+	bash scripts/setup_sglang_jax.sh
+	test -x .venv-sglang-router/bin/python || $(PYTHON) -m venv .venv-sglang-router
+	.venv-sglang-router/bin/python -m pip install --quiet sglang-router==0.3.2
+	OPENJEV_SCALEOUT=1 $(PY) -m pytest tests/scaleout -v -s
 
 bench: setup
 	$(PY) -m pip install --quiet -e '.[bench]'
