@@ -46,11 +46,13 @@ test-browser: setup
 	else $(APT) update -qq && $(APT) install -y -qq chromium chromium-driver; fi
 	OPENJEV_BROWSER_TEST=1 $(PY) -m pytest tests/browser -v
 
-# Re-resolve requirements.lock from pyproject.toml (after changing dependencies).
+# Re-resolve requirements.lock from pyproject.toml (after changing dependencies). The resolver
+# reads torch's own dependencies from the CPU wheel in TORCH_WHEELS.
+TORCH_WHEELS ?= /opt/wheels
 lock:
 	$(PYTHON) -m venv build/uv && build/uv/bin/pip install --quiet uv==$(UV_VERSION)
 	build/uv/bin/uv pip compile pyproject.toml --extra inprocess --extra test --extra browser \
-	  --python-version 3.11 --python-platform x86_64-manylinux_2_28 --find-links /opt/wheels \
+	  --python-version 3.11 --python-platform x86_64-manylinux_2_28 --find-links $(TORCH_WHEELS) \
 	  --override requirements.torch.txt --no-emit-package torch --generate-hashes --quiet -o $(LOCK)
 
 # The SGLang engine against a real SGLang-protocol server: SGLang-JAX on this CPU, in its
