@@ -304,7 +304,7 @@ def load(settings):
     process = None
     if settings.vllm_python:
         process = SGLangProcess(python=settings.vllm_python, model=settings.model, port=settings.vllm_port,
-                                module="vllm.entrypoints.openai.api_server", model_flag="--model", name="vLLM",
+                                module=settings.vllm_module, model_flag="--model", name="vLLM",
                                 python_flag="--vllm-python", extra_args=child_args(settings.vllm_args))
         process.start()
         url = process.url
