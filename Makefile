@@ -7,7 +7,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.openjev-installed
 export HF_HUB_OFFLINE := 1
 
-.PHONY: setup serve test test-sglang test-vllm bench clean
+.PHONY: setup serve test test-sglang test-vllm bench bench-vllm clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -42,6 +42,11 @@ bench: setup
 	$(PY) -m pip install --quiet -e '.[bench]'
 	$(PY) bench/bench_prefix.py
 	$(PY) bench/bench_startup.py
+
+# openjev over vLLM beside vLLM's own /v1/systemone (same model, same requests).
+bench-vllm: setup
+	bash scripts/setup_vllm.sh
+	$(PY) bench/bench_vllm.py
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info .pytest_cache
