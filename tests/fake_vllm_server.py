@@ -70,7 +70,8 @@ def main() -> None:
                                                       f"is greater than max allowed: {args.max_logprobs}"}})
                 return
             ids = body["token_ids"]
-            entries = [{"token_id": t, "logprob": v, "rank": 1} for v, t in zip(fake_logprobs(ids, len(labels)), labels)]
+            values = fake_logprobs(ids, len(labels))
+            entries = [{"token_id": t, "logprob": v, "rank": 1} for v, t in zip(values, labels)]
             usage = {"prompt_tokens": len(ids), "completion_tokens": 1}
             if args.enable_prompt_tokens_details:
                 usage["prompt_tokens_details"] = {"cached_tokens": 0}
