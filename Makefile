@@ -12,7 +12,7 @@ INSTALLER ?= uv
 UV_VERSION := 0.13.9
 export HF_HUB_OFFLINE := 1
 
-.PHONY: setup serve test test-browser test-sglang test-scaleout test-vllm bench lock clean
+.PHONY: setup serve test test-browser test-sglang test-scaleout test-vllm bench bench-vllm lock clean
 
 $(STAMP): pyproject.toml $(LOCK) Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -79,6 +79,11 @@ bench: setup
 	$(PY) -m pip install --quiet -e '.[bench]'
 	$(PY) bench/bench_prefix.py
 	$(PY) bench/bench_startup.py
+
+# openjev over vLLM beside vLLM's own /v1/systemone (same model, same requests).
+bench-vllm: setup
+	bash scripts/setup_vllm.sh
+	$(PY) bench/bench_vllm.py
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info .pytest_cache

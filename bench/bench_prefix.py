@@ -11,6 +11,7 @@ Sections (one JSON line each):
 - throughput: decisions/s with 1, 4 and 16 concurrent clients, ours vs llm2jev, per dtype.
 
     .venv/bin/python bench/bench_prefix.py [--repeats N] [--skip-llm2jev] [--dtypes float32 bfloat16]
+        [--sections ratio latency throughput] [--latency-questions 1 4 8] [--systems ours naive llm2jev]
 """
 
 from __future__ import annotations
@@ -128,9 +129,9 @@ async def ratio_section(systems: Systems) -> dict:
     return {"section": "ratio", "results": rows}
 
 
-async def latency_section(systems: Systems, names: list[str], repeats: int) -> dict:
+async def latency_section(systems: Systems, names: list[str], repeats: int, sizes=(1, 4, 8)) -> dict:
     rows = []
-    for n in (1, 4, 8):
+    for n in sizes:
         for name in names:
             await timed(systems, name, payload(n, tag=900 + n))  # warm-up: kernels, allocator
         cold = {name: [] for name in names}
@@ -193,22 +194,27 @@ def main() -> None:
     parser.add_argument("--skip-llm2jev", action="store_true")
     parser.add_argument("--throughput-requests", type=int, default=16)
     parser.add_argument("--sections", nargs="+", default=["ratio", "latency", "throughput"])
+    parser.add_argument("--latency-questions", nargs="+", type=int, default=[1, 4, 8])
+    parser.add_argument("--systems", nargs="+", choices=["ours", "naive", "llm2jev"],
+                        default=["ours", "naive", "llm2jev"])
     parser.add_argument("--dtypes", nargs="+", choices=["float32", "bfloat16"], default=None,
                         help="default: both where the CPU computes bfloat16 natively, else float32")
     args = parser.parse_args()
     dtypes = args.dtypes or (["float32", "bfloat16"] if native_bf16(cpu_flags()) else ["float32"])
-    systems = Systems(dtypes, with_llm2jev=not args.skip_llm2jev)
-    names = systems.names("ours", "naive", "llm2jev")
+    with_llm2jev = not args.skip_llm2jev and "llm2jev" in args.systems
+    systems = Systems(dtypes, with_llm2jev=with_llm2jev)
+    names = systems.names(*dict.fromkeys(["ours", *args.systems]))
     head = {"bench": "plans", "machine": machine(), "torch_threads": torch.get_num_threads(), "dtypes": dtypes,
             "auto_dtype": pick_dtype("auto", "cpu").reason,
-            "llm2jev": None if args.skip_llm2jev else "0.6.1, transformers backend via its Python API, same dtype"}
+            "llm2jev": "0.6.1, transformers backend via its Python API, same dtype" if with_llm2jev else None}
 
     async def run():
         if "ratio" in args.sections:
             print(json.dumps({**head, **await ratio_section(systems)}), flush=True)
         if "latency" in args.sections:
             await systems.fresh_ours()
-            print(json.dumps({**head, **await latency_section(systems, names, args.repeats)}), flush=True)
+            section = await latency_section(systems, names, args.repeats, args.latency_questions)
+            print(json.dumps({**head, **section}), flush=True)
         if "throughput" in args.sections:
             await systems.fresh_ours()
             tnames = systems.names("ours", "llm2jev")

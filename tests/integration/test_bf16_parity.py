@@ -88,3 +88,24 @@ def test_bfloat16_answers_match_float32_within_tolerance(embedded, embedded_bf16
     assert parity["max_prob_diff"] < BF16_MAX_PROB_DIFF, parity
     assert parity["clear_agreement"] == parity["clear_questions"] > 0, parity
     assert parity["argmax_agreement"] >= BF16_MIN_AGREEMENT, parity
+
+
+def test_the_prefix_cache_holds_a_bfloat16_state_in_half_the_bytes(embedded, embedded_bf16):
+    from openjev.engines.inprocess import TransformersEngine
+
+    request = DecisionRequest(State((Turn("user", STATES[0]),)), QUESTIONS[:2])
+    sizes = {}
+    for name, loaded in (("float32", embedded), ("bfloat16", embedded_bf16)):
+        plan = PromptCompiler(loaded.tokenizer, max_labels=255).compile(request).plan
+        engine = TransformersEngine(loaded.engine.model, prefix_cache_bytes=1 << 28)
+
+        async def go():
+            try:
+                await engine.run(plan)
+            finally:
+                await engine.close()
+
+        asyncio.run(go())
+        assert len(engine.cache) == 1
+        sizes[name] = engine.cache.nbytes
+    assert sizes["bfloat16"] * 2 == sizes["float32"] > 0

@@ -76,3 +76,52 @@ def generate(url: str, ids, labels=(5,), timeout: float = 600.0) -> dict:
                    timeout=timeout)
     r.raise_for_status()
     return r.json()
+
+
+def qwen3_folder(source: Path, target: Path) -> Path:
+    """A Qwen3-architecture model made from the embedded model (SmolLM2, a Llama): the same
+    weights and tokenizer, plus Qwen3's per-head q/k RMSNorms with unit weights.
+
+    vLLM's own /v1/systemone serves only a few architectures (Qwen3 among them, not Llama),
+    so a side-by-side comparison needs a model both can serve. The added norms change what
+    the model computes (its answers are not SmolLM2's, nor meaningful); its size and shape,
+    hence its speed, are SmolLM2's. Written once (atomically) and reused.
+    """
+    import json
+    import shutil
+    import tempfile
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    if (target / "model.safetensors").exists():
+        return target
+    config = json.loads((source / "config.json").read_text())
+    rope = config.get("rope_parameters") or {"rope_theta": config.get("rope_theta", 10000.0), "rope_type": "default"}
+    qwen = {
+        "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3",
+        **{k: config[k] for k in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                                  "num_key_value_heads", "head_dim", "hidden_act", "max_position_embeddings",
+                                  "rms_norm_eps", "tie_word_embeddings", "vocab_size", "bos_token_id",
+                                  "eos_token_id", "pad_token_id")},
+        "attention_bias": False, "attention_dropout": 0.0, "use_sliding_window": False, "sliding_window": None,
+        "max_window_layers": config["num_hidden_layers"], "rope_theta": rope["rope_theta"],
+        "rope_parameters": rope, "rope_scaling": None, "dtype": "float32", "torch_dtype": "float32",
+        "use_cache": True,
+    }
+    weights = load_file(str(source / "model.safetensors"))
+    for i in range(config["num_hidden_layers"]):
+        for name in ("q_norm", "k_norm"):
+            weights[f"model.layers.{i}.self_attn.{name}.weight"] = torch.ones(config["head_dim"])
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=target.name + ".", dir=target.parent))
+    save_file(weights, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+    (tmp / "config.json").write_text(json.dumps(qwen, indent=2))
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json",
+                 "special_tokens_map.json"):
+        if (source / name).exists():
+            shutil.copy(source / name, tmp / name)
+    if target.exists():
+        shutil.rmtree(target)
+    tmp.rename(target)
+    return target

