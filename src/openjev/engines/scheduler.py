@@ -76,11 +76,13 @@ class SchedulerLimits:
 
 # Before any forward was measured, a round takes at most this many tokens; and however slow
 # the hardware, a round takes at least MIN_SLICE: each forward has fixed costs (per-layer
-# dispatch, copying the past KV) that explode on an oversubscribed CPU (measured: 64-token
-# rounds served 2.7x fewer requests than whole ones on a 2-core CPU at load 10, 256-token
-# rounds cost ~1.3x on the same prefill). 256 tokens take ~0.5 s on an idle 2-core CPU.
-FIRST_SLICE = 256
-MIN_SLICE = 256
+# dispatch, copying the past KV) that grow sharply on an oversubscribed CPU. Measured on a
+# 2-core CPU at load average ~10, 800-token prefills back to back: 64-token rounds served
+# 0.38x the requests of whole-prefill rounds, 256-token rounds 0.6x. 512 tokens take about
+# 1 s on an idle 2-core CPU (the cancellation boundary there) and a few ms on a GPU, where
+# the time bound gives full --batch-tokens rounds.
+FIRST_SLICE = 512
+MIN_SLICE = 512
 
 
 @dataclass
