@@ -36,6 +36,8 @@ bench: setup
 	$(PY) -m pip install --quiet -e '.[bench]'
 	$(PY) bench/bench_prefix.py
 	$(PY) bench/bench_startup.py
+	$(PY) bench/bench_api.py
+	$(PY) bench/bench_load.py --seconds 60
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info .pytest_cache
