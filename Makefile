@@ -79,6 +79,8 @@ bench: setup
 	$(PY) -m pip install --quiet -e '.[bench]'
 	$(PY) bench/bench_prefix.py
 	$(PY) bench/bench_startup.py
+	$(PY) bench/bench_api.py
+	$(PY) bench/bench_load.py --seconds 60
 
 # openjev over vLLM beside vLLM's own /v1/systemone (same model, same requests).
 bench-vllm: setup

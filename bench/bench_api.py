@@ -5,6 +5,8 @@ work shows. One JSON line:
 
 - `one_client`: p50/p99 latency of sequential requests over one keep-alive connection;
 - `clients_64`: requests/s with 64 concurrent connections;
+- `in_process`: p50/p99 of the app called directly as ASGI (no HTTP, no client): the
+  server's own code;
 - `split_us`: the server's steps timed in-process on the same request (median of many):
   JSON parse + validation, wire -> core conversion, compile (tokenize, plan), answer ->
   wire, and JSON encoding with the stdlib and with orjson.
@@ -151,6 +153,53 @@ async def many_clients(port: int, clients: int, total: int) -> dict:
     return {"clients": clients, "requests": total, "requests_per_s": round(total / (time.perf_counter() - t0), 1)}
 
 
+# ---- the app in-process (no HTTP, no client): what the server's own code costs
+
+
+def in_process(n: int = 400) -> dict:
+    from openjev.api.app import create_app
+    from openjev.config import load_settings
+
+    loaded = _loaded_with_instant_engine()
+    app = create_app(load_settings({"max_in_flight": 4096}, environ={}), loader=lambda s: loaded)
+    body = json.dumps(REQUEST).encode()
+    scope = {"type": "http", "method": "POST", "path": "/v1/systemone", "raw_path": b"/v1/systemone",
+             "query_string": b"", "headers": [(b"content-type", b"application/json"),
+                                              (b"content-length", str(len(body)).encode())],
+             "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 80), "scheme": "http", "http_version": "1.1",
+             "root_path": ""}
+
+    async def call() -> None:
+        sent, pending = [], [{"type": "http.request", "body": body, "more_body": False}]
+
+        async def receive():
+            if pending:
+                return pending.pop()
+            await asyncio.sleep(3600)  # no disconnect
+
+        async def send(message):
+            sent.append(message)
+
+        await app(dict(scope), receive, send)
+        assert sent[0]["status"] == 200, sent
+
+    async def run() -> list[float]:
+        async with app.router.lifespan_context(app):
+            while app.state.runtime.service is None:
+                await asyncio.sleep(0.01)
+            for _ in range(50):
+                await call()
+            times = []
+            for _ in range(n):
+                t0 = time.perf_counter()
+                await call()
+                times.append((time.perf_counter() - t0) * 1000)
+            return sorted(times)
+
+    times = asyncio.run(run())
+    return {"requests": n, "p50_ms": round(statistics.median(times), 3), "p99_ms": round(times[int(0.99 * (n - 1))], 3)}
+
+
 # ---- the split, in-process
 
 
@@ -231,7 +280,8 @@ def main() -> None:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(30)
     print(json.dumps({"bench": "api", "machine": machine(), "load_avg_1m": os.getloadavg()[0],
-                      "one_client": single, "clients_64": concurrent, "split_us": split()}))
+                      "one_client": single, "clients_64": concurrent, "in_process": in_process(),
+                      "split_us": split()}))
 
 
 if __name__ == "__main__":

@@ -86,8 +86,12 @@ def rss_mb(pid: int) -> float:
 def gauge(url: str, name: str) -> float:
     from prometheus_client.parser import text_string_to_metric_families
 
-    text = httpx.get(url + "/metrics", timeout=10).text
-    return next((s.value for f in text_string_to_metric_families(text) for s in f.samples if s.name == name), 0.0)
+    try:
+        text = httpx.get(url + "/metrics", timeout=10).text
+        return next((s.value for f in text_string_to_metric_families(text) for s in f.samples if s.name == name),
+                    float("nan"))
+    except (httpx.HTTPError, ValueError):  # a version without /metrics (side-by-side runs)
+        return float("nan")
 
 
 def pct(xs: list[float], q: float) -> float | None:
@@ -166,7 +170,7 @@ def load_mode(args) -> dict:
 
 
 def rss_mode(args) -> dict:
-    log = "/tmp/openjev-bench-rss.log"
+    log = f"/tmp/openjev-bench-rss-{os.getpid()}.log"
     proc, url = start(["--prefix-cache-bytes", str(args.prefix_cache_bytes)], log)
     samples: list[tuple[float, float, float]] = []  # (minutes, rss MB, cache MB)
     try:

@@ -111,7 +111,8 @@ class Settings:
     batch_window_ms: float = _opt(2.0, "in-process engine: wait this long after idle to batch concurrent arrivals")
     prefix_cache_bytes: int = _opt(1 << 30, "in-process engine: memory for prefix KV kept across requests (0: off)")
     slice_ms: float = _opt(
-        500.0, "in-process engine: target time of one forward; longer prefills go in slices (cancellation acts between)"
+        500.0,
+        "in-process engine: target time of one slice of a long prefill (cancellation and arrivals act between slices)",
     )
     log_level: str = _opt("info", "debug, info, warning, error")
     log_format: str = _opt("text", "text or json (one object per line)")

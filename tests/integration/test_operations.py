@@ -60,6 +60,7 @@ def ops_server(tmp_path_factory):
     server = start_server(tmp, "--api-keys-file", str(keys), "--max-tokens-in-flight", "200",
                           "--log-format", "json", "--slice-ms", "100",
                           "--engine-timeout-s", "600")  # a busy shared CPU can be 20x slower than idle
+    server.keys_path = keys
     yield server
     stop_server(server)
 
@@ -113,6 +114,22 @@ def test_json_logs_parse_and_a_client_that_goes_away_is_one_info_line(ops_server
     assert len(gone) == 1 and gone[0]["level"] == "info" and gone[0]["key"] == "bob"
     assert not [r for r in records if r["level"] == "error"]
     assert SECRET not in "\n".join(lines)
+
+
+def test_sighup_reloads_the_keys_file(ops_server):
+    def status(key):
+        return httpx.get(ops_server.url + "/v1/models", timeout=10,
+                         headers={"Authorization": f"Bearer {key}"}).status_code
+
+    assert status("carol-key") == 401
+    ops_server.keys_path.write_text("bob:bob-key\ncarol:carol-key\n")
+    os.kill(ops_server.process.pid, signal.SIGHUP)
+    deadline = time.monotonic() + 10
+    while status("carol-key") != 200:
+        assert time.monotonic() < deadline, "carol's key never accepted"
+        time.sleep(0.1)
+    assert status("alice-key") == 401 and status("bob-key") == 200
+    assert ops_server.process.poll() is None  # SIGHUP did not end it
 
 
 def test_sigterm_drains_in_flight_requests_then_exits_zero(tmp_path):
