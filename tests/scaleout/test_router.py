@@ -89,7 +89,13 @@ def start_router(workers: list[str], log_path: Path) -> Router:
            # the busy worker unhealthy and send its state's requests elsewhere. A dead worker
            # refuses connections at once, so requests are retried on the other anyway.
            "--health-check-interval-secs", "5", "--health-check-timeout-secs", "60",
-           "--health-failure-threshold", "2", "--request-timeout-secs", "900", "--log-level", "info"]
+           "--health-failure-threshold", "2", "--request-timeout-secs", "900", "--log-level", "info",
+           # A request whose worker died is retried, but the cache-aware policy picks the same
+           # (dead) worker again while it still looks healthy: with the defaults all retries hit
+           # it within 0.4 s. Two failures open its circuit breaker, so a retry goes elsewhere,
+           # and the backoff outlasts the health checker's verdict (about 10 s) in any case.
+           "--cb-failure-threshold", "2", "--retry-max-retries", "5",
+           "--retry-initial-backoff-ms", "500", "--retry-max-backoff-ms", "5000"]
     proc = subprocess.Popen(cmd, stdout=open(log_path, "w"), stderr=subprocess.STDOUT, start_new_session=True)
     router = Router(f"http://127.0.0.1:{port}", proc, log_path)
     deadline = time.monotonic() + 120
