@@ -137,7 +137,7 @@ async def test_every_strategy_gives_the_in_process_probabilities(loaded, compile
     assert engine.strategies_used == {expected: 1}
 
 
-async def test_every_readout_through_the_service_matches_the_in_process_answers(loaded, compiler, server):
+async def test_every_answer_type_through_the_service_matches_the_in_process_answers(loaded, compiler, server):
     limits = ServiceLimits(32_768, 262_144, 16, 600, 1)
     request = DecisionRequest(state(150), (*QUESTIONS, *MORE_QUESTIONS, ("line", MANY)))
     ours = DecisionService(compiler, remote(server, "auto"), limits)
