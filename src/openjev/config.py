@@ -52,6 +52,9 @@ class Settings:
         "auto", "calibration applied to answers: auto (the file shipped for the served model, if any), none, or a path"
     )
     max_rotations: int = _opt(8, "most rotations one request may ask for (x-openjev-rotations header)")
+    rotation_max_options: int = _opt(
+        26, "letters: questions with more options are read in one ordering (each rotation repeats the option list)"
+    )
     tokenizer: str | None = _opt(None, "local tokenizer folder when it differs from --model (sglang engine)")
     # the sglang engine (SGLang on GPUs, SGLang-JAX on TPUs)
     connect: str | None = _opt(None, "sglang/vllm engine: URL of a running server or router")
@@ -157,7 +160,7 @@ class Settings:
     def validate(self) -> "Settings":
         positive = ("port", "max_questions", "max_body_bytes", "max_branch_tokens", "max_request_tokens",
                     "max_in_flight", "engine_timeout_s", "retry_after_s", "attention_budget", "batch_tokens",
-                    "max_engine_calls", "startup_timeout_s", "rotations", "max_rotations",
+                    "max_engine_calls", "startup_timeout_s", "rotations", "max_rotations", "rotation_max_options",
                     "max_batch_items", "max_batch_tokens")
         for name in positive:
             if getattr(self, name) <= 0:

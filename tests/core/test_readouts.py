@@ -115,3 +115,9 @@ def test_yesno_noul_and_scale():
 def test_yesno_without_any_yes_is_unusable():
     with pytest.raises(ValueError):
         YesNoReadout(7, 8).combine(choice("a", "b"), [(-math.inf, -0.1), (-math.inf, -0.2)])
+
+
+def test_questions_with_many_options_are_read_once():
+    many = choice(*(f"o{i}" for i in range(30)))
+    assert len(LettersReadout(LABELS * 3, IDS * 3, rotations=4, max_rotated_options=26).orders(many)) == 1
+    assert len(LettersReadout(LABELS * 3, IDS * 3, rotations=4, max_rotated_options=30).orders(many)) == 4

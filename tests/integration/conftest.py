@@ -47,14 +47,20 @@ class LiveServer:
 
 def start_server(tmp_path, *args: str, key: str | None = None, env: dict | None = None,
                  wait: bool = True) -> LiveServer:
-    """`python -m openjev serve` on a free loopback port; waits for /health unless told not to."""
+    """`python -m openjev serve` on a free loopback port; waits for /health unless told not to.
+
+    float32 unless `env` says otherwise: these tests compare answers across requests to 1e-3,
+    and bfloat16 (what `auto` picks on CPUs with native support) rounds differently when
+    batching or the prefix cache change the computation (about 1e-2; tests/integration/
+    test_bf16_parity.py holds bfloat16 to its own tolerance)."""
+    env = {"OPENJEV_DTYPE": "float32", **(env or {})}
     port = free_port()
     log_path = str(tmp_path / f"server-{port}.log")
     cmd = [sys.executable, "-m", "openjev", "serve", "--port", str(port), *args]
     if key:
         cmd += ["--api-key", key]
     proc = subprocess.Popen(cmd, stdout=open(log_path, "w"), stderr=subprocess.STDOUT,
-                            env={**os.environ, **(env or {})}, start_new_session=True)
+                            env={**os.environ, **env}, start_new_session=True)
     server = LiveServer(f"http://127.0.0.1:{port}", key, proc, log_path)
     if wait:
         deadline = time.monotonic() + 180

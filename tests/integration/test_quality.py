@@ -49,7 +49,8 @@ def test_every_readout_computes_each_distinct_token_once_cold(embedded, compiler
 
 @pytest.fixture(scope="module")
 def default_server(tmp_path_factory):
-    server = start_server(tmp_path_factory.mktemp("quality"))
+    # the defaults exactly as `make serve` has them (bfloat16 where this CPU computes it natively)
+    server = start_server(tmp_path_factory.mktemp("quality"), env={"OPENJEV_DTYPE": "auto"})
     yield server
     stop_server(server)
 

@@ -99,6 +99,7 @@ def build_service(settings: Settings, loaded: LoadedEngine) -> DecisionService:
         engine_timeout_s=settings.engine_timeout_s,
         retry_after_s=settings.retry_after_s,
         temperature=settings.temperature,
+        rotation_max_options=settings.rotation_max_options,
     )
     return DecisionService(compiler, loaded.engine, limits, readout=spec, calibration=calibration)
 

@@ -16,6 +16,10 @@ extra readings share the state's computation like any other branch.
   renormalised) is normalised over the question's candidates. The candidates of a
   question share the state and the question in the trie. It is order-free by
   construction: no candidate sees the others' order.
+
+Rotations apply to questions with at most `max_rotated_options` options (26 by default):
+each ordering repeats the option list, so a 255-option question read four times would cost
+about ten thousand tokens.
 """
 
 from __future__ import annotations
@@ -93,16 +97,21 @@ def n_options(question: Question) -> int:
 
 class LettersReadout:
     def __init__(self, labels: Sequence[str], label_ids: Sequence[int], *, rotations: int = 1,
-                 temperature: float = 1.0) -> None:
+                 temperature: float = 1.0, max_rotated_options: int = 26) -> None:
         self.spec = ReadoutSpec("letters", rotations)
         self._labels = tuple(labels)
         self._ids = tuple(label_ids)
         self._temperature = temperature
+        # Each ordering repeats the whole option list: past this many options the extra
+        # readings cost more than the question (255 options x 4 = ~10k tokens), so one.
+        self._max_rotated = max_rotated_options
 
     def orders(self, question: Question) -> list[tuple[int, ...]]:
         """The option orders read: position j of ordering k shows option orders[k][j]."""
         n = n_options(question)
         ascending = tuple(range(n))
+        if n > self._max_rotated:
+            return [ascending]
         if isinstance(question, ScoreQuestion):
             return [ascending] if self.spec.rotations == 1 else [ascending, ascending[::-1]]
         r = min(self.spec.rotations, n)

@@ -52,6 +52,7 @@ class ServiceLimits:
     engine_timeout_s: float
     retry_after_s: int
     temperature: float = 1.0
+    rotation_max_options: int = 26
 
 
 def question_type(question: Question) -> str:
@@ -94,7 +95,8 @@ class DecisionService:
                 found = YesNoReadout(*self._compiler.yes_no, temperature=t)
             else:
                 labels = self._compiler.labels
-                found = LettersReadout(labels.texts, labels.ids, rotations=spec.rotations, temperature=t)
+                found = LettersReadout(labels.texts, labels.ids, rotations=spec.rotations, temperature=t,
+                                       max_rotated_options=self._limits.rotation_max_options)
             self._readouts[spec] = found
         return found
 
