@@ -14,7 +14,7 @@ import argparse
 import json
 import os
 import sys
-from typing import Any, Sequence
+from typing import Any
 
 import httpx
 

@@ -9,7 +9,6 @@ import threading
 from pathlib import Path
 
 import httpx
-import pytest
 
 from tests.integration.conftest import start_server, stop_server
 

@@ -163,10 +163,13 @@ class SGLangEngine:
             timings_ms={"prefill": (t1 - t0) * 1000, "branches": (t2 - t1) * 1000},
         )
 
-    async def _generate(self, input_ids: Sequence[int], label_ids: Sequence[int]):
-        client, slots = self._http()
-        rid = uuid.uuid4().hex
-        body = {
+    # The wire protocol, in four parts a subclass for another server overrides (vllm.py):
+    # where a call goes, its body, how to abort it, how to read its reply.
+    generate_path = "/generate"
+    abort_path = "/abort_request"
+
+    def _request_body(self, rid: str, input_ids: Sequence[int], label_ids: Sequence[int]) -> dict:
+        return {
             "input_ids": list(input_ids),
             "sampling_params": {"max_new_tokens": 1, "temperature": 0.0},
             "return_logprob": True,
@@ -175,9 +178,25 @@ class SGLangEngine:
             "return_text_in_logprobs": False,
             "rid": rid,
         }
+
+    def _abort_body(self, rid: str) -> dict:
+        return {"rid": rid}
+
+    def _parse(self, payload, label_ids: Sequence[int]):
+        return parse_reply(payload, label_ids)
+
+    async def _generate(self, input_ids: Sequence[int], label_ids: Sequence[int]):
+        """(label log-probs, prompt tokens, cached tokens) of one branch."""
+        return await self._call(input_ids, label_ids)
+
+    async def _call(self, input_ids: Sequence[int], label_ids: Sequence[int]):
+        """One call: capped by the server-wide slots, aborted server-side when cancelled or
+        timed out, overload and outage mapped to retryable errors, the reply validated."""
+        client, slots = self._http()
+        rid = uuid.uuid4().hex
         async with slots:
             try:
-                response = await client.post("/generate", json=body)
+                response = await client.post(self.generate_path, json=self._request_body(rid, input_ids, label_ids))
             except asyncio.CancelledError:
                 self._abort(rid)
                 raise
@@ -196,7 +215,7 @@ class SGLangEngine:
             payload = response.json()
         except ValueError:
             raise EngineError("the engine's reply is not JSON") from None
-        return parse_reply(payload, label_ids)
+        return self._parse(payload, label_ids)
 
     def _abort(self, rid: str) -> None:
         """Ask the server to drop `rid` (fire and forget: the caller is already leaving)."""
@@ -204,7 +223,7 @@ class SGLangEngine:
 
         async def abort() -> None:
             try:
-                await client.post("/abort_request", json={"rid": rid}, timeout=5.0)
+                await client.post(self.abort_path, json=self._abort_body(rid), timeout=5.0)
             except httpx.HTTPError as e:
                 log.warning("abort of %s failed: %s", rid, e)
 

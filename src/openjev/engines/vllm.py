@@ -21,7 +21,6 @@ differs. Cancelled or timed-out calls are aborted on the server with
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import math
 import time
@@ -32,7 +31,7 @@ from typing import Any, Sequence
 import httpx
 
 from openjev.engines.sglang import SGLangEngine
-from openjev.errors import (ConfigError, EngineError, EngineTimeout, EngineUnavailable, ModelUnsuitable,
+from openjev.errors import (ConfigError, EngineError, EngineUnavailable, ModelUnsuitable,
                             TokensExceeded)
 
 log = logging.getLogger(__name__)
@@ -134,46 +133,17 @@ class VLLMEngine(SGLangEngine):
             cached = None if cached is None or c is None else cached + c
         return tuple(values), prompt, cached
 
-    async def _call(self, input_ids: Sequence[int], label_ids: Sequence[int]):
-        client, slots = self._http()
-        rid = uuid.uuid4().hex
-        async with slots:
-            try:
-                response = await client.post(GENERATE, json=request_body(rid, input_ids, label_ids))
-            except asyncio.CancelledError:
-                self._abort(rid)
-                raise
-            except httpx.TimeoutException:
-                self._abort(rid)
-                raise EngineTimeout(f"the engine did not answer within {self._timeout.read:g} s") from None
-            except httpx.TransportError as e:
-                raise EngineUnavailable(f"cannot reach the engine at {self.url}: {e}") from None
-        if response.status_code in (429, 503):
-            retry = response.headers.get("retry-after")
-            raise EngineUnavailable(f"the engine is busy ({response.status_code})",
-                                    headers={"Retry-After": retry} if retry else None)
-        if response.status_code >= 400:
-            raise EngineError(f"the engine answered {response.status_code}: {response.text[:300]}")
-        try:
-            payload = response.json()
-        except ValueError:
-            raise EngineError("the engine's reply is not JSON") from None
+    generate_path = GENERATE
+    abort_path = ABORT
+
+    def _request_body(self, rid: str, input_ids: Sequence[int], label_ids: Sequence[int]) -> dict:
+        return request_body(rid, input_ids, label_ids)
+
+    def _abort_body(self, rid: str) -> dict:
+        return {"request_ids": [ID_PREFIX + rid]}
+
+    def _parse(self, payload, label_ids: Sequence[int]):
         return parse_reply(payload, label_ids)
-
-    def _abort(self, rid: str) -> None:
-        """Ask the server to drop `rid` (fire and forget: the caller is already leaving)."""
-        client = self._client
-
-        async def abort() -> None:
-            try:
-                await client.post(ABORT, json={"request_ids": [ID_PREFIX + rid]}, timeout=5.0)
-            except httpx.HTTPError as e:
-                log.warning("abort of %s failed: %s", rid, e)
-
-        if client is not None:
-            task = asyncio.get_running_loop().create_task(abort())
-            self._aborts.add(task)
-            task.add_done_callback(self._aborts.discard)
 
 
 # ---- start-up checks (blocking; before the server listens)
@@ -297,7 +267,7 @@ def load(settings):
     from openjev.config import MAX_CHOICE_OPTIONS
     from openjev.core.prompts import PromptCompiler
     from openjev.engines import LoadedEngine, ModelCard
-    from openjev.engines.hf_model import file_date
+    from openjev.engines.hf_model import file_date, weights_fingerprint
     from openjev.engines.hf_tokenizer import HFChatTokenizer
     from openjev.runtime.sglang_process import SGLangProcess, wait_healthy
 
@@ -331,6 +301,7 @@ def load(settings):
     name = settings.served_name or Path(model_path.rstrip("/")).name.lower()
     local = Path(settings.model) if settings.model and Path(settings.model).exists() else None
     card = ModelCard(name=name, description=f"{model_path} served by vLLM at {url}",
-                     release_date=file_date(local) if local else time.strftime("%Y-%m-%d"))
+                     release_date=file_date(local) if local else time.strftime("%Y-%m-%d"),
+                     fingerprint=weights_fingerprint(local) if local else "")
     return LoadedEngine(engine=engine, tokenizer=tokenizer, card=card, load_seconds=time.perf_counter() - t0,
                         supervise=process.watch if process is not None else None)
