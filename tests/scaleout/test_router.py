@@ -226,6 +226,7 @@ def test_a_killed_worker_is_routed_around_and_reported(cluster):
                 pass
             time.sleep(0.5)
 
+    survivor_before = len(prefills(survivor))
     t0 = time.monotonic()
     os.killpg(victim.process.process.pid, signal.SIGKILL)  # a crash, not a shutdown
     watcher = threading.Thread(target=watch, daemon=True)
@@ -233,7 +234,13 @@ def test_a_killed_worker_is_routed_around_and_reported(cluster):
     answered = ask(api, state, MORE[0])  # routed to the dead worker first: the router retries
     failover_s = time.monotonic() - t0
     assert set(answered["answers"]) == set(MORE[0])
-    assert prefills(survivor)[-1][0] > 250  # the survivor computed the state anew
+    # The survivor served it. It computes the state anew unless some of the first request's
+    # branches had already been balanced onto it (more likely the more branches a request
+    # has, e.g. under --rotations): then it finds the state in its own cache.
+    served = prefills(survivor)[survivor_before:]
+    assert served, "the survivor prefilled nothing after the kill"
+    print(f"survivor after the kill: {len(served)} prefills, {sum(n for n, _ in served)} tokens computed, "
+          f"{sum(c for _, c in served)} cached")
     for questions in MORE[1:]:
         assert set(ask(api, state, questions)["answers"]) == set(questions)
     watcher.join(300)
