@@ -42,6 +42,8 @@ def test_a_document_loads_and_finds_its_fits(tmp_path):
     ({"fits": [{"readout": "yesno", "types": {"choice": {"temperature": -1}}}]}, "temperature"),
     ({"fits": [{"readout": "yesno", "types": {"essay": {"temperature": 1}}}]}, "question type"),
     ({"model": {}}, "name"),
+    ({"fits": [{"readout": "letters", "types": ["choice"]}]}, "not a valid calibration"),
+    ({"fits": "letters"}, "not a valid calibration"),
 ])
 def test_malformed_documents_are_refused_clearly(broken, match):
     with pytest.raises(ConfigError, match=match):

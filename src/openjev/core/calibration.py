@@ -124,7 +124,7 @@ def from_dict(data: Mapping[str, Any], source: str = "") -> Calibration:
             fits=tuple(fits),
             source=source,
         )
-    except (KeyError, TypeError, ValueError, ConfigError) as e:
+    except (KeyError, TypeError, ValueError, AttributeError, ConfigError) as e:
         where = source or "calibration"
         raise ConfigError(f"{where}: not a valid calibration file: {e}") from None
 
