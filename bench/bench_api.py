@@ -33,17 +33,23 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import machine  # noqa: E402
+from common import machine
 
 REQUEST = {  # the README's example: a short ticket, 3 questions (one of each type)
     "model": "jev-latest",
     "state": "Hi, I was charged twice for order #1234 and I want my money back today.",
     "questions": {
         "refund": {"type": "noul", "instructions": "Does the customer ask for a refund?"},
-        "department": {"type": "choice", "instructions": "Which team should handle this?",
-                       "criteria": {"billing": "Payments, charges and refunds", "technical": "Bugs in the app"}},
-        "urgency": {"type": "score", "instructions": "How urgent is this?",
-                    "criteria": ["Routine", "Urgent", "Emergency"]},
+        "department": {
+            "type": "choice",
+            "instructions": "Which team should handle this?",
+            "criteria": {"billing": "Payments, charges and refunds", "technical": "Bugs in the app"},
+        },
+        "urgency": {
+            "type": "score",
+            "instructions": "How urgent is this?",
+            "criteria": ["Routine", "Urgent", "Emergency"],
+        },
     },
 }
 
@@ -54,9 +60,11 @@ class InstantEngine:
     async def run(self, plan):
         from openjev.core.ports import BranchResult, PlanResult
 
-        return PlanResult(branches=tuple(BranchResult(tuple(-1.0 - 0.1 * i for i in range(len(b.label_ids))))
-                                         for b in plan.branches),
-                          computed_tokens=plan.unique_tokens, cached_tokens=0)
+        return PlanResult(
+            branches=tuple(BranchResult(tuple(-1.0 - 0.1 * i for i in range(len(b.label_ids)))) for b in plan.branches),
+            computed_tokens=plan.unique_tokens,
+            cached_tokens=0,
+        )
 
     async def close(self) -> None:
         pass
@@ -102,8 +110,10 @@ def _quiet_logs() -> None:
 
 
 def _raw_request(body: bytes) -> bytes:
-    return (b"POST /v1/systemone HTTP/1.1\r\nHost: bench\r\nContent-Type: application/json\r\n"
-            b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+    return (
+        b"POST /v1/systemone HTTP/1.1\r\nHost: bench\r\nContent-Type: application/json\r\n"
+        b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body
+    )
 
 
 async def _exchange(reader, writer, raw: bytes) -> int:
@@ -133,8 +143,11 @@ async def one_client(port: int, n: int) -> dict:
             times.append((time.perf_counter() - t0) * 1000)
     writer.close()
     times.sort()
-    return {"requests": n, "p50_ms": round(statistics.median(times), 3),
-            "p99_ms": round(times[int(0.99 * (len(times) - 1))], 3)}
+    return {
+        "requests": n,
+        "p50_ms": round(statistics.median(times), 3),
+        "p99_ms": round(times[int(0.99 * (len(times) - 1))], 3),
+    }
 
 
 async def many_clients(port: int, clients: int, total: int) -> dict:
@@ -163,11 +176,19 @@ def in_process(n: int = 400) -> dict:
     loaded = _loaded_with_instant_engine()
     app = create_app(load_settings({"max_in_flight": 4096}, environ={}), loader=lambda s: loaded)
     body = json.dumps(REQUEST).encode()
-    scope = {"type": "http", "method": "POST", "path": "/v1/systemone", "raw_path": b"/v1/systemone",
-             "query_string": b"", "headers": [(b"content-type", b"application/json"),
-                                              (b"content-length", str(len(body)).encode())],
-             "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 80), "scheme": "http", "http_version": "1.1",
-             "root_path": ""}
+    scope = {
+        "type": "http",
+        "method": "POST",
+        "path": "/v1/systemone",
+        "raw_path": b"/v1/systemone",
+        "query_string": b"",
+        "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
+        "client": ("127.0.0.1", 1),
+        "server": ("127.0.0.1", 80),
+        "scheme": "http",
+        "http_version": "1.1",
+        "root_path": "",
+    }
 
     async def call() -> None:
         sent, pending = [], [{"type": "http.request", "body": body, "more_body": False}]
@@ -208,12 +229,15 @@ def split(n: int = 300) -> dict:
     from starlette.responses import JSONResponse
 
     from openjev.api import convert, schemas
+
     try:
         from openjev.api.responses import FastJSONResponse
     except ImportError:  # measuring a version before it: orjson as it would be used
+
         class FastJSONResponse(JSONResponse):
             def render(self, content):
                 return orjson.dumps(content)
+
     from openjev.config import MAX_CHOICE_OPTIONS
     from openjev.core.prompts import PromptCompiler
     from openjev.core.service import DecisionService, ServiceLimits
@@ -261,8 +285,12 @@ def main() -> None:
     from tests.net import free_port
 
     port = free_port()
-    proc = subprocess.Popen([sys.executable, __file__, "--serve", str(port)], start_new_session=True,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [sys.executable, __file__, "--serve", str(port)],
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     try:
         deadline = time.monotonic() + 120
         while True:
@@ -279,9 +307,19 @@ def main() -> None:
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(30)
-    print(json.dumps({"bench": "api", "machine": machine(), "load_avg_1m": os.getloadavg()[0],
-                      "one_client": single, "clients_64": concurrent, "in_process": in_process(),
-                      "split_us": split()}))
+    print(
+        json.dumps(
+            {
+                "bench": "api",
+                "machine": machine(),
+                "load_avg_1m": os.getloadavg()[0],
+                "one_client": single,
+                "clients_64": concurrent,
+                "in_process": in_process(),
+                "split_us": split(),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -35,23 +35,35 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from common import TICKET, machine  # noqa: E402
-from tests.net import free_port  # noqa: E402
+from common import TICKET, machine
+from tests.net import free_port
 
 
 def request(tag: int, paragraphs: int = 2, questions: int = 2) -> dict:
     """A distinct ~200-token ticket (per `tag`) with noul + choice questions."""
-    qs = {"refund": {"type": "noul", "instructions": "Does the customer ask for a refund?"},
-          "team": {"type": "choice", "instructions": "Which team should handle this?",
-                   "criteria": {"billing": "Payments and refunds", "shipping": "Delivery", "other": None}}}
-    return {"model": "jev-latest", "state": " ".join(TICKET.format(n=tag * 10 + i) for i in range(paragraphs)),
-            "questions": dict(list(qs.items())[:questions])}
+    qs = {
+        "refund": {"type": "noul", "instructions": "Does the customer ask for a refund?"},
+        "team": {
+            "type": "choice",
+            "instructions": "Which team should handle this?",
+            "criteria": {"billing": "Payments and refunds", "shipping": "Delivery", "other": None},
+        },
+    }
+    return {
+        "model": "jev-latest",
+        "state": " ".join(TICKET.format(n=tag * 10 + i) for i in range(paragraphs)),
+        "questions": dict(list(qs.items())[:questions]),
+    }
 
 
 def start(args: list[str], log_path: str) -> tuple[subprocess.Popen, str]:
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "openjev", "serve", "--port", str(port), *args],
-                            stdout=open(log_path, "w"), stderr=subprocess.STDOUT, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "openjev", "serve", "--port", str(port), *args],
+        stdout=open(log_path, "w"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 300
     while True:
@@ -88,8 +100,9 @@ def gauge(url: str, name: str) -> float:
 
     try:
         text = httpx.get(url + "/metrics", timeout=10).text
-        return next((s.value for f in text_string_to_metric_families(text) for s in f.samples if s.name == name),
-                    float("nan"))
+        return next(
+            (s.value for f in text_string_to_metric_families(text) for s in f.samples if s.name == name), float("nan")
+        )
     except (httpx.HTTPError, ValueError):  # a version without /metrics (side-by-side runs)
         return float("nan")
 
@@ -107,6 +120,7 @@ async def capacity(url: str, seconds: float, clients: int = 4, at_least: int = 8
     done, tag = 0, [10_000]
     t0 = time.monotonic()
     async with httpx.AsyncClient(timeout=300) as client:
+
         async def worker():
             nonlocal done
             while time.monotonic() - t0 < seconds or (done < at_least and time.monotonic() - t0 < 300):
@@ -117,6 +131,7 @@ async def capacity(url: str, seconds: float, clients: int = 4, at_least: int = 8
                     continue
                 r.raise_for_status()
                 done += 1
+
         await asyncio.gather(*(worker() for _ in range(clients)))
         return done / (time.monotonic() - t0)
 
@@ -125,6 +140,7 @@ async def open_loop(url: str, rate: float, seconds: float) -> dict:
     results: list[tuple[int | str, float, bool]] = []
     limits = httpx.Limits(max_connections=1000, max_keepalive_connections=100)
     async with httpx.AsyncClient(timeout=300, limits=limits) as client:
+
         async def one(tag: int):
             t0 = time.monotonic()
             try:
@@ -149,10 +165,17 @@ async def open_loop(url: str, rate: float, seconds: float) -> dict:
     ok = [t for s, t, _ in results if s == 200]
     refused = [(s, h) for s, _, h in results if s in (429, 529)]
     bad = [s for s, _, _ in results if s not in (200, 429, 529)]
-    return {"offered": len(results), "offered_per_s": round(len(results) / seconds, 2), "status": counts,
-            "admitted_p50_s": pct(ok, 0.5), "admitted_p99_s": pct(ok, 0.99),
-            "refused_with_retry_after": sum(h for _, h in refused), "refused": len(refused),
-            "errors_or_5xx": len(bad), "pass": not bad and all(h for _, h in refused)}
+    return {
+        "offered": len(results),
+        "offered_per_s": round(len(results) / seconds, 2),
+        "status": counts,
+        "admitted_p50_s": pct(ok, 0.5),
+        "admitted_p99_s": pct(ok, 0.99),
+        "refused_with_retry_after": sum(h for _, h in refused),
+        "refused": len(refused),
+        "errors_or_5xx": len(bad),
+        "pass": not bad and all(h for _, h in refused),
+    }
 
 
 def load_mode(args) -> dict:
@@ -164,9 +187,16 @@ def load_mode(args) -> dict:
         result = asyncio.run(open_loop(url, 2 * cap, args.seconds))
     finally:
         code = stop(proc)
-    return {"bench": "load", "machine": machine(), "load_avg_1m": os.getloadavg()[0],
-            "max_tokens_in_flight": args.max_tokens_in_flight, "capacity_per_s": round(cap, 2),
-            "seconds": args.seconds, **result, "exit_status_after_sigterm": code}
+    return {
+        "bench": "load",
+        "machine": machine(),
+        "load_avg_1m": os.getloadavg()[0],
+        "max_tokens_in_flight": args.max_tokens_in_flight,
+        "capacity_per_s": round(cap, 2),
+        "seconds": args.seconds,
+        **result,
+        "exit_status_after_sigterm": code,
+    }
 
 
 def rss_mode(args) -> dict:
@@ -190,14 +220,21 @@ def rss_mode(args) -> dict:
         code = stop(proc)
     half = [s for s in samples if s[0] >= args.rss_minutes / 2]
     slope = statistics.linear_regression([s[0] for s in half], [s[1] for s in half]).slope if len(half) > 2 else None
-    return {"bench": "rss", "machine": machine(), "load_avg_1m": os.getloadavg()[0], "minutes": args.rss_minutes,
-            "requests": served, "prefix_cache_bytes_bound_mb": args.prefix_cache_bytes / 2**20,
-            "rss_after_first_mb": round(first, 1), "rss_end_mb": round(samples[-1][1], 1) if samples else None,
-            "rss_max_mb": round(max(s[1] for s in samples), 1) if samples else None,
-            "cache_end_mb": round(samples[-1][2], 1) if samples else None,
-            "slope_second_half_mb_per_min": None if slope is None else round(slope, 2),
-            "samples": [(round(m, 2), round(r, 1), round(c, 1)) for m, r, c in samples],
-            "exit_status_after_sigterm": code}
+    return {
+        "bench": "rss",
+        "machine": machine(),
+        "load_avg_1m": os.getloadavg()[0],
+        "minutes": args.rss_minutes,
+        "requests": served,
+        "prefix_cache_bytes_bound_mb": args.prefix_cache_bytes / 2**20,
+        "rss_after_first_mb": round(first, 1),
+        "rss_end_mb": round(samples[-1][1], 1) if samples else None,
+        "rss_max_mb": round(max(s[1] for s in samples), 1) if samples else None,
+        "cache_end_mb": round(samples[-1][2], 1) if samples else None,
+        "slope_second_half_mb_per_min": None if slope is None else round(slope, 2),
+        "samples": [(round(m, 2), round(r, 1), round(c, 1)) for m, r, c in samples],
+        "exit_status_after_sigterm": code,
+    }
 
 
 def main() -> None:

@@ -27,18 +27,18 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import torch  # noqa: E402
+import torch
+from common import core_request, machine, p50, payload
 
-from common import core_request, machine, p50, payload  # noqa: E402
-from openjev.config import MAX_CHOICE_OPTIONS, load_settings  # noqa: E402
-from openjev.core.plan import Plan  # noqa: E402
-from openjev.core.ports import BranchResult, PlanResult  # noqa: E402
-from openjev.core.prompts import PromptCompiler  # noqa: E402
-from openjev.core.service import DecisionService, ServiceLimits  # noqa: E402
-from openjev.engines import load_engine  # noqa: E402
-from openjev.engines.dtype import cpu_flags, native_bf16, pick_dtype  # noqa: E402
-from openjev.engines.hf_model import gguf_cache_folder, resolve_source  # noqa: E402
-from openjev.engines.inprocess import TransformersEngine  # noqa: E402
+from openjev.config import MAX_CHOICE_OPTIONS, load_settings
+from openjev.core.plan import Plan
+from openjev.core.ports import BranchResult, PlanResult
+from openjev.core.prompts import PromptCompiler
+from openjev.core.service import DecisionService, ServiceLimits
+from openjev.engines import load_engine
+from openjev.engines.dtype import cpu_flags, native_bf16, pick_dtype
+from openjev.engines.hf_model import gguf_cache_folder, resolve_source
+from openjev.engines.inprocess import TransformersEngine
 
 LIMITS = ServiceLimits(32_768, 262_144, 64, 3600, 1)
 
@@ -79,8 +79,9 @@ class Systems:
             self.compilers[dtype] = PromptCompiler(loaded.tokenizer, max_labels=MAX_CHOICE_OPTIONS)
             self.engines[dtype] = loaded.engine
             self.services[f"ours@{dtype}"] = DecisionService(self.compilers[dtype], loaded.engine, LIMITS)
-            self.services[f"naive@{dtype}"] = DecisionService(self.compilers[dtype], NaiveEngine(self.models[dtype]),
-                                                              LIMITS)
+            self.services[f"naive@{dtype}"] = DecisionService(
+                self.compilers[dtype], NaiveEngine(self.models[dtype]), LIMITS
+            )
             if with_llm2jev:
                 from llm2jev.backends import HF
                 from llm2jev.engine import LLM2Jev
@@ -91,8 +92,9 @@ class Systems:
                 self.llm2jev[f"llm2jev@{dtype}"] = LLM2Jev(AutoTokenizer.from_pretrained(folder), backend)
 
     def names(self, *systems: str) -> list[str]:
-        return [f"{system}@{dtype}" for dtype in self.dtypes for system in systems
-                if system != "llm2jev" or self.llm2jev]
+        return [
+            f"{system}@{dtype}" for dtype in self.dtypes for system in systems if system != "llm2jev" or self.llm2jev
+        ]
 
     async def fresh_ours(self) -> None:
         """New engines on the same weights: empty prefix caches, so 'cold' means cold."""
@@ -122,10 +124,16 @@ async def ratio_section(systems: Systems) -> dict:
     for n in (1, 4, 8, 16):
         await systems.fresh_ours()  # cold: nothing of this request in any cache
         ours = (await systems.answer(systems.names("ours")[0], payload(n, tag=500 + n))).usage
-        rows.append({"questions": n, "distinct_tokens": ours.input_tokens,
-                     "ours_computed": ours.computed_tokens, "naive_computed": ours.prompt_tokens,
-                     "ours_ratio": round(ours.computed_tokens / ours.input_tokens, 3),
-                     "naive_ratio": round(ours.prompt_tokens / ours.input_tokens, 3)})
+        rows.append(
+            {
+                "questions": n,
+                "distinct_tokens": ours.input_tokens,
+                "ours_computed": ours.computed_tokens,
+                "naive_computed": ours.prompt_tokens,
+                "ours_ratio": round(ours.computed_tokens / ours.input_tokens, 3),
+                "naive_ratio": round(ours.prompt_tokens / ours.input_tokens, 3),
+            }
+        )
     return {"section": "ratio", "results": rows}
 
 
@@ -137,7 +145,7 @@ async def latency_section(systems: Systems, names: list[str], repeats: int, size
         cold = {name: [] for name in names}
         warm = {name: [] for name in names}
         for rep in range(repeats):
-            for name in (names if rep % 2 == 0 else names[::-1]):
+            for name in names if rep % 2 == 0 else names[::-1]:
                 tag = 1000 * (names.index(name) + 1) + 10 * n + rep  # a state no system has seen
                 ms, _ = await timed(systems, name, payload(n, tag=tag))
                 cold[name].append(ms)
@@ -158,16 +166,19 @@ async def latency_section(systems: Systems, names: list[str], repeats: int, size
     return {"section": "latency", "repeats": repeats, "results": rows}
 
 
-async def throughput_section(systems: Systems, names: list[str], requests: int, questions: int,
-                             paragraphs: int) -> dict:
+async def throughput_section(
+    systems: Systems, names: list[str], requests: int, questions: int, paragraphs: int
+) -> dict:
     rows = []
     for clients in (1, 4, 16):
         row = {"clients": clients}
         for name in names:
-            queue = [payload(questions, tag=20_000 + 1000 * clients + 100 * names.index(name) + i,
-                             paragraphs=paragraphs) for i in range(requests)]
+            queue = [
+                payload(questions, tag=20_000 + 1000 * clients + 100 * names.index(name) + i, paragraphs=paragraphs)
+                for i in range(requests)
+            ]
 
-            async def client():
+            async def client(name: str = name, queue: list = queue):
                 while queue:
                     await systems.answer(name, queue.pop())
 
@@ -182,10 +193,16 @@ async def throughput_section(systems: Systems, names: list[str], requests: int, 
                 key = f"{name}_decisions_per_s"
                 row[f"{name}_over_serial"] = round(row[key] / rows[0][key], 2)
             else:
-                row[f"{_ours(name)}_over_{name}"] = round(row[f"{_ours(name)}_decisions_per_s"]
-                                                          / row[f"{name}_decisions_per_s"], 2)
-    return {"section": "throughput", "requests_per_level": requests, "questions_per_request": questions,
-            "state_paragraphs": paragraphs, "results": rows}
+                row[f"{_ours(name)}_over_{name}"] = round(
+                    row[f"{_ours(name)}_decisions_per_s"] / row[f"{name}_decisions_per_s"], 2
+                )
+    return {
+        "section": "throughput",
+        "requests_per_level": requests,
+        "questions_per_request": questions,
+        "state_paragraphs": paragraphs,
+        "results": rows,
+    }
 
 
 def main() -> None:
@@ -195,18 +212,29 @@ def main() -> None:
     parser.add_argument("--throughput-requests", type=int, default=16)
     parser.add_argument("--sections", nargs="+", default=["ratio", "latency", "throughput"])
     parser.add_argument("--latency-questions", nargs="+", type=int, default=[1, 4, 8])
-    parser.add_argument("--systems", nargs="+", choices=["ours", "naive", "llm2jev"],
-                        default=["ours", "naive", "llm2jev"])
-    parser.add_argument("--dtypes", nargs="+", choices=["float32", "bfloat16"], default=None,
-                        help="default: both where the CPU computes bfloat16 natively, else float32")
+    parser.add_argument(
+        "--systems", nargs="+", choices=["ours", "naive", "llm2jev"], default=["ours", "naive", "llm2jev"]
+    )
+    parser.add_argument(
+        "--dtypes",
+        nargs="+",
+        choices=["float32", "bfloat16"],
+        default=None,
+        help="default: both where the CPU computes bfloat16 natively, else float32",
+    )
     args = parser.parse_args()
     dtypes = args.dtypes or (["float32", "bfloat16"] if native_bf16(cpu_flags()) else ["float32"])
     with_llm2jev = not args.skip_llm2jev and "llm2jev" in args.systems
     systems = Systems(dtypes, with_llm2jev=with_llm2jev)
     names = systems.names(*dict.fromkeys(["ours", *args.systems]))
-    head = {"bench": "plans", "machine": machine(), "torch_threads": torch.get_num_threads(), "dtypes": dtypes,
-            "auto_dtype": pick_dtype("auto", "cpu").reason,
-            "llm2jev": "0.6.1, transformers backend via its Python API, same dtype" if with_llm2jev else None}
+    head = {
+        "bench": "plans",
+        "machine": machine(),
+        "torch_threads": torch.get_num_threads(),
+        "dtypes": dtypes,
+        "auto_dtype": pick_dtype("auto", "cpu").reason,
+        "llm2jev": "0.6.1, transformers backend via its Python API, same dtype" if with_llm2jev else None,
+    }
 
     async def run():
         if "ratio" in args.sections:
@@ -224,8 +252,15 @@ def main() -> None:
                 print(json.dumps({**head, **section}), flush=True)
 
     asyncio.run(run())
-    print(json.dumps({**head, "section": "memory",
-                      "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)}))
+    print(
+        json.dumps(
+            {
+                **head,
+                "section": "memory",
+                "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

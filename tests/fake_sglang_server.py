@@ -24,8 +24,12 @@ def main() -> None:
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(args.model_path, local_files_only=True)
-    info = {"model_path": args.model_path, "tokenizer_path": args.model_path, "is_generation": True,
-            "disable_radix_cache": args.disable_radix_cache}
+    info = {
+        "model_path": args.model_path,
+        "tokenizer_path": args.model_path,
+        "is_generation": True,
+        "disable_radix_cache": args.disable_radix_cache,
+    }
 
     class Handler(BaseHTTPRequestHandler):
         def log_message(self, *a) -> None:  # quiet
@@ -58,9 +62,14 @@ def main() -> None:
             ids = body.get("input_ids") or tokenizer(body["text"], add_special_tokens=False)["input_ids"]
             labels = body.get("token_ids_logprob") or []
             values = fake_logprobs(ids, len(labels))
-            meta = {"id": body.get("rid"), "finish_reason": {"type": "length", "length": 1},
-                    "prompt_tokens": len(ids), "completion_tokens": 1, "cached_tokens": 0,
-                    "output_token_ids_logprobs": [[[v, t, None] for v, t in zip(values, labels)]]}
+            meta = {
+                "id": body.get("rid"),
+                "finish_reason": {"type": "length", "length": 1},
+                "prompt_tokens": len(ids),
+                "completion_tokens": 1,
+                "cached_tokens": 0,
+                "output_token_ids_logprobs": [[[v, t, None] for v, t in zip(values, labels, strict=True)]],
+            }
             if body.get("logprob_start_len") == 0:
                 meta["input_token_logprobs"] = [[None if i == 0 else -1.0, t, None] for i, t in enumerate(ids)]
             self._json(200, {"text": "", "meta_info": meta})

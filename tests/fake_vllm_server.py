@@ -66,18 +66,37 @@ def main() -> None:
             params = body["sampling_params"]
             labels = params["logprob_token_ids"]
             if params.get("logprobs", 0) > args.max_logprobs:
-                self._json(400, {"error": {"message": f"Requested sample logprobs of {params['logprobs']}, which "
-                                                      f"is greater than max allowed: {args.max_logprobs}"}})
+                self._json(
+                    400,
+                    {
+                        "error": {
+                            "message": f"Requested sample logprobs of {params['logprobs']}, which "
+                            f"is greater than max allowed: {args.max_logprobs}"
+                        }
+                    },
+                )
                 return
             ids = body["token_ids"]
             values = fake_logprobs(ids, len(labels))
-            entries = [{"token_id": t, "logprob": v, "rank": 1} for v, t in zip(values, labels)]
+            entries = [{"token_id": t, "logprob": v, "rank": 1} for v, t in zip(values, labels, strict=True)]
             usage = {"prompt_tokens": len(ids), "completion_tokens": 1}
             if args.enable_prompt_tokens_details:
                 usage["prompt_tokens_details"] = {"cached_tokens": 0}
-            self._json(200, {"request_id": "generate-tokens-" + body["request_id"], "usage": usage, "choices": [
-                {"index": 0, "finish_reason": "length", "token_ids": [labels[0]],
-                 "logprobs": {"content": [{**entries[0], "top_logprobs": entries}]}}]})
+            self._json(
+                200,
+                {
+                    "request_id": "generate-tokens-" + body["request_id"],
+                    "usage": usage,
+                    "choices": [
+                        {
+                            "index": 0,
+                            "finish_reason": "length",
+                            "token_ids": [labels[0]],
+                            "logprobs": {"content": [{**entries[0], "top_logprobs": entries}]},
+                        }
+                    ],
+                },
+            )
 
     ThreadingHTTPServer((args.host, args.port), Handler).serve_forever()
 

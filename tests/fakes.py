@@ -6,12 +6,17 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import TYPE_CHECKING
 
 from openjev.core.plan import Plan
 from openjev.core.ports import BranchResult, PlanResult
 from openjev.core.types import Turn
+
+if TYPE_CHECKING:
+    import httpx
+import itertools
 
 _SPECIAL = re.compile(r"(<\|im_start\|>|<\|im_end\|>)")
 _PIECE = re.compile(r" ?[A-Za-z0-9]+| ?[^\sA-Za-z0-9]|\s+")
@@ -33,7 +38,7 @@ class FakeTokenizer:
         self.encode_calls = 0
 
     def render(self, turns: Sequence[Turn], *, add_generation_prompt: bool) -> str:
-        if self.alternating and any(a.role == b.role == "user" for a, b in zip(turns, turns[1:])):
+        if self.alternating and any(a.role == b.role == "user" for a, b in itertools.pairwise(turns)):
             raise ValueError("Conversation roles must alternate user/assistant/user/assistant/...")
         if self.glued:
             text = "".join(f"{t.role}: {t.content}" for t in turns)
@@ -107,8 +112,16 @@ class FakeSGLang:
     `cached_tokens` (Rust frontend), error statuses, aborted finish reasons, slowness.
     """
 
-    def __init__(self, *, delay_s: float = 0.0, report_cached: bool = True, fail_status: int | None = None,
-                 fail_when=None, abort_when=None, null_token: int | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        delay_s: float = 0.0,
+        report_cached: bool = True,
+        fail_status: int | None = None,
+        fail_when=None,
+        abort_when=None,
+        null_token: int | None = None,
+    ) -> None:
         self.delay_s = delay_s
         self.report_cached = report_cached
         self.fail_status = fail_status
@@ -121,7 +134,7 @@ class FakeSGLang:
         self.in_flight = 0
         self.max_in_flight = 0
 
-    def transport(self) -> "httpx.MockTransport":
+    def transport(self) -> httpx.MockTransport:
         import httpx
 
         return httpx.MockTransport(self.handle)
@@ -163,12 +176,17 @@ class FakeSGLang:
             record["end"] = asyncio.get_running_loop().time()
         labels = body["token_ids_logprob"]
         values = fake_logprobs(ids, len(labels))
-        entries = [[None if t == self.null_token else v, t, None] for v, t in zip(values, labels)][::-1]
+        entries = [[None if t == self.null_token else v, t, None] for v, t in zip(values, labels, strict=True)][::-1]
         finish = {"type": "length", "length": 1}
         if self.abort_when and self.abort_when(ids):
             finish = {"type": "abort", "message": "memory pressure"}
-        meta = {"id": body["rid"], "finish_reason": finish, "prompt_tokens": len(ids), "completion_tokens": 1,
-                "output_token_ids_logprobs": [entries]}
+        meta = {
+            "id": body["rid"],
+            "finish_reason": finish,
+            "prompt_tokens": len(ids),
+            "completion_tokens": 1,
+            "output_token_ids_logprobs": [entries],
+        }
         if self.report_cached:
             meta["cached_tokens"] = cached
         return httpx.Response(200, json={"text": "", "output_ids": [labels[0]], "meta_info": meta})
@@ -185,10 +203,20 @@ class FakeVLLM:
     prompt_tokens_details (no --enable-prompt-tokens-details), error statuses, slowness.
     """
 
-    def __init__(self, *, delay_s: float = 0.0, block: int = 16, report_cached: bool = True,
-                 route_status: int | None = None, max_logprobs: int = 128, fail_status: int | None = None,
-                 fail_when=None, null_token: int | None = None, max_model_len: int = 8192,
-                 tokenize=None) -> None:
+    def __init__(
+        self,
+        *,
+        delay_s: float = 0.0,
+        block: int = 16,
+        report_cached: bool = True,
+        route_status: int | None = None,
+        max_logprobs: int = 128,
+        fail_status: int | None = None,
+        fail_when=None,
+        null_token: int | None = None,
+        max_model_len: int = 8192,
+        tokenize=None,
+    ) -> None:
         self.delay_s = delay_s
         self.block = block
         self.report_cached = report_cached
@@ -205,12 +233,12 @@ class FakeVLLM:
         self.in_flight = 0
         self.max_in_flight = 0
 
-    def transport(self) -> "httpx.MockTransport":
+    def transport(self) -> httpx.MockTransport:
         import httpx
 
         return httpx.MockTransport(self.handle)
 
-    def sync_transport(self) -> "httpx.MockTransport":
+    def sync_transport(self) -> httpx.MockTransport:
         import httpx
 
         return httpx.MockTransport(lambda request: asyncio.run(self.handle(request)))
@@ -233,8 +261,13 @@ class FakeVLLM:
         if path == "/health":
             return httpx.Response(200)
         if path == "/v1/models":
-            return httpx.Response(200, json={"object": "list", "data": [
-                {"id": "/models/fake", "object": "model", "max_model_len": self.max_model_len}]})
+            return httpx.Response(
+                200,
+                json={
+                    "object": "list",
+                    "data": [{"id": "/models/fake", "object": "model", "max_model_len": self.max_model_len}],
+                },
+            )
         if path == "/tokenize":
             if self.tokenize is None:
                 return httpx.Response(404)
@@ -251,8 +284,14 @@ class FakeVLLM:
         params = body["sampling_params"]
         labels = params["logprob_token_ids"]
         if len(labels) > 128 or params.get("logprobs", 0) > self.max_logprobs:
-            return httpx.Response(400, json={"error": {"message": f"Requested sample logprobs of {len(labels)}, "
-                                                                  f"which is greater than max allowed: 20"}})
+            return httpx.Response(
+                400,
+                json={
+                    "error": {
+                        "message": f"Requested sample logprobs of {len(labels)}, which is greater than max allowed: 20"
+                    }
+                },
+            )
         record = {"body": body, "start": asyncio.get_running_loop().time(), "end": None}
         self.calls.append(record)
         ids = tuple(body["token_ids"])
@@ -269,16 +308,30 @@ class FakeVLLM:
             self.in_flight -= 1
             record["end"] = asyncio.get_running_loop().time()
         values = fake_logprobs(ids, len(labels))
-        entries = [{"token_id": t, "logprob": -9999.0 if t == self.null_token else v, "rank": 3 + i}
-                   for i, (v, t) in enumerate(zip(values, labels))]
+        entries = [
+            {"token_id": t, "logprob": -9999.0 if t == self.null_token else v, "rank": 3 + i}
+            for i, (v, t) in enumerate(zip(values, labels, strict=True))
+        ]
         allowed = params.get("allowed_token_ids") or labels
         sampled = max((e for e in entries if e["token_id"] in allowed), key=lambda e: e["logprob"])
         # the sampled token first, then the others; `logprobs` entries in all (vLLM's truncation)
-        top = [sampled, *(e for e in entries if e is not sampled)][:params["logprobs"]]
+        top = [sampled, *(e for e in entries if e is not sampled)][: params["logprobs"]]
         usage = {"prompt_tokens": len(ids), "completion_tokens": 1, "total_tokens": len(ids) + 1}
         if self.report_cached:
             usage["prompt_tokens_details"] = {"cached_tokens": cached}
-        return httpx.Response(200, json={
-            "request_id": "generate-tokens-" + body["request_id"], "model": "/models/fake", "usage": usage,
-            "choices": [{"index": 0, "finish_reason": "length", "token_ids": [sampled["token_id"]],
-                         "logprobs": {"content": [{**sampled, "top_logprobs": top}]}}]})
+        return httpx.Response(
+            200,
+            json={
+                "request_id": "generate-tokens-" + body["request_id"],
+                "model": "/models/fake",
+                "usage": usage,
+                "choices": [
+                    {
+                        "index": 0,
+                        "finish_reason": "length",
+                        "token_ids": [sampled["token_id"]],
+                        "logprobs": {"content": [{**sampled, "top_logprobs": top}]},
+                    }
+                ],
+            },
+        )

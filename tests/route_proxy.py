@@ -24,7 +24,7 @@ def start(upstream: str, route: str, alias: str) -> tuple[str, ThreadingHTTPServ
         def _forward(self) -> None:
             path = self.path
             if path == route or path.startswith(route + "?"):
-                path = alias + path[len(route):]
+                path = alias + path[len(route) :]
                 server.rewritten += 1
             length = int(self.headers.get("Content-Length") or 0)
             body = self.rfile.read(length) if length else None

@@ -11,14 +11,30 @@ def _args(*argv):
 
 
 def test_questions_keep_flag_order_and_become_a_request():
-    args = _args("--state", "hello", "--score", "How angry?", "calm", "furious", "--noul", "urgent=Is it urgent?",
-                 "--choice", "Team?", "billing=Payments", "technical")
+    args = _args(
+        "--state",
+        "hello",
+        "--score",
+        "How angry?",
+        "calm",
+        "furious",
+        "--noul",
+        "urgent=Is it urgent?",
+        "--choice",
+        "Team?",
+        "billing=Payments",
+        "technical",
+    )
     body = ask.build_request(args)
-    assert body == {"model": "jev-latest", "state": "hello", "questions": {
-        "q1": {"type": "score", "instructions": "How angry?", "criteria": ["calm", "furious"]},
-        "urgent": {"type": "noul", "instructions": "Is it urgent?"},
-        "q3": {"type": "choice", "instructions": "Team?", "criteria": {"billing": "Payments", "technical": None}},
-    }}
+    assert body == {
+        "model": "jev-latest",
+        "state": "hello",
+        "questions": {
+            "q1": {"type": "score", "instructions": "How angry?", "criteria": ["calm", "furious"]},
+            "urgent": {"type": "noul", "instructions": "Is it urgent?"},
+            "q3": {"type": "choice", "instructions": "Team?", "criteria": {"billing": "Payments", "technical": None}},
+        },
+    }
 
 
 def test_state_from_a_file(tmp_path):
@@ -46,9 +62,19 @@ def test_bars_are_proportional(p, filled):
 
 def test_table_marks_the_chosen_option():
     request = {"questions": {"t": {"instructions": "Team?"}}}
-    response = {"model": "m", "usage": {"input_tokens": 3}, "answers": {"t": {
-        "type": "choice", "choice": "b", "probabilities": {"a": 0.25, "b": 0.75}, "confidence": 0.5,
-        "x_label_mass": 0.9}}}
+    response = {
+        "model": "m",
+        "usage": {"input_tokens": 3},
+        "answers": {
+            "t": {
+                "type": "choice",
+                "choice": "b",
+                "probabilities": {"a": 0.25, "b": 0.75},
+                "confidence": 0.5,
+                "x_label_mass": 0.9,
+            }
+        },
+    }
     text = ask.render(request, response, "engine;dur=1.0")
     assert "t: Team?  ->  b  (confidence 0.50, label mass 0.90)" in text
     assert "  > b  " in text and "    a  " in text and "75.0%" in text and "engine;dur=1.0" in text

@@ -4,6 +4,7 @@
 Stdlib only. Usage: python3 evals/data/check.py [DIR]   (DIR defaults to this file's folder)
 Exit status 0 when every check passes, 1 otherwise (all problems are listed).
 """
+
 import collections
 import json
 import pathlib
@@ -60,8 +61,11 @@ def check_question(where, q, ans):
         err(where, "missing or empty instructions")
     t, crit = q.get("type"), q.get("criteria")
     if t == "noul":
-        if crit is not None and (not isinstance(crit, dict) or set(crit) != {"true", "false"}
-                                 or not all(is_nonempty_str(v) for v in crit.values())):
+        if crit is not None and (
+            not isinstance(crit, dict)
+            or set(crit) != {"true", "false"}
+            or not all(is_nonempty_str(v) for v in crit.values())
+        ):
             err(where, "noul criteria must be {'true': str, 'false': str}")
         if not isinstance(ans, bool):
             err(where, f"noul answer must be a boolean, got {ans!r}")
@@ -88,12 +92,12 @@ def check_question(where, q, ans):
 
 def main(folder):
     ids = set()
-    n_items = collections.Counter()          # split -> items
-    n_q = collections.Counter()              # (split, type) -> questions
-    noul = collections.Counter()             # (split, bool)
-    choice = collections.Counter()           # (split, n_options, position)
-    score = collections.Counter()            # (split, n_levels, index)
-    forms = collections.Counter()            # state form
+    n_items = collections.Counter()  # split -> items
+    n_q = collections.Counter()  # (split, type) -> questions
+    noul = collections.Counter()  # (split, bool)
+    choice = collections.Counter()  # (split, n_options, position)
+    score = collections.Counter()  # (split, n_levels, index)
+    forms = collections.Counter()  # state form
     long_states = 0
     for split in SPLITS:
         path = folder / f"{split}.jsonl"
@@ -162,7 +166,7 @@ def main(folder):
     total_q = sum(n_q.values())
     print("Items and questions per split and type")
     print(f"  {'split':6} {'items':>5} " + " ".join(f"{t:>6}" for t in TYPES) + f" {'total':>6}")
-    for s in SPLITS + ("all",):
+    for s in (*SPLITS, "all"):
         ss = SPLITS if s == "all" else (s,)
         row = [sum(n_q[(x, t)] for x in ss) for t in TYPES]
         print(f"  {s:6} {sum(n_items[x] for x in ss):5} " + " ".join(f"{v:6}" for v in row) + f" {sum(row):6}")
@@ -197,14 +201,13 @@ def main(folder):
         print(f"\n{title}")
         for n in sorted({k[1] for k in counter}):
             cells = []
-            for s in SPLITS + ("all",):
+            for s in (*SPLITS, "all"):
                 ss = SPLITS if s == "all" else (s,)
                 cnt = [sum(counter[(x, n, i)] for x in ss) for i in range(n)]
                 cells.append(f"{s} {cnt}")
             print(f"  {n} {label}: " + "   ".join(cells))
 
-    hist("choice: position of the correct option (index 0 = first listed), by number of options", choice,
-         "options")
+    hist("choice: position of the correct option (index 0 = first listed), by number of options", choice, "options")
     for s in SPLITS:
         for n in sorted({k[1] for k in choice if k[0] == s}):
             cnt = [choice[(s, n, i)] for i in range(n)]
@@ -222,8 +225,10 @@ def main(folder):
         lows = sum(score[(s, n, 0)] for n in range(2, 6))
         highs = sum(score[(s, n, n - 1)] for n in range(2, 6))
         expect = sum(score[(s, n, i)] / n for n in range(2, 6) for i in range(n))
-        print(f"  {s}: answers at the lowest level {lows}, at the highest level {highs} "
-              f"(uniform would give {expect:.1f} each)")
+        print(
+            f"  {s}: answers at the lowest level {lows}, at the highest level {highs} "
+            f"(uniform would give {expect:.1f} each)"
+        )
         if lows < 0.7 * expect or highs < 0.7 * expect:
             err("spread", f"score in {s}: too few answers at the extreme levels")
 

@@ -31,25 +31,45 @@ class _Question(argparse.Action):
         values = list(values) if isinstance(values, list) else [values]
         minimum = {"noul": 1, "choice": 3, "score": 3}[kind]
         if len(values) < minimum:
-            parser.error(f"{option_string} needs the question text" +
-                         ("" if kind == "noul" else " and at least two options"))
+            parser.error(
+                f"{option_string} needs the question text" + ("" if kind == "noul" else " and at least two options")
+            )
         namespace.questions = [*(namespace.questions or []), (kind, values)]
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("ask", help="ask a running server one decision request and print the answers",
-                       description=__doc__.split("\n\n")[0])
-    p.add_argument("--url", default=os.environ.get(URL_ENV, "http://127.0.0.1:8000"),
-                   help=f"server root [env {URL_ENV}; default http://127.0.0.1:8000]")
+    p = sub.add_parser(
+        "ask",
+        help="ask a running server one decision request and print the answers",
+        description=__doc__.split("\n\n")[0],
+    )
+    p.add_argument(
+        "--url",
+        default=os.environ.get(URL_ENV, "http://127.0.0.1:8000"),
+        help=f"server root [env {URL_ENV}; default http://127.0.0.1:8000]",
+    )
     p.add_argument("--key", default=os.environ.get(KEY_ENV), help=f"API key [env {KEY_ENV}]")
     p.add_argument("--model", default="jev-latest", help="model to ask (default jev-latest)")
     p.add_argument("--state", required=True, help="what the questions are about; '-' reads stdin, @FILE reads a file")
-    p.add_argument("--noul", action=_Question, nargs=1, metavar="TEXT", dest="questions",
-                   help="a yes/no question (repeatable)")
-    p.add_argument("--choice", action=_Question, nargs="+", metavar=("TEXT", "OPTION"), dest="questions",
-                   help="a question and its options, OPTION or OPTION=description (repeatable)")
-    p.add_argument("--score", action=_Question, nargs="+", metavar=("TEXT", "LEVEL"), dest="questions",
-                   help="a question and its levels, lowest first (repeatable)")
+    p.add_argument(
+        "--noul", action=_Question, nargs=1, metavar="TEXT", dest="questions", help="a yes/no question (repeatable)"
+    )
+    p.add_argument(
+        "--choice",
+        action=_Question,
+        nargs="+",
+        metavar=("TEXT", "OPTION"),
+        dest="questions",
+        help="a question and its options, OPTION or OPTION=description (repeatable)",
+    )
+    p.add_argument(
+        "--score",
+        action=_Question,
+        nargs="+",
+        metavar=("TEXT", "LEVEL"),
+        dest="questions",
+        help="a question and its levels, lowest first (repeatable)",
+    )
     p.add_argument("--json", action="store_true", help="print the response body as JSON")
     p.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for the answer (default 120)")
 
@@ -160,4 +180,3 @@ def _error_message(r: httpx.Response) -> str:
     if isinstance(detail, list):  # validation: where, then what
         return "; ".join(f"{'.'.join(str(x) for x in d.get('loc', [])[1:])}: {d.get('msg')}" for d in detail)
     return r.text[:500]
-

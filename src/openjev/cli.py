@@ -9,7 +9,8 @@ import json
 import os
 import signal
 import sys
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from openjev import __version__, ask
 from openjev.config import Settings, env_name, flag_name, load_settings
@@ -21,11 +22,18 @@ def _add_setting_flags(parser: argparse.ArgumentParser) -> None:
         help_text = f"{f.metadata['help']} [env {env_name(f)}; default {f.default!r}]"
         kind = str(f.type)
         if kind == "bool":
-            parser.add_argument(flag_name(f), dest=f.name, action="store_const", const=True, default=None,
-                                help=help_text)
+            parser.add_argument(
+                flag_name(f), dest=f.name, action="store_const", const=True, default=None, help=help_text
+            )
         elif kind.startswith("tuple"):
-            parser.add_argument(flag_name(f), dest=f.name, action="append", default=None,
-                                metavar=f.metadata.get("metavar", "VALUE"), help=help_text)
+            parser.add_argument(
+                flag_name(f),
+                dest=f.name,
+                action="append",
+                default=None,
+                metavar=f.metadata.get("metavar", "VALUE"),
+                help=help_text,
+            )
         else:
             cast: Any = int if kind == "int" else float if kind == "float" else str
             parser.add_argument(flag_name(f), dest=f.name, type=cast, default=None, help=help_text)
@@ -87,8 +95,15 @@ def serve(settings: Settings) -> int:
     signal.signal(signal.SIGHUP, lambda sig, frame: ops.keys.reload())
     # The drain (SIGTERM) has already let in-flight requests finish when uvicorn's own
     # shutdown starts; what is left for it is closing idle keep-alive connections.
-    config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level=settings.log_level,
-                            log_config=None, access_log=False, timeout_graceful_shutdown=5)
+    config = uvicorn.Config(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_level=settings.log_level,
+        log_config=None,
+        access_log=False,
+        timeout_graceful_shutdown=5,
+    )
     server = DrainingServer(config, ops.drain)
     server.run()
     if failed:
@@ -111,7 +126,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     passthrough: list[str] = []
     if "--" in argv:  # `openjev serve --engine sglang ... -- <child server flags>`
         at = argv.index("--")
-        argv, passthrough = argv[:at], argv[at + 1:]
+        argv, passthrough = argv[:at], argv[at + 1 :]
     args = build_parser().parse_args(argv)
     try:
         if args.command == "schema":

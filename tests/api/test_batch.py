@@ -18,7 +18,7 @@ def _lines(r):
 
 
 async def test_requests_form_streams_one_line_per_item_then_a_summary(api):
-    client, engine = api
+    client, _engine = api
     items = [VALID, {**VALID, "state": "Second ticket"}, {**VALID, "state": "Third ticket"}]
     r = await client.post("/v1/systemone/batch", json={"requests": items})
     assert r.status_code == 200, r.text
@@ -34,21 +34,26 @@ async def test_requests_form_streams_one_line_per_item_then_a_summary(api):
 
 
 async def test_states_form_asks_the_same_questions_about_each_state(api):
-    client, engine = api
+    client, _engine = api
     body = {"model": "jev-latest", "questions": QUESTIONS, "states": ["one", {"ticket": 2}, "three"]}
     r = await client.post("/v1/systemone/batch", json=body, headers={"Accept": "application/json"})
     assert r.status_code == 200, r.text
     items = r.json()
     assert [item["index"] for item in items] == [0, 1, 2]  # item order
-    for item, state in zip(items, body["states"]):
+    for item, state in zip(items, body["states"], strict=True):
         single = (await client.post("/v1/systemone", json={**VALID, "state": state})).json()
         assert item["answers"] == single["answers"]
 
 
 async def test_a_bad_item_fails_alone_with_its_own_error(api):
     client, _ = api
-    items = [VALID, {"state": "no questions"}, 17, {**VALID, "model": "gpt-4"},
-             {**VALID, "assets": {"img": {"url": "x"}}}]
+    items = [
+        VALID,
+        {"state": "no questions"},
+        17,
+        {**VALID, "model": "gpt-4"},
+        {**VALID, "assets": {"img": {"url": "x"}}},
+    ]
     r = await client.post("/v1/systemone/batch", json={"requests": items}, headers={"Accept": "application/json"})
     assert r.status_code == 200
     ok, missing, scalar, unknown_model, assets = r.json()
@@ -69,14 +74,17 @@ async def test_an_item_over_its_token_budget_fails_alone():
         assert len(engine.plans) == 1  # the item over budget never reached the engine
 
 
-@pytest.mark.parametrize("body", [
-    {},
-    {"requests": []},
-    {"requests": [VALID], "states": ["x"], "questions": QUESTIONS},
-    {"states": ["x"]},
-    {"states": ["x"], "questions": {"q": {"type": "choice", "criteria": {"only": None}}}},
-    {"requests": [VALID], "surprise": 1},
-])
+@pytest.mark.parametrize(
+    "body",
+    [
+        {},
+        {"requests": []},
+        {"requests": [VALID], "states": ["x"], "questions": QUESTIONS},
+        {"states": ["x"]},
+        {"states": ["x"], "questions": {"q": {"type": "choice", "criteria": {"only": None}}}},
+        {"requests": [VALID], "surprise": 1},
+    ],
+)
 async def test_a_bad_envelope_is_a_422(api, body):
     client, engine = api
     r = await client.post("/v1/systemone/batch", json=body)

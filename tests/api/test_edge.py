@@ -56,8 +56,9 @@ async def test_gzip_and_zstd_bodies_are_decoded(api):
     client, _ = api
     raw = json.dumps(VALID).encode()
     for encoding, data in (("gzip", gzip.compress(raw)), ("zstd", zstandard.ZstdCompressor().compress(raw))):
-        r = await client.post("/v1/systemone", content=data,
-                              headers={"content-type": "application/json", "content-encoding": encoding})
+        r = await client.post(
+            "/v1/systemone", content=data, headers={"content-type": "application/json", "content-encoding": encoding}
+        )
         assert r.status_code == 200, (encoding, r.text)
 
 
@@ -66,19 +67,26 @@ async def test_decoded_size_is_limited_too():
         bomb = json.dumps({**VALID, "state": "a" * 100_000}).encode()
         for encoding, data in (("gzip", gzip.compress(bomb)), ("zstd", zstandard.ZstdCompressor().compress(bomb))):
             assert len(data) < 4096
-            r = await client.post("/v1/systemone", content=data,
-                                  headers={"content-type": "application/json", "content-encoding": encoding})
+            r = await client.post(
+                "/v1/systemone",
+                content=data,
+                headers={"content-type": "application/json", "content-encoding": encoding},
+            )
             assert r.status_code == 413, encoding
         assert engine.plans == []
 
 
 async def test_bad_encodings_are_4xx(api):
     client, _ = api
-    r = await client.post("/v1/systemone", content=b"not gzip at all",
-                          headers={"content-type": "application/json", "content-encoding": "gzip"})
+    r = await client.post(
+        "/v1/systemone",
+        content=b"not gzip at all",
+        headers={"content-type": "application/json", "content-encoding": "gzip"},
+    )
     assert r.status_code == 400 and r.json()["detail"]["error_type"] == "invalid_request"
-    r = await client.post("/v1/systemone", content=b"{}",
-                          headers={"content-type": "application/json", "content-encoding": "br"})
+    r = await client.post(
+        "/v1/systemone", content=b"{}", headers={"content-type": "application/json", "content-encoding": "br"}
+    )
     assert r.status_code == 415
 
 
@@ -116,7 +124,10 @@ async def test_models_limits_and_request_ids(api):
     models = (await client.get("/v1/models")).json()
     (model,) = models["models"]
     assert {k: model[k] for k in ("name", "description", "release_date")} == {
-        "name": "fake-model-1", "description": "a fake", "release_date": "2026-01-01"}
+        "name": "fake-model-1",
+        "description": "a fake",
+        "release_date": "2026-01-01",
+    }
     assert all(k.startswith("x_") for k in model if k not in ("name", "description", "release_date"))
     limits = (await client.get("/v1/limits")).json()
     assert limits["max_questions"] == 64 and limits["max_choice_options"] == 255

@@ -66,8 +66,7 @@ def test_keys_file_forms_and_options():
         alice:alice-key
         bob:sha256:{digest}  requests_per_min=5 tokens_per_min=900
     """)
-    assert [(e.name, e.requests_per_min, e.tokens_per_min) for e in entries] == [
-        ("alice", None, None), ("bob", 5, 900)]
+    assert [(e.name, e.requests_per_min, e.tokens_per_min) for e in entries] == [("alice", None, None), ("bob", 5, 900)]
     for bad in ("nocolon", "a:", "bad name:k", "a:sha256:1234", "a:k speed=3", "a:k\na:j"):
         with pytest.raises(ConfigError) as e:
             parse_keys_file(bad)
@@ -78,7 +77,7 @@ def test_the_readme_keys_file_example_parses():
     from pathlib import Path
 
     readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    block = readme[readme.index("# name:key, or name:sha256"):]
+    block = readme[readme.index("# name:key, or name:sha256") :]
     block = block[: block.index("```")]
     entries = parse_keys_file(block)
     assert [e.name for e in entries] == ["alice", "batch-jobs"]
@@ -115,15 +114,17 @@ def test_token_bucket_refills_and_allows_debt_for_large_costs():
 
 async def test_unauthenticated_request_is_401_before_the_body_is_read_or_parsed():
     async with running_app(api_keys=("k1",), max_body_bytes=100) as (client, engine):
-        bad_json = await client.post("/v1/systemone", content=b"{not json",
-                                     headers={"content-type": "application/json"})
+        bad_json = await client.post(
+            "/v1/systemone", content=b"{not json", headers={"content-type": "application/json"}
+        )
         too_big = await client.post("/v1/systemone", content=b"x" * 1000)
         for r in (bad_json, too_big):
             assert r.status_code == 401, r.text
             assert r.json()["detail"]["error_type"] == "authentication_error"
             assert r.headers["x-typesafe-request-id"]
-        ok_key_bad_json = await client.post("/v1/systemone", content=b"{not json",
-                                            headers={**_auth("k1"), "content-type": "application/json"})
+        ok_key_bad_json = await client.post(
+            "/v1/systemone", content=b"{not json", headers={**_auth("k1"), "content-type": "application/json"}
+        )
         assert ok_key_bad_json.status_code == 422
         assert engine.plans == []
 
@@ -142,8 +143,7 @@ async def test_per_key_requests_per_minute_is_429_for_that_key_only(tmp_path):
     path = tmp_path / "keys"
     path.write_text("alice:a-key requests_per_min=2\nbob:b-key\n")
     async with running_app(api_keys_file=str(path), key_requests_per_min=100) as (client, engine):
-        codes = [(await client.post("/v1/systemone", json=VALID, headers=_auth("a-key"))).status_code
-                 for _ in range(2)]
+        codes = [(await client.post("/v1/systemone", json=VALID, headers=_auth("a-key"))).status_code for _ in range(2)]
         limited = await client.post("/v1/systemone", json=VALID, headers=_auth("a-key"))
         assert codes == [200, 200]
         assert limited.status_code == 429
@@ -186,9 +186,16 @@ def test_drain_rate_counts_busy_time_only():
     now = [0.0]
     rate = DrainRate(clock=lambda: now[0])
     assert rate.per_second() is None
-    rate.started(); now[0] = 1.0; rate.finished(100)
+    rate.started()
+    now[0] = 1.0
+    rate.finished(100)
     now[0] = 31.0  # idle: not counted
-    rate.started(); rate.started(); now[0] = 32.0; rate.finished(100); now[0] = 33.0; rate.finished(200)
+    rate.started()
+    rate.started()
+    now[0] = 32.0
+    rate.finished(100)
+    now[0] = 33.0
+    rate.finished(200)
     assert rate.per_second() == pytest.approx(400 / 3)
     now[0] = 200.0  # all out of the window
     assert rate.per_second() is None
@@ -206,8 +213,9 @@ async def test_work_the_engine_could_not_reach_in_time_is_529_not_a_later_504():
 async def test_evaluation_cap_still_applies():
     engine = FakeEngine(delay_s=0.3)
     async with running_app(engine, max_in_flight=1) as (client, _):
-        codes = sorted((r.status_code for r in await asyncio.gather(
-            *(client.post("/v1/systemone", json=VALID) for _ in range(2)))))
+        codes = sorted(
+            r.status_code for r in await asyncio.gather(*(client.post("/v1/systemone", json=VALID) for _ in range(2)))
+        )
         assert codes == [200, 529]
 
 
@@ -279,12 +287,16 @@ async def test_json_access_lines_parse_and_carry_the_request_fields():
 async def test_failing_requests_log_no_request_text(formatter):
     secret_state = {**VALID, "state": SECRET}
     with Captured(formatter) as logs:
-        async with running_app(FakeEngine(fail=ValueError(f"engine saw {SECRET}")), max_branch_tokens=10**6,
-                               max_body_bytes=4096) as (client, _):
+        async with running_app(
+            FakeEngine(fail=ValueError(f"engine saw {SECRET}")), max_branch_tokens=10**6, max_body_bytes=4096
+        ) as (client, _):
             bad = {"model": "jev", "state": SECRET, "questions": {"q": {"type": "choice", "criteria": {SECRET: 1}}}}
             assert (await client.post("/v1/systemone", json=bad)).status_code == 422
-            assert (await client.post("/v1/systemone", content=SECRET.encode() * 2,
-                                      headers={"content-type": "application/json"})).status_code == 422
+            assert (
+                await client.post(
+                    "/v1/systemone", content=SECRET.encode() * 2, headers={"content-type": "application/json"}
+                )
+            ).status_code == 422
             assert (await client.post("/v1/systemone", json={**VALID, "state": SECRET * 200})).status_code == 413
             unexpected = await client.post("/v1/systemone", json=secret_state)
             assert unexpected.status_code == 500
@@ -296,8 +308,10 @@ async def test_failing_requests_log_no_request_text(formatter):
 
 async def test_request_bodies_flag_lets_error_text_into_logs():
     with Captured(JsonFormatter(with_messages=True)) as logs:
-        async with running_app(FakeEngine(fail=ValueError(f"engine saw {SECRET}")),
-                               log_request_bodies=True) as (client, _):
+        async with running_app(FakeEngine(fail=ValueError(f"engine saw {SECRET}")), log_request_bodies=True) as (
+            client,
+            _,
+        ):
             await client.post("/v1/systemone", json={**VALID, "state": SECRET})
     assert SECRET in logs.text
 

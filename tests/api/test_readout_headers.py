@@ -33,10 +33,16 @@ async def test_headers_override_the_readout_per_request(api):
     assert set(answers["team"]["probabilities"]) == {"billing", "technical"}
 
 
-@pytest.mark.parametrize("headers", [
-    {"x-openjev-readout": "words"}, {"x-openjev-rotations": "0"}, {"x-openjev-rotations": "9"},
-    {"x-openjev-rotations": "two"}, {"x-openjev-calibration": "maybe"},
-])
+@pytest.mark.parametrize(
+    "headers",
+    [
+        {"x-openjev-readout": "words"},
+        {"x-openjev-rotations": "0"},
+        {"x-openjev-rotations": "9"},
+        {"x-openjev-rotations": "two"},
+        {"x-openjev-calibration": "maybe"},
+    ],
+)
 async def test_bad_override_headers_are_422_and_never_reach_the_engine(api, headers):
     client, engine = api
     r = await client.post("/v1/systemone", json=VALID, headers=headers)
@@ -47,7 +53,7 @@ async def test_bad_override_headers_are_422_and_never_reach_the_engine(api, head
 
 
 async def test_server_flags_set_the_default_and_models_describe_it():
-    async with running_app(readout="letters", rotations=4) as (client, engine):
+    async with running_app(readout="letters", rotations=4) as (client, _engine):
         r = await client.post("/v1/systemone", json=VALID)
         assert r.headers["x-openjev-readout"] == "letters;rotations=4"
         model = (await client.get("/v1/models")).json()["models"][0]

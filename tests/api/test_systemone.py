@@ -13,8 +13,11 @@ VALID = {
     "state": TICKET,
     "questions": {
         "refund": {"type": "noul", "instructions": "Does the customer ask for a refund?"},
-        "team": {"type": "choice", "instructions": "Which team?",
-                 "criteria": {"billing": "Payments and refunds", "technical": None}},
+        "team": {
+            "type": "choice",
+            "instructions": "Which team?",
+            "criteria": {"billing": "Payments and refunds", "technical": None},
+        },
         "anger": {"type": "score", "instructions": "How angry?", "criteria": ["Calm", "Annoyed", "Furious"]},
     },
 }
@@ -34,8 +37,11 @@ async def test_valid_request_answers_every_question_in_order(api):
     assert team["choice"] == max(team["probabilities"], key=team["probabilities"].get)
     assert anger["legend"] == {"0": "Calm", "1": "Annoyed", "2": "Furious"}
     assert anger["score"] == pytest.approx(sum(int(k) * p for k, p in anger["probabilities"].items()))
-    assert all(k in ("type", "noul", "choice", "score", "probabilities", "confidence", "legend") or k.startswith("x_")
-               for a in body["answers"].values() for k in a)
+    assert all(
+        k in ("type", "noul", "choice", "score", "probabilities", "confidence", "legend") or k.startswith("x_")
+        for a in body["answers"].values()
+        for k in a
+    )
     usage = body["usage"]
     assert set(usage) == {"input_tokens", "output_tokens", "x_prompt_tokens", "x_computed_tokens", "x_cached_tokens"}
     plan = engine.plans[0]
@@ -65,7 +71,7 @@ async def test_unknown_model_is_404_not_found_and_never_reaches_the_engine(api):
 
 
 async def test_unicode_ids_and_option_names_round_trip_and_ids_stay_hidden(api):
-    client, engine = api
+    client, _engine = api
     questions = {
         "질문 1 🙂": {"type": "choice", "criteria": {"Fakturierung ✓": None, "技术": "Technik", "x.y-z": None}},
         "q.with spaces-and.dots": {"type": "noul", "instructions": {"ask": "refund?", "lang": ["en", "de"]}},
@@ -79,9 +85,13 @@ async def test_unicode_ids_and_option_names_round_trip_and_ids_stay_hidden(api):
 
 @pytest.mark.parametrize(
     "state",
-    ["plain text", {"ticket": 1, "text": "charged twice"}, ["a", 1, None],
-     [{"role": "user", "content": "charged twice"}, {"role": "assistant", "content": "sorry"}],
-     {"messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]}],
+    [
+        "plain text",
+        {"ticket": 1, "text": "charged twice"},
+        ["a", 1, None],
+        [{"role": "user", "content": "charged twice"}, {"role": "assistant", "content": "sorry"}],
+        {"messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]},
+    ],
 )
 async def test_every_state_shape_is_accepted(api, state):
     client, _ = api
@@ -98,8 +108,13 @@ async def test_legacy_document_field_and_unknown_fields(api):
 
 @pytest.mark.parametrize(
     "criteria",
-    [None, {"true": "asks for money back"}, {"false": "is satisfied"}, {"true": None, "false": "happy"},
-     {"true": ["structured", {"a": 1}], "false": {"k": "v"}}],
+    [
+        None,
+        {"true": "asks for money back"},
+        {"false": "is satisfied"},
+        {"true": None, "false": "happy"},
+        {"true": ["structured", {"a": 1}], "false": {"k": "v"}},
+    ],
 )
 async def test_noul_criteria_forms(api, criteria):
     client, _ = api
@@ -177,8 +192,11 @@ async def test_invalid_requests_get_422_detail_list_and_never_reach_the_engine(a
 
 async def test_malformed_json_is_422(api):
     client, engine = api
-    r = await client.post("/v1/systemone", content=b'{"model": "jev-latest", "state": "x", "questions": {',
-                          headers={"content-type": "application/json"})
+    r = await client.post(
+        "/v1/systemone",
+        content=b'{"model": "jev-latest", "state": "x", "questions": {',
+        headers={"content-type": "application/json"},
+    )
     assert r.status_code == 422 and isinstance(r.json()["detail"], list)
     assert engine.plans == []
 

@@ -21,8 +21,11 @@ from tests.integration.conftest import start_server, stop_server
 CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"
 REQUIRED = os.environ.get("OPENJEV_BROWSER_TEST") == "1"
-SCREENSHOT = Path(os.environ.get("OPENJEV_SCREENSHOT",
-                                 Path(__file__).resolve().parents[2] / "build" / "screenshots" / "playground.png"))
+SCREENSHOT = Path(
+    os.environ.get(
+        "OPENJEV_SCREENSHOT", Path(__file__).resolve().parents[2] / "build" / "screenshots" / "playground.png"
+    )
+)
 
 
 def _missing() -> str | None:
@@ -53,9 +56,19 @@ def browser():
     profile = tempfile.mkdtemp(prefix="openjev-chromium-")
     options = webdriver.ChromeOptions()
     options.binary_location = CHROMIUM
-    for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                 "--disable-dev-shm-usage", f"--user-data-dir={profile}", "--window-size=1400,1100"):
+    for flag in (
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--disable-dev-shm-usage",
+        f"--user-data-dir={profile}",
+        "--window-size=1400,1100",
+    ):
         options.add_argument(flag)
     driver = webdriver.Chrome(service=Service(executable_path=CHROMEDRIVER), options=options)
     driver.set_page_load_timeout(60)
@@ -80,8 +93,11 @@ def _wait(driver, script: str, timeout: float = 120):
 def _send(driver) -> None:
     before = driver.execute_script("return document.getElementById('result').dataset.done || ''")
     driver.find_element("id", "send").click()
-    _wait(driver, f"return (document.getElementById('result').dataset.done || '') !== {json.dumps(before)} "
-                  "|| !document.getElementById('error').classList.contains('hidden')")
+    _wait(
+        driver,
+        f"return (document.getElementById('result').dataset.done || '') !== {json.dumps(before)} "
+        "|| !document.getElementById('error').classList.contains('hidden')",
+    )
 
 
 def _bars(driver) -> dict:
@@ -146,7 +162,8 @@ def test_playground_runs_an_example_and_shows_the_apis_probabilities(browser, se
             assert data_p == pytest.approx(p, abs=1e-3), (qid, option)
             assert text == f"{data_p:.3f}" and width == pytest.approx(100 * data_p, abs=0.01)
     chosen = driver.execute_script(
-        "return [...document.querySelectorAll('.answer[data-qid=severity] .bar-row.chosen')].map(r => r.dataset.option)")
+        "return [...document.querySelectorAll('.answer[data-qid=severity] .bar-row.chosen')].map(r => r.dataset.option)"
+    )
     assert chosen == [api.json()["answers"]["severity"]["choice"]]
 
     usage = {row.get_attribute("data-field") for row in driver.find_elements("css selector", "#usage tr")}
@@ -161,7 +178,7 @@ def test_playground_runs_an_example_and_shows_the_apis_probabilities(browser, se
     # the copied Python snippet runs with the official SDK and agrees with the page
     driver.find_element("id", "copy-python").click()
     snippet = driver.find_element("id", "snippet").get_attribute("value")
-    assert "from typesafe_sdk import" in snippet and "TypeSafeClient(api_key=\"browser-key\"" in snippet
+    assert "from typesafe_sdk import" in snippet and 'TypeSafeClient(api_key="browser-key"' in snippet
     proc = subprocess.run([sys.executable, "-c", snippet], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert f"severity {api.json()['answers']['severity']['choice']} " in proc.stdout

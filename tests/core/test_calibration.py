@@ -8,10 +8,18 @@ from openjev.core.readouts import ReadoutSpec
 from openjev.errors import ConfigError
 
 DOC = {
-    "format": calib.FORMAT, "id": "cal-1", "model": {"name": "m", "fingerprint": "sha256:abc"},
-    "prompt_version": "2", "base_temperature": 1.0,
-    "fits": [{"readout": "letters", "rotations": 4,
-              "types": {"choice": {"temperature": 2.0, "bias": [0.0, 0.5]}, "noul": {"temperature": 0.5}}}],
+    "format": calib.FORMAT,
+    "id": "cal-1",
+    "model": {"name": "m", "fingerprint": "sha256:abc"},
+    "prompt_version": "2",
+    "base_temperature": 1.0,
+    "fits": [
+        {
+            "readout": "letters",
+            "rotations": 4,
+            "types": {"choice": {"temperature": 2.0, "bias": [0.0, 0.5]}, "noul": {"temperature": 0.5}},
+        }
+    ],
 }
 
 
@@ -36,15 +44,18 @@ def test_a_document_loads_and_finds_its_fits(tmp_path):
     assert cal.fit_for(spec, "score") is None and cal.fit_for(ReadoutSpec("yesno"), "choice") is None
 
 
-@pytest.mark.parametrize("broken,match", [
-    ({"format": "other"}, "format"),
-    ({"fits": [{"readout": "words", "types": {}}]}, "unknown readout"),
-    ({"fits": [{"readout": "yesno", "types": {"choice": {"temperature": -1}}}]}, "temperature"),
-    ({"fits": [{"readout": "yesno", "types": {"essay": {"temperature": 1}}}]}, "question type"),
-    ({"model": {}}, "name"),
-    ({"fits": [{"readout": "letters", "types": ["choice"]}]}, "not a valid calibration"),
-    ({"fits": "letters"}, "not a valid calibration"),
-])
+@pytest.mark.parametrize(
+    "broken,match",
+    [
+        ({"format": "other"}, "format"),
+        ({"fits": [{"readout": "words", "types": {}}]}, "unknown readout"),
+        ({"fits": [{"readout": "yesno", "types": {"choice": {"temperature": -1}}}]}, "temperature"),
+        ({"fits": [{"readout": "yesno", "types": {"essay": {"temperature": 1}}}]}, "question type"),
+        ({"model": {}}, "name"),
+        ({"fits": [{"readout": "letters", "types": ["choice"]}]}, "not a valid calibration"),
+        ({"fits": "letters"}, "not a valid calibration"),
+    ],
+)
 def test_malformed_documents_are_refused_clearly(broken, match):
     with pytest.raises(ConfigError, match=match):
         calib.from_dict({**DOC, **broken}, "x.json")
@@ -61,9 +72,9 @@ def test_unreadable_files_are_config_errors(tmp_path):
 def test_binding_names_what_differs():
     cal = calib.from_dict(DOC, "cal.json")
     calib.check_binding(cal, fingerprint="sha256:abc", prompt_version="2", base_temperature=1.0)
-    with pytest.raises(ConfigError, match="weights fingerprint sha256:abc.*sha256:zzz"):
+    with pytest.raises(ConfigError, match=r"weights fingerprint sha256:abc.*sha256:zzz"):
         calib.check_binding(cal, fingerprint="sha256:zzz", prompt_version="2", base_temperature=1.0)
-    with pytest.raises(ConfigError, match="prompt version '2'.*'3'"):
+    with pytest.raises(ConfigError, match=r"prompt version '2'.*'3'"):
         calib.check_binding(cal, fingerprint="sha256:abc", prompt_version="3", base_temperature=1.0)
     with pytest.raises(ConfigError, match="--temperature"):
         calib.check_binding(cal, fingerprint="sha256:abc", prompt_version="2", base_temperature=0.5)

@@ -18,7 +18,7 @@ def test_labels_verified_in_context_and_distinct():
     assert labels.texts[:27] == (*"ABCDEFGHIJKLMNOPQRSTUVWXYZ", "AA")
     # each id is the single token that follows the context
     base = tok.encode("<|im_start|>assistant\nAnswer:")
-    assert tok.encode("<|im_start|>assistant\nAnswer: AB") == base + [labels.ids[labels.texts.index("AB")]]
+    assert tok.encode("<|im_start|>assistant\nAnswer: AB") == [*base, labels.ids[labels.texts.index("AB")]]
 
 
 def test_labels_that_split_are_skipped_in_order():

@@ -1,8 +1,8 @@
 import pytest
 
 from openjev.core.prompts import PromptCompiler
-from openjev.core.wording import ANSWER_CUE, letters_text, option_texts
 from openjev.core.types import ChoiceQuestion, DecisionRequest, NoulQuestion, Option, ScoreQuestion, State, Turn
+from openjev.core.wording import ANSWER_CUE, letters_text, option_texts
 from tests.fakes import FakeTokenizer
 
 STATE = State((Turn("user", "My card was charged twice and I want a refund."),))
@@ -37,9 +37,7 @@ def test_branches_equal_whole_text_encoding_and_share_the_state():
 
 def test_question_ids_never_reach_the_model_and_names_only_without_description():
     tok = FakeTokenizer()
-    compiled = PromptCompiler(tok, max_labels=255).compile(
-        DecisionRequest(STATE, (("secret-id-🙂", QUESTIONS[1][1]),))
-    )
+    compiled = PromptCompiler(tok, max_labels=255).compile(DecisionRequest(STATE, (("secret-id-🙂", QUESTIONS[1][1]),)))
     text = _text_of(tok, compiled.plan.branches[0].input_ids)
     assert "secret" not in text
     assert "Payments and refunds" in text and "billing" not in text  # described: name hidden

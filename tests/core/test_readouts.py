@@ -27,7 +27,9 @@ def test_spec_normalises_and_refuses():
         ReadoutSpec("letters", 0)
 
 
-@pytest.mark.parametrize("rotations,shifts", [(1, [0]), (2, [0, 2]), (3, [0, 1, 2]), (4, [0, 1, 2, 3]), (9, [0, 1, 2, 3])])
+@pytest.mark.parametrize(
+    "rotations,shifts", [(1, [0]), (2, [0, 2]), (3, [0, 1, 2]), (4, [0, 1, 2, 3]), (9, [0, 1, 2, 3])]
+)
 def test_rotations_are_evenly_spaced_cyclic_shifts_capped_at_the_option_count(rotations, shifts):
     orders = letters(rotations).orders(choice("a", "b", "c", "d"))
     assert [o[0] for o in orders] == shifts
@@ -78,8 +80,14 @@ def test_full_rotations_make_the_answer_invariant_to_the_callers_order():
     q = choice("billing", "tech", "sales")
     turned = choice("tech", "sales", "billing")
     r = letters(3)
-    a = dict(zip([o.name for o in q.options], r.combine(q, _biased_model(r, q, "tech", 2.0)).probs))
-    b = dict(zip([o.name for o in turned.options], r.combine(turned, _biased_model(r, turned, "tech", 2.0)).probs))
+    a = dict(zip([o.name for o in q.options], r.combine(q, _biased_model(r, q, "tech", 2.0)).probs, strict=True))
+    b = dict(
+        zip(
+            [o.name for o in turned.options],
+            r.combine(turned, _biased_model(r, turned, "tech", 2.0)).probs,
+            strict=True,
+        )
+    )
     assert a == pytest.approx(b)
 
 
@@ -91,7 +99,7 @@ def test_yesno_reads_each_candidate_and_normalises_p_yes():
     # candidates share everything up to the candidate itself (the trie shares it)
     shared = readings[0].text[: readings[0].text.index("Proposed answer")]
     assert all(x.text.startswith(shared) for x in readings)
-    assert [x.text.count(n) for x, n in zip(readings, ("billing", "tech", "sales"))] == [1, 1, 1]
+    assert [x.text.count(n) for x, n in zip(readings, ("billing", "tech", "sales"), strict=True)] == [1, 1, 1]
     p_yes = [0.8, 0.5, 0.2]
     lp = [(math.log(p), math.log(1 - p)) for p in p_yes]
     combined = r.combine(q, lp)

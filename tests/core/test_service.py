@@ -10,8 +10,9 @@ from openjev.errors import EngineError, EngineTimeout, Overloaded, TokensExceede
 from tests.core.test_prompts import QUESTIONS, STATE
 from tests.fakes import FakeEngine, FakeTokenizer, fake_logprobs
 
-LIMITS = ServiceLimits(max_branch_tokens=10_000, max_request_tokens=100_000, max_in_flight=2,
-                       engine_timeout_s=5, retry_after_s=3)
+LIMITS = ServiceLimits(
+    max_branch_tokens=10_000, max_request_tokens=100_000, max_in_flight=2, engine_timeout_s=5, retry_after_s=3
+)
 
 
 def _service(engine=None, **overrides):
@@ -68,6 +69,7 @@ async def test_unusable_logprobs_are_an_engine_error():
         async def run(self, plan):
             result = await super().run(plan)
             from openjev.core.ports import BranchResult
+
             return type(result)(tuple(BranchResult((-math.inf,) * len(b.logprobs)) for b in result.branches), 0, 0)
 
     with pytest.raises(EngineError):
@@ -80,8 +82,14 @@ async def test_unusable_logprobs_are_an_engine_error():
 def _calibration(spec, **types):
     from openjev.core import calibration as calib
 
-    return calib.Calibration(id="cal-x", model_name="m", fingerprint="f", prompt_version="2", base_temperature=1.0,
-                             fits=(calib.ReadoutFit(spec, types),))
+    return calib.Calibration(
+        id="cal-x",
+        model_name="m",
+        fingerprint="f",
+        prompt_version="2",
+        base_temperature=1.0,
+        fits=(calib.ReadoutFit(spec, types),),
+    )
 
 
 async def test_yesno_reads_one_branch_per_candidate_sharing_the_question():
@@ -96,7 +104,7 @@ async def test_yesno_reads_one_branch_per_candidate_sharing_the_question():
     assert math.fsum(p for _, p in team.probabilities) == pytest.approx(1.0)
     # the two options of "team" share the state and the question: a trie node above both
     b1, b2 = plan.branches[1].input_ids, plan.branches[2].input_ids
-    common = next(i for i, (x, y) in enumerate(zip(b1, b2)) if x != y)
+    common = next(i for i, (x, y) in enumerate(zip(b1, b2, strict=True)) if x != y)
     assert common > plan.shared_prefix_len
 
 

@@ -10,9 +10,12 @@ from openjev.core.types import ChoiceQuestion, NoulQuestion, Option, ScoreQuesti
 PINNED = {"2": "54080eb2b35b957b"}
 
 SAMPLES = (
-    NoulQuestion("Refund?"), NoulQuestion(None, "asks for money back", "does not"),
-    ChoiceQuestion("Which team?", (Option("billing", "Payments"), Option("tech", None))), ChoiceQuestion(None, ()),
-    ScoreQuestion("How urgent?", ("low", "high")), ScoreQuestion(None, ("a", "b", "c")),
+    NoulQuestion("Refund?"),
+    NoulQuestion(None, "asks for money back", "does not"),
+    ChoiceQuestion("Which team?", (Option("billing", "Payments"), Option("tech", None))),
+    ChoiceQuestion(None, ()),
+    ScoreQuestion("How urgent?", ("low", "high")),
+    ScoreQuestion(None, ("a", "b", "c")),
 )
 
 
@@ -33,4 +36,5 @@ def test_wording_matches_its_version():
     digest = hashlib.sha256(rendered().encode()).hexdigest()[:16]
     assert PINNED.get(wording.PROMPT_VERSION) == digest, (
         f"the prompt wording changed (digest {digest}) but PROMPT_VERSION is still {wording.PROMPT_VERSION!r}: "
-        "bump it, pin the new digest here, and refit the shipped calibration files (README, Decision quality)")
+        "bump it, pin the new digest here, and refit the shipped calibration files (README, Decision quality)"
+    )

@@ -65,6 +65,7 @@ def test_cpu_flags_reads_x86_and_arm_cpuinfo(tmp_path):
 
 def test_the_real_probe_is_short_and_positive():
     import time
+
     t0 = time.perf_counter()
     speedup = probe_bf16_speedup()
     assert speedup > 0 and time.perf_counter() - t0 < 2.0

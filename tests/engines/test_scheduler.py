@@ -26,8 +26,10 @@ class FakeRunner:
         time.sleep(n * self.s_per_token)
         with self.lock:
             self.forwards.append((time.monotonic(), n))
-        chunks = [tuple((torch.zeros(1, 1, len(r.tokens), 1), torch.zeros(1, 1, len(r.tokens), 1)) for _ in range(1))
-                  for r in rows]
+        chunks = [
+            tuple((torch.zeros(1, 1, len(r.tokens), 1), torch.zeros(1, 1, len(r.tokens), 1)) for _ in range(1))
+            for r in rows
+        ]
         return None, chunks
 
     def read(self, hidden, picks, label_ids):
@@ -43,8 +45,11 @@ def _plan(n: int, first: int = 1) -> Plan:
 
 
 def _scheduler(runner, slice_s=0.05, batch_tokens=2048):
-    return Scheduler(runner, PrefixCache(0), SchedulerLimits(batch_tokens=batch_tokens, attention_budget=1 << 30,
-                                                               window_s=0, slice_s=slice_s))
+    return Scheduler(
+        runner,
+        PrefixCache(0),
+        SchedulerLimits(batch_tokens=batch_tokens, attention_budget=1 << 30, window_s=0, slice_s=slice_s),
+    )
 
 
 def test_a_cancelled_long_prefill_stops_within_about_one_slice():

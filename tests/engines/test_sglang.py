@@ -39,13 +39,21 @@ async def _run(engine: SGLangEngine, plan: Plan):
 
 
 def _reply(entries, **meta):
-    return {"meta_info": {"finish_reason": {"type": "length", "length": 1}, "prompt_tokens": 5,
-                          "completion_tokens": 1, "output_token_ids_logprobs": [entries], **meta}}
+    return {
+        "meta_info": {
+            "finish_reason": {"type": "length", "length": 1},
+            "prompt_tokens": 5,
+            "completion_tokens": 1,
+            "output_token_ids_logprobs": [entries],
+            **meta,
+        }
+    }
 
 
 def test_reply_is_read_by_token_id_not_position():
-    values, prompt, cached = parse_reply(_reply([[-3.0, 12, None], [-1.0, 10, None], [-2.0, 11, None]],
-                                                cached_tokens=2), LABELS)
+    values, prompt, cached = parse_reply(
+        _reply([[-3.0, 12, None], [-1.0, 10, None], [-2.0, 11, None]], cached_tokens=2), LABELS
+    )
     assert values == (-1.0, -2.0, -3.0) and (prompt, cached) == (5, 2)
 
 
@@ -54,15 +62,18 @@ def test_null_is_minus_infinity_and_cached_tokens_may_be_absent():
     assert values[1] == -math.inf and cached is None
 
 
-@pytest.mark.parametrize("body,why", [
-    ({"text": "x"}, "no meta_info"),
-    (_reply([[-1.0, 10, None], [-2.0, 11, None]]), "lacks log-probs"),
-    (_reply([[None, 10, None], [None, 11, None], [None, 12, None]]), "probability zero"),
-    (_reply([[float("nan"), 10, None], [-1.0, 11, None], [-1.0, 12, None]]), "non-finite"),
-    (_reply([[-1.0, 10, None], [-1.0, 11, None], [-1.0, 12, None]], completion_tokens=2), "exactly 1"),
-    ({"meta_info": {"finish_reason": {"type": "abort", "message": "oom"}}}, "aborted"),
-    ({"meta_info": {"output_token_ids_logprobs": []}}, "no output_token_ids_logprobs"),
-])
+@pytest.mark.parametrize(
+    "body,why",
+    [
+        ({"text": "x"}, "no meta_info"),
+        (_reply([[-1.0, 10, None], [-2.0, 11, None]]), "lacks log-probs"),
+        (_reply([[None, 10, None], [None, 11, None], [None, 12, None]]), "probability zero"),
+        (_reply([[float("nan"), 10, None], [-1.0, 11, None], [-1.0, 12, None]]), "non-finite"),
+        (_reply([[-1.0, 10, None], [-1.0, 11, None], [-1.0, 12, None]], completion_tokens=2), "exactly 1"),
+        ({"meta_info": {"finish_reason": {"type": "abort", "message": "oom"}}}, "aborted"),
+        ({"meta_info": {"output_token_ids_logprobs": []}}, "no output_token_ids_logprobs"),
+    ],
+)
 def test_unusable_replies_are_engine_errors(body, why):
     with pytest.raises(EngineError, match=why):
         parse_reply(body, LABELS)
@@ -81,7 +92,7 @@ async def test_every_call_is_prefill_only_with_selected_logprobs():
         assert body["return_logprob"] is True and body["logprob_start_len"] == -1
         assert body["token_ids_logprob"]  # warm-ups included (sglang#34719)
         assert body["return_text_in_logprobs"] is False and body["rid"]
-    for b, r in zip(plan.branches, result.branches):
+    for b, r in zip(plan.branches, result.branches, strict=True):
         assert r.logprobs == fake_logprobs(b.input_ids, len(LABELS))
 
 
@@ -192,6 +203,7 @@ async def test_a_failing_branch_cancels_and_aborts_its_siblings():
 
     async def handle(request):  # the failing call answers at once, its siblings are slow
         import json
+
         if request.url.path == "/generate" and tuple(json.loads(request.content)["input_ids"]) != fail_first:
             await asyncio.sleep(0.5)
         return await fake.handle(request)
@@ -228,8 +240,9 @@ def _probe_server(shift: int, bos: bool = False):
         body = _json.loads(request.content)
         ids = [ord(c) + shift for c in body["text"]]  # the "server's" tokenizer: one id per character
         if bos:
-            ids = [1] + ids
+            ids = [1, *ids]
         return httpx.Response(200, json={"meta_info": {"input_token_logprobs": [[None, t, None] for t in ids]}})
+
     return httpx.Client(transport=httpx.MockTransport(handle))
 
 

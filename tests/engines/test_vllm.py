@@ -7,8 +7,16 @@ import httpx
 import pytest
 
 from openjev.core.plan import Branch, Plan
-from openjev.engines.vllm import (ID_PREFIX, MAX_IDS_PER_CALL, VLLMEngine, check_server, child_args, parse_reply,
-                                  request_body, verify_tokenizer)
+from openjev.engines.vllm import (
+    ID_PREFIX,
+    MAX_IDS_PER_CALL,
+    VLLMEngine,
+    check_server,
+    child_args,
+    parse_reply,
+    request_body,
+    verify_tokenizer,
+)
 from openjev.errors import ConfigError, EngineError, EngineTimeout, EngineUnavailable, ModelUnsuitable, TokensExceeded
 from tests.fakes import FakeVLLM, fake_logprobs
 
@@ -39,13 +47,22 @@ async def _run(engine: VLLMEngine, plan: Plan):
 
 
 def _reply(entries, cached=2, **choice):
-    sampled, *rest = entries
+    sampled, *_rest = entries
     usage = {"prompt_tokens": 5, "completion_tokens": 1}
     if cached is not None:
         usage["prompt_tokens_details"] = {"cached_tokens": cached}
-    return {"choices": [{"index": 0, "finish_reason": "length", "token_ids": [sampled["token_id"]],
-                         "logprobs": {"content": [{**sampled, "top_logprobs": entries}]}, **choice}],
-            "usage": usage}
+    return {
+        "choices": [
+            {
+                "index": 0,
+                "finish_reason": "length",
+                "token_ids": [sampled["token_id"]],
+                "logprobs": {"content": [{**sampled, "top_logprobs": entries}]},
+                **choice,
+            }
+        ],
+        "usage": usage,
+    }
 
 
 def _e(token, logprob):
@@ -62,16 +79,19 @@ def test_clamped_minus_9999_is_minus_infinity_and_cached_tokens_may_be_absent():
     assert values[1] == -math.inf and cached is None
 
 
-@pytest.mark.parametrize("body,why", [
-    ({"error": {"message": "x"}}, "no single choice"),
-    (_reply([_e(10, -1.0), _e(11, -2.0)]), "lacks log-probs"),
-    (_reply([_e(10, -9999.0), _e(11, -9999.0), _e(12, -9999.0)]), "probability zero"),
-    (_reply([_e(10, float("nan")), _e(11, -1.0), _e(12, -1.0)]), "invalid"),
-    (_reply([_e(10, 0.5), _e(11, -1.0), _e(12, -1.0)]), "invalid"),  # a log-prob above 0
-    (_reply([_e(10, -1.0), _e(11, -1.0), _e(12, -1.0)], token_ids=[10, 11]), "exactly 1"),
-    (_reply([_e(10, -1.0), _e(11, -1.0), _e(12, -1.0)], finish_reason="abort"), "aborted"),
-    (_reply([_e(10, -1.0)], logprobs=None), "no logprobs"),
-])
+@pytest.mark.parametrize(
+    "body,why",
+    [
+        ({"error": {"message": "x"}}, "no single choice"),
+        (_reply([_e(10, -1.0), _e(11, -2.0)]), "lacks log-probs"),
+        (_reply([_e(10, -9999.0), _e(11, -9999.0), _e(12, -9999.0)]), "probability zero"),
+        (_reply([_e(10, float("nan")), _e(11, -1.0), _e(12, -1.0)]), "invalid"),
+        (_reply([_e(10, 0.5), _e(11, -1.0), _e(12, -1.0)]), "invalid"),  # a log-prob above 0
+        (_reply([_e(10, -1.0), _e(11, -1.0), _e(12, -1.0)], token_ids=[10, 11]), "exactly 1"),
+        (_reply([_e(10, -1.0), _e(11, -1.0), _e(12, -1.0)], finish_reason="abort"), "aborted"),
+        (_reply([_e(10, -1.0)], logprobs=None), "no logprobs"),
+    ],
+)
 def test_unusable_replies_are_engine_errors(body, why):
     with pytest.raises(EngineError, match=why):
         parse_reply(body, LABELS)
@@ -93,7 +113,7 @@ async def test_branches_get_their_own_logprobs_and_token_accounting_adds_up():
     fake = FakeVLLM()
     plan = _plan()
     result = await _run(_engine(fake, strategy="staged", stage_min_tokens=1), plan)
-    for b, r in zip(plan.branches, result.branches):
+    for b, r in zip(plan.branches, result.branches, strict=True):
         assert r.logprobs == fake_logprobs(b.input_ids, len(LABELS))
     assert result.computed_tokens + result.cached_tokens == plan.prompt_tokens
     assert result.cached_tokens >= len(STATE) // 16 * 16 * (len(plan.branches) - 1)  # the state came from cache
@@ -187,11 +207,14 @@ def test_check_server_learns_the_model_and_its_context():
     assert info == {"model": "/models/fake", "max_model_len": 4096, "cached_tokens": True}
 
 
-@pytest.mark.parametrize("fake,why", [
-    (FakeVLLM(route_status=403), "--enable-scale-out"),
-    (FakeVLLM(route_status=404), "token-in route"),
-    (FakeVLLM(max_logprobs=20), "--max-logprobs 128"),
-])
+@pytest.mark.parametrize(
+    "fake,why",
+    [
+        (FakeVLLM(route_status=403), "--enable-scale-out"),
+        (FakeVLLM(route_status=404), "token-in route"),
+        (FakeVLLM(max_logprobs=20), "--max-logprobs 128"),
+    ],
+)
 def test_check_server_refuses_a_server_without_what_the_engine_needs(fake, why):
     with pytest.raises(ConfigError, match=why):
         check_server("http://vllm.test", range(300, 555), client=_client(fake))
@@ -243,8 +266,18 @@ def test_flags_after_double_dash_go_to_the_vllm_child(monkeypatch, tmp_path):
 
     for name in ("OPENJEV_ENGINE", "OPENJEV_VLLM_ARGS", "OPENJEV_SGLANG_ARGS"):
         monkeypatch.delenv(name, raising=False)
-    args = build_parser().parse_args(["serve", "--engine", "vllm", "--vllm-python", "/x/python",
-                                      "--model", str(tmp_path), "--vllm-arg=--dtype=float32"])
+    args = build_parser().parse_args(
+        [
+            "serve",
+            "--engine",
+            "vllm",
+            "--vllm-python",
+            "/x/python",
+            "--model",
+            str(tmp_path),
+            "--vllm-arg=--dtype=float32",
+        ]
+    )
     s = _settings(args, ["--block-size", "32"])
     assert s.vllm_args == ("--dtype=float32", "--block-size", "32") and s.sglang_args == ()
     preflight(s)  # a consistent set
@@ -252,14 +285,17 @@ def test_flags_after_double_dash_go_to_the_vllm_child(monkeypatch, tmp_path):
     assert s.sglang_args == ("--tp", "2") and s.vllm_args == ()
 
 
-@pytest.mark.parametrize("flags,why", [
-    ([], "exactly one of --connect"),
-    (["--connect", "http://v", "--vllm-python", "/x/python"], "exactly one of --connect"),
-    (["--vllm-python", "/x/python"], "needs --model"),
-    (["--connect", "http://v"], "tokenizes here"),
-    (["--connect", "http://v", "--model", "{tmp}", "--strategy", "eager"], "--strategy"),
-    (["--connect", "http://v", "--model", "{tmp}", "--vllm-arg=--no-enable-prefix-caching"], "prefix cache"),
-])
+@pytest.mark.parametrize(
+    "flags,why",
+    [
+        ([], "exactly one of --connect"),
+        (["--connect", "http://v", "--vllm-python", "/x/python"], "exactly one of --connect"),
+        (["--vllm-python", "/x/python"], "needs --model"),
+        (["--connect", "http://v"], "tokenizes here"),
+        (["--connect", "http://v", "--model", "{tmp}", "--strategy", "eager"], "--strategy"),
+        (["--connect", "http://v", "--model", "{tmp}", "--vllm-arg=--no-enable-prefix-caching"], "prefix cache"),
+    ],
+)
 def test_preflight_refuses_settings_that_cannot_work(flags, why, tmp_path, monkeypatch):
     from openjev.cli import _settings, build_parser
     from openjev.engines.vllm import preflight

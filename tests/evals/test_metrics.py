@@ -7,15 +7,15 @@ from openjev.evals.metrics import Scored, by_type, reliability, summarize
 
 def test_hand_computed_metrics():
     scored = [
-        Scored("noul", (0.8, 0.2), 0),            # right, confident-ish
-        Scored("noul", (0.95, 0.05), 1),          # wrong, very confident
+        Scored("noul", (0.8, 0.2), 0),  # right, confident-ish
+        Scored("noul", (0.95, 0.05), 1),  # wrong, very confident
         Scored("choice", (0.5, 0.3, 0.2), 0, flipped=False),
         Scored("choice", (0.1, 0.9, 0.0), 1, flipped=True),
     ]
     s = summarize(scored)
     assert s["questions"] == 4
     assert s["accuracy"] == 0.75
-    brier = [(0.2 ** 2 + 0.2 ** 2), (0.95 ** 2 + 0.95 ** 2), (0.5 ** 2 + 0.3 ** 2 + 0.2 ** 2), (0.1 ** 2 + 0.1 ** 2)]
+    brier = [(0.2**2 + 0.2**2), (0.95**2 + 0.95**2), (0.5**2 + 0.3**2 + 0.2**2), (0.1**2 + 0.1**2)]
     assert s["brier"] == pytest.approx(sum(brier) / 4)
     assert s["nll"] == pytest.approx(-(math.log(0.8) + math.log(0.05) + math.log(0.5) + math.log(0.9)) / 4)
     # bins of 1/15: 0.8 -> bin 12, 0.95 -> 14, 0.5 -> 7, 0.9 -> 13; each alone

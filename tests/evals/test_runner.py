@@ -53,7 +53,7 @@ async def test_runs_resume_and_refuse_another_runs_folder(fake_server, tmp_path)
 
 
 async def test_failed_requests_are_recorded_and_retried(fake_server, tmp_path):
-    url, engine = fake_server
+    url, _engine = fake_server
     (item,) = load_items(DEV)[:1]
     bad = type(item)(item.id, {**item.request, "model": "gpt-4"}, item.expected)  # 404 not_found
     store = ResultStore(tmp_path, {"x": 1})
@@ -67,8 +67,26 @@ async def test_failed_requests_are_recorded_and_retried(fake_server, tmp_path):
 def test_eval_command_writes_summary_table_and_diagram(fake_server, tmp_path, capsys):
     url, _ = fake_server
     out = tmp_path / "run"
-    assert main(["eval", DEV, "--url", url, "--out", str(out), "--limit", "8", "--no-progress",
-                 "--readout", "letters", "--rotations", "2"]) == 0
+    assert (
+        main(
+            [
+                "eval",
+                DEV,
+                "--url",
+                url,
+                "--out",
+                str(out),
+                "--limit",
+                "8",
+                "--no-progress",
+                "--readout",
+                "letters",
+                "--rotations",
+                "2",
+            ]
+        )
+        == 0
+    )
     summary = json.loads((out / "summary.json").read_text())
     assert summary["run"]["readout"] == ["letters;rotations=2"]
     assert set(summary["metrics"]) == {"noul", "choice", "score", "all"}
@@ -80,8 +98,28 @@ def test_eval_command_writes_summary_table_and_diagram(fake_server, tmp_path, ca
 def test_calibrate_command_writes_a_loadable_file_bound_to_the_server(fake_server, tmp_path):
     url, _ = fake_server
     target = tmp_path / "cal.json"
-    assert main(["calibrate", DEV, "--url", url, "--config", "letters", "--config", "yesno", "-o", str(target),
-                 "--out", str(tmp_path / "runs"), "--no-progress", "--id", "fake-cal"]) == 0
+    assert (
+        main(
+            [
+                "calibrate",
+                DEV,
+                "--url",
+                url,
+                "--config",
+                "letters",
+                "--config",
+                "yesno",
+                "-o",
+                str(target),
+                "--out",
+                str(tmp_path / "runs"),
+                "--no-progress",
+                "--id",
+                "fake-cal",
+            ]
+        )
+        == 0
+    )
     cal = calib.load(target)
     assert cal.id == "fake-cal" and cal.fingerprint == "" and cal.prompt_version
     assert {f.spec.describe() for f in cal.fits} == {"letters", "yesno"}

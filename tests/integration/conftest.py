@@ -45,8 +45,9 @@ class LiveServer:
         return {"Authorization": f"Bearer {self.key}"} if self.key else {}
 
 
-def start_server(tmp_path, *args: str, key: str | None = None, env: dict | None = None,
-                 wait: bool = True) -> LiveServer:
+def start_server(
+    tmp_path, *args: str, key: str | None = None, env: dict | None = None, wait: bool = True
+) -> LiveServer:
     """`python -m openjev serve` on a free loopback port; waits for /health unless told not to.
 
     float32 unless `env` says otherwise: these tests compare answers across requests to 1e-3,
@@ -59,8 +60,9 @@ def start_server(tmp_path, *args: str, key: str | None = None, env: dict | None 
     cmd = [sys.executable, "-m", "openjev", "serve", "--port", str(port), *args]
     if key:
         cmd += ["--api-key", key]
-    proc = subprocess.Popen(cmd, stdout=open(log_path, "w"), stderr=subprocess.STDOUT,
-                            env={**os.environ, **env}, start_new_session=True)
+    proc = subprocess.Popen(
+        cmd, stdout=open(log_path, "w"), stderr=subprocess.STDOUT, env={**os.environ, **env}, start_new_session=True
+    )
     server = LiveServer(f"http://127.0.0.1:{port}", key, proc, log_path)
     if wait:
         deadline = time.monotonic() + 180

@@ -15,8 +15,17 @@ import pytest
 
 from openjev.core.prompts import PromptCompiler
 from openjev.core.service import DecisionService, ServiceLimits
-from openjev.core.types import (ChoiceAnswer, ChoiceQuestion, DecisionRequest, NoulAnswer, NoulQuestion, Option,
-                                ScoreQuestion, State, Turn)
+from openjev.core.types import (
+    ChoiceAnswer,
+    ChoiceQuestion,
+    DecisionRequest,
+    NoulAnswer,
+    NoulQuestion,
+    Option,
+    ScoreQuestion,
+    State,
+    Turn,
+)
 from tests.tickets import QUESTIONS as TICKET_QUESTIONS
 
 pytestmark = pytest.mark.model
@@ -38,11 +47,24 @@ STATES = (
 )
 EXTRA_QUESTIONS = (
     ("positive", NoulQuestion("Is the customer satisfied?")),
-    ("lang", ChoiceQuestion("Which language is the message written in?", (
-        Option("English", None), Option("French", None), Option("German", None)))),
-    ("kind", ChoiceQuestion("What kind of message is this?", (
-        Option("complaint", "The customer reports a problem"), Option("question", "The customer asks something"),
-        Option("praise", "The customer is happy")))),
+    (
+        "lang",
+        ChoiceQuestion(
+            "Which language is the message written in?",
+            (Option("English", None), Option("French", None), Option("German", None)),
+        ),
+    ),
+    (
+        "kind",
+        ChoiceQuestion(
+            "What kind of message is this?",
+            (
+                Option("complaint", "The customer reports a problem"),
+                Option("question", "The customer asks something"),
+                Option("praise", "The customer is happy"),
+            ),
+        ),
+    ),
     ("priority", ScoreQuestion("How urgent is it?", ("Low", "Medium", "High"))),
 )
 QUESTIONS = (*TICKET_QUESTIONS, *EXTRA_QUESTIONS)
@@ -57,8 +79,9 @@ def _distribution(answer) -> list[float]:
 
 
 def _answers(loaded) -> list[list[float]]:
-    service = DecisionService(PromptCompiler(loaded.tokenizer, max_labels=255), loaded.engine,
-                              ServiceLimits(32_768, 262_144, 16, 600, 1))
+    service = DecisionService(
+        PromptCompiler(loaded.tokenizer, max_labels=255), loaded.engine, ServiceLimits(32_768, 262_144, 16, 600, 1)
+    )
 
     async def go():
         return [await service.decide(DecisionRequest(State((Turn("user", s),)), QUESTIONS)) for s in STATES]
@@ -77,8 +100,13 @@ def bf16_parity(reference: list[list[float]], candidate: list[list[float]]) -> d
         if top[0] - top[1] > 2 * BF16_MAX_PROB_DIFF:
             clear += 1
             clear_agree += same
-    return {"questions": len(reference), "max_prob_diff": worst, "argmax_agreement": agree / len(reference),
-            "clear_questions": clear, "clear_agreement": clear_agree}
+    return {
+        "questions": len(reference),
+        "max_prob_diff": worst,
+        "argmax_agreement": agree / len(reference),
+        "clear_questions": clear,
+        "clear_agreement": clear_agree,
+    }
 
 
 def test_bfloat16_answers_match_float32_within_tolerance(embedded, embedded_bf16):
@@ -99,7 +127,7 @@ def test_the_prefix_cache_holds_a_bfloat16_state_in_half_the_bytes(embedded, emb
         plan = PromptCompiler(loaded.tokenizer, max_labels=255).compile(request).plan
         engine = TransformersEngine(loaded.engine.model, prefix_cache_bytes=1 << 28)
 
-        async def go():
+        async def go(engine=engine, plan=plan):
             try:
                 await engine.run(plan)
             finally:

@@ -43,7 +43,11 @@ def _independent(model, plan: Plan) -> list[list[float]]:
 
 
 def _max_diff(reference, result) -> float:
-    return max(abs(a - b) for ref, got in zip(reference, result.branches) for a, b in zip(ref, got.logprobs))
+    return max(
+        abs(a - b)
+        for ref, got in zip(reference, result.branches, strict=True)
+        for a, b in zip(ref, got.logprobs, strict=True)
+    )
 
 
 def _run(engine, *plans):
@@ -52,6 +56,7 @@ def _run(engine, *plans):
             return await asyncio.gather(*(engine.run(p) for p in plans))
         finally:
             await engine.close()
+
     return asyncio.run(go())
 
 
@@ -61,8 +66,9 @@ def test_255_labels_are_single_tokens_in_context(compiler):
     assert len(set(compiler.labels.ids)) == 255
 
 
-@pytest.mark.parametrize("kw", [{}, {"attention_budget": 4_000, "batch_tokens": 64}],
-                         ids=["default", "sliced-and-chunked"])
+@pytest.mark.parametrize(
+    "kw", [{}, {"attention_budget": 4_000, "batch_tokens": 64}], ids=["default", "sliced-and-chunked"]
+)
 def test_trie_execution_equals_independent_prefills_at_the_floor(embedded, compiler, kw):
     plan = compiler.compile(DecisionRequest(STATE, QUESTIONS)).plan
     assert plan.shared_prefix_len > 200  # the state is shared
@@ -102,13 +108,15 @@ def test_prefix_cache_serves_a_seen_state_across_requests(embedded, compiler):
 
 
 def test_concurrent_requests_share_forwards_and_stay_exact(embedded, compiler):
-    plans = [compiler.compile(DecisionRequest(State((Turn("user", TEXT.format(n=n) * 2),)), QUESTIONS[:3])).plan
-             for n in range(4)]
+    plans = [
+        compiler.compile(DecisionRequest(State((Turn("user", TEXT.format(n=n) * 2),)), QUESTIONS[:3])).plan
+        for n in range(4)
+    ]
     alone = _engine(embedded)
     _run(alone, plans[0])
     together = _engine(embedded, batch_window_s=0.05)
     results = _run(together, *plans)
-    for plan, result in zip(plans, results):
+    for plan, result in zip(plans, results, strict=True):
         assert _max_diff(_independent(embedded.engine.model, plan), result) < 1e-4
         assert result.computed_tokens == plan.unique_tokens
     # four requests in far fewer forwards than four times one request's
@@ -127,6 +135,7 @@ def test_a_large_request_does_not_starve_a_small_one(embedded, compiler):
             await asyncio.sleep(delay)
             await engine.run(plan)
             finished.append(name)
+
         try:
             await asyncio.gather(tagged("big", big, 0), tagged("small", small, 0.3))
         finally:

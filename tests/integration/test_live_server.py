@@ -17,10 +17,16 @@ README_EXAMPLE = {
     "state": "Hi, I was charged twice for order #1234 and I want my money back today.",
     "questions": {
         "refund": {"type": "noul", "instructions": "Does the customer ask for a refund?"},
-        "department": {"type": "choice", "instructions": "Which team should handle this?",
-                       "criteria": {"billing": "Payments, charges and refunds", "technical": "Bugs in the app"}},
-        "urgency": {"type": "score", "instructions": "How urgent is this?",
-                    "criteria": ["Routine", "Urgent", "Emergency"]},
+        "department": {
+            "type": "choice",
+            "instructions": "Which team should handle this?",
+            "criteria": {"billing": "Payments, charges and refunds", "technical": "Bugs in the app"},
+        },
+        "urgency": {
+            "type": "score",
+            "instructions": "How urgent is this?",
+            "criteria": ["Routine", "Urgent", "Emergency"],
+        },
     },
 }
 
@@ -61,8 +67,11 @@ def test_official_sdk_parses_every_answer_type_with_zstd_bodies(live):
 
 
 def test_health_live_answers_while_the_engine_is_busy(live):
-    big = {**README_EXAMPLE, "state": "The customer writes a long letter. " * 150,
-           "questions": {f"q{i}": {"type": "noul", "instructions": f"Is statement {i} true?"} for i in range(48)}}
+    big = {
+        **README_EXAMPLE,
+        "state": "The customer writes a long letter. " * 150,
+        "questions": {f"q{i}": {"type": "noul", "instructions": f"Is statement {i} true?"} for i in range(48)},
+    }
     done = threading.Event()
     result = {}
 
@@ -92,9 +101,19 @@ def run_jevcompat(url: str, key: str, tmp_path) -> None:
     report = tmp_path / "jevcompat.json"
     env = {**os.environ, "OPENJEV_TEST_KEY": key}
     proc = subprocess.run(
-        [os.path.join(os.path.dirname(sys.executable), "jevcompat"), "test", url, "--key-env", "OPENJEV_TEST_KEY",
-         "--json", str(report)],
-        env=env, capture_output=True, text=True, timeout=900,
+        [
+            os.path.join(os.path.dirname(sys.executable), "jevcompat"),
+            "test",
+            url,
+            "--key-env",
+            "OPENJEV_TEST_KEY",
+            "--json",
+            str(report),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
     )
     print(proc.stdout[-4000:])
     data = json.loads(report.read_text())

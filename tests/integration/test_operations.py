@@ -33,8 +33,14 @@ def _long(n_words: int, tag: str = "") -> dict:
 
 def _post(server, body, key, out, timeout=120):
     try:
-        out.append(httpx.post(server.url + "/v1/systemone", json=body, timeout=timeout,
-                              headers={"Authorization": f"Bearer {key}"} if key else {}))
+        out.append(
+            httpx.post(
+                server.url + "/v1/systemone",
+                json=body,
+                timeout=timeout,
+                headers={"Authorization": f"Bearer {key}"} if key else {},
+            )
+        )
     except httpx.HTTPError as e:
         out.append(e)
 
@@ -57,9 +63,19 @@ def ops_server(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("ops")
     keys = tmp / "keys"
     keys.write_text("# tenants\nalice:alice-key requests_per_min=2\nbob:bob-key\n")
-    server = start_server(tmp, "--api-keys-file", str(keys), "--max-tokens-in-flight", "200",
-                          "--log-format", "json", "--slice-ms", "100",
-                          "--engine-timeout-s", "600")  # a busy shared CPU can be 20x slower than idle
+    server = start_server(
+        tmp,
+        "--api-keys-file",
+        str(keys),
+        "--max-tokens-in-flight",
+        "200",
+        "--log-format",
+        "json",
+        "--slice-ms",
+        "100",
+        "--engine-timeout-s",
+        "600",
+    )  # a busy shared CPU can be 20x slower than idle
     server.keys_path = keys
     yield server
     stop_server(server)
@@ -68,17 +84,20 @@ def ops_server(tmp_path_factory):
 def test_per_key_requests_per_minute_through_a_real_server(ops_server):
     codes = []
     for _ in range(3):
-        r = httpx.post(ops_server.url + "/v1/systemone", json=SHORT, timeout=60,
-                       headers={"Authorization": "Bearer alice-key"})
+        r = httpx.post(
+            ops_server.url + "/v1/systemone", json=SHORT, timeout=60, headers={"Authorization": "Bearer alice-key"}
+        )
         codes.append(r.status_code)
     assert codes == [200, 200, 429]
     assert r.json()["detail"]["error_type"] == "rate_limit_error" and int(r.headers["retry-after"]) >= 1
-    ok = httpx.post(ops_server.url + "/v1/systemone", json=SHORT, timeout=60,
-                    headers={"Authorization": "Bearer bob-key"})
+    ok = httpx.post(
+        ops_server.url + "/v1/systemone", json=SHORT, timeout=60, headers={"Authorization": "Bearer bob-key"}
+    )
     assert ok.status_code == 200
     # unauthenticated with a broken body: 401, the body never parsed
-    r = httpx.post(ops_server.url + "/v1/systemone", content=b"{broken", timeout=10,
-                   headers={"content-type": "application/json"})
+    r = httpx.post(
+        ops_server.url + "/v1/systemone", content=b"{broken", timeout=10, headers={"content-type": "application/json"}
+    )
     assert r.status_code == 401
 
 
@@ -95,16 +114,23 @@ def test_tokens_in_flight_bound_through_a_real_server(ops_server):
     assert second[0].json()["detail"]["error_type"] == "rate_limit_error"
     assert int(second[0].headers["retry-after"]) >= 1
     metrics = httpx.get(ops_server.url + "/metrics", timeout=10).text
-    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
-               for f in text_string_to_metric_families(metrics) for s in f.samples}
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for f in text_string_to_metric_families(metrics)
+        for s in f.samples
+    }
     assert samples[("openjev_rejections_total", (("error_type", "rate_limit_error"), ("status", "529")))] >= 1
     assert samples[("openjev_tokens_in_flight", ())] == 0
 
 
 def test_json_logs_parse_and_a_client_that_goes_away_is_one_info_line(ops_server):
     try:
-        httpx.post(ops_server.url + "/v1/systemone", json=_long(300, SECRET), timeout=1.0,
-                   headers={"Authorization": "Bearer bob-key"})
+        httpx.post(
+            ops_server.url + "/v1/systemone",
+            json=_long(300, SECRET),
+            timeout=1.0,
+            headers={"Authorization": "Bearer bob-key"},
+        )
     except httpx.ReadTimeout:
         pass
     time.sleep(2.0)  # the server notices within its 0.5 s poll
@@ -118,8 +144,9 @@ def test_json_logs_parse_and_a_client_that_goes_away_is_one_info_line(ops_server
 
 def test_sighup_reloads_the_keys_file(ops_server):
     def status(key):
-        return httpx.get(ops_server.url + "/v1/models", timeout=10,
-                         headers={"Authorization": f"Bearer {key}"}).status_code
+        return httpx.get(
+            ops_server.url + "/v1/models", timeout=10, headers={"Authorization": f"Bearer {key}"}
+        ).status_code
 
     assert status("carol-key") == 401
     ops_server.keys_path.write_text("bob:bob-key\ncarol:carol-key\n")

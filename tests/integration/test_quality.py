@@ -71,8 +71,25 @@ def test_the_shipped_calibration_is_applied_by_default_and_can_be_switched_off(d
 
 def test_eval_command_against_a_real_server(default_server, tmp_path):
     data = os.path.join(os.path.dirname(__file__), "..", "..", "evals", "data", "test.jsonl")
-    proc = subprocess.run([sys.executable, "-m", "openjev", "eval", data, "--url", default_server.url, "--limit", "3",
-                           "--out", str(tmp_path / "run"), "--no-progress"], capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "openjev",
+            "eval",
+            data,
+            "--url",
+            default_server.url,
+            "--limit",
+            "3",
+            "--out",
+            str(tmp_path / "run"),
+            "--no-progress",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["run"]["items_failed"] == 0 and summary["metrics"]["all"]["questions"] > 3
@@ -81,9 +98,13 @@ def test_eval_command_against_a_real_server(default_server, tmp_path):
 
 def test_a_calibration_for_another_model_is_refused_at_start(default_server, tmp_path):
     model = httpx.get(default_server.url + "/v1/models", timeout=10).json()["models"][0]
-    foreign = {"format": "openjev-calibration/1", "id": "qwen-cal", "prompt_version": PROMPT_VERSION,
-               "model": {"name": "qwen3-8b", "fingerprint": "sha256:0123"},
-               "fits": [{"readout": "letters", "types": {"choice": {"temperature": 2.0}}}]}
+    foreign = {
+        "format": "openjev-calibration/1",
+        "id": "qwen-cal",
+        "prompt_version": PROMPT_VERSION,
+        "model": {"name": "qwen3-8b", "fingerprint": "sha256:0123"},
+        "fits": [{"readout": "letters", "types": {"choice": {"temperature": 2.0}}}],
+    }
     path = tmp_path / "foreign.json"
     path.write_text(json.dumps(foreign))
     server = start_server(tmp_path, "--calibration", str(path), wait=False)
@@ -106,9 +127,20 @@ def test_jevcompat_passes_under_the_yesno_readout(tmp_path):
     try:
         report = tmp_path / "jevcompat.json"
         proc = subprocess.run(
-            [os.path.join(os.path.dirname(sys.executable), "jevcompat"), "test", server.url,
-             "--key-env", "OPENJEV_TEST_KEY", "--json", str(report)],
-            env={**os.environ, "OPENJEV_TEST_KEY": server.key}, capture_output=True, text=True, timeout=900)
+            [
+                os.path.join(os.path.dirname(sys.executable), "jevcompat"),
+                "test",
+                server.url,
+                "--key-env",
+                "OPENJEV_TEST_KEY",
+                "--json",
+                str(report),
+            ],
+            env={**os.environ, "OPENJEV_TEST_KEY": server.key},
+            capture_output=True,
+            text=True,
+            timeout=900,
+        )
         summary = json.loads(report.read_text())["summary"]
         assert summary["verdict"] == "conformant", proc.stdout[-4000:]
         assert summary["MUST"]["passed"] == 32 and summary["SHOULD"]["passed"] == 15

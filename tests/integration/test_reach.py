@@ -67,8 +67,12 @@ def test_batch_items_sharing_a_state_compute_it_once(live):
 
 def test_batch_states_form_as_json_array_with_a_bad_item(live):
     body = {"questions": QUESTIONS, "states": ["I was charged twice.", None, {"ticket": "The app crashes."}]}
-    r = httpx.post(live.url + "/v1/systemone/batch", json=body, timeout=300,
-                   headers={**live.headers(), "Accept": "application/json"})
+    r = httpx.post(
+        live.url + "/v1/systemone/batch",
+        json=body,
+        timeout=300,
+        headers={**live.headers(), "Accept": "application/json"},
+    )
     assert r.status_code == 200, r.text
     first, bad, third = r.json()
     assert [first["index"], bad["index"], third["index"]] == [0, 1, 2]
@@ -80,13 +84,30 @@ def test_batch_states_form_as_json_array_with_a_bad_item(live):
 
 def _ask(live, *args, key=True):
     env = {**os.environ, "OPENJEV_API_KEY": live.key if key else ""}
-    return subprocess.run([sys.executable, "-m", "openjev", "ask", "--url", live.url, *args],
-                          capture_output=True, text=True, timeout=120, env=env)
+    return subprocess.run(
+        [sys.executable, "-m", "openjev", "ask", "--url", live.url, *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
 
 
-ASK = ["--state", README_EXAMPLE["state"], "--noul", "refund=Does the customer ask for a refund?",
-       "--choice", "department=Which team should handle this?", "billing=Payments, charges and refunds",
-       "technical=Bugs in the app", "--score", "urgency=How urgent is this?", "Routine", "Urgent", "Emergency"]
+ASK = [
+    "--state",
+    README_EXAMPLE["state"],
+    "--noul",
+    "refund=Does the customer ask for a refund?",
+    "--choice",
+    "department=Which team should handle this?",
+    "billing=Payments, charges and refunds",
+    "technical=Bugs in the app",
+    "--score",
+    "urgency=How urgent is this?",
+    "Routine",
+    "Urgent",
+    "Emergency",
+]
 
 
 def test_ask_prints_the_answers_the_api_gives(live):

@@ -36,18 +36,27 @@ def tokenizer_folder(tmp_path_factory):
 
 
 def _settings(folder, **kw):
-    base = {"engine": "sglang", "sglang_python": sys.executable, "sglang_module": "tests.fake_sglang_server",
-            "model": folder, "sglang_port": free_port(), "startup_timeout_s": 60}
+    base = {
+        "engine": "sglang",
+        "sglang_python": sys.executable,
+        "sglang_module": "tests.fake_sglang_server",
+        "model": folder,
+        "sglang_port": free_port(),
+        "startup_timeout_s": 60,
+    }
     return load_settings({**base, **kw}, environ={})
 
 
-@pytest.mark.parametrize("kw,why", [
-    ({"strategy": "fastest"}, "--strategy"),
-    ({"connect": "http://127.0.0.1:1"}, "exactly one"),
-    ({"sglang_python": None}, "exactly one"),
-    ({"model": None}, "needs --model"),
-    ({"sglang_args": ("--disable-radix-cache",), "strategy": "staged"}, "disable-radix-cache"),
-])
+@pytest.mark.parametrize(
+    "kw,why",
+    [
+        ({"strategy": "fastest"}, "--strategy"),
+        ({"connect": "http://127.0.0.1:1"}, "exactly one"),
+        ({"sglang_python": None}, "exactly one"),
+        ({"model": None}, "needs --model"),
+        ({"sglang_args": ("--disable-radix-cache",), "strategy": "staged"}, "disable-radix-cache"),
+    ],
+)
 def test_preflight_refuses_what_cannot_work(tokenizer_folder, kw, why):
     with pytest.raises(ConfigError, match=why):
         preflight(_settings(tokenizer_folder, **kw))
@@ -91,16 +100,33 @@ def test_stop_terminates_the_process_group(tokenizer_folder):
 
 def test_serve_with_a_child_answers_and_exits_nonzero_when_the_child_dies(tmp_path, tokenizer_folder):
     port = free_port()
-    server = start_server(tmp_path, "--engine", "sglang", "--sglang-python", sys.executable,
-                          "--sglang-module", "tests.fake_sglang_server", "--model", tokenizer_folder,
-                          "--sglang-port", str(port), "--", "--disable-radix-cache", "--strategy-unused-flag",
-                          env={"OPENJEV_STRATEGY": "all", "PYTHONPATH": str(ROOT)})
+    server = start_server(
+        tmp_path,
+        "--engine",
+        "sglang",
+        "--sglang-python",
+        sys.executable,
+        "--sglang-module",
+        "tests.fake_sglang_server",
+        "--model",
+        tokenizer_folder,
+        "--sglang-port",
+        str(port),
+        "--",
+        "--disable-radix-cache",
+        "--strategy-unused-flag",
+        env={"OPENJEV_STRATEGY": "all", "PYTHONPATH": str(ROOT)},
+    )
     try:
-        r = httpx.post(server.url + "/v1/systemone", timeout=30, json={
-            "state": "charged twice", "questions": {"q": {"type": "noul", "instructions": "Refund?"}}})
+        r = httpx.post(
+            server.url + "/v1/systemone",
+            timeout=30,
+            json={"state": "charged twice", "questions": {"q": {"type": "noul", "instructions": "Refund?"}}},
+        )
         assert r.status_code == 200, r.text
-        child = subprocess.run(["pgrep", "-f", f"tests.fake_sglang_server.*--port {port}"],
-                               capture_output=True, text=True).stdout.split()
+        child = subprocess.run(
+            ["pgrep", "-f", f"tests.fake_sglang_server.*--port {port}"], capture_output=True, text=True
+        ).stdout.split()
         assert child
         os.kill(int(child[0]), signal.SIGKILL)
         assert server.process.wait(30) == 1

@@ -20,9 +20,17 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_the_child_gets_the_flags_the_engine_needs_and_is_stopped(tokenizer_folder):  # noqa: F811
-    settings = load_settings({"engine": "vllm", "vllm_python": sys.executable, "vllm_module": "tests.fake_vllm_server",
-                              "model": tokenizer_folder, "vllm_port": free_port(), "startup_timeout_s": 60},
-                             environ={})
+    settings = load_settings(
+        {
+            "engine": "vllm",
+            "vllm_python": sys.executable,
+            "vllm_module": "tests.fake_vllm_server",
+            "model": tokenizer_folder,
+            "vllm_port": free_port(),
+            "startup_timeout_s": 60,
+        },
+        environ={},
+    )
     loaded = load(settings)  # the fake refuses the route without --enable-scale-out, >20 log-probs without
     child = loaded.engine.process.process  # --max-logprobs: loading at all proves the flags were passed
     try:
@@ -37,17 +45,33 @@ def test_the_child_gets_the_flags_the_engine_needs_and_is_stopped(tokenizer_fold
 
 def test_serve_with_a_vllm_child_answers_and_exits_nonzero_when_it_dies(tmp_path, tokenizer_folder):  # noqa: F811
     port = free_port()
-    server = start_server(tmp_path, "--engine", "vllm", "--vllm-python", sys.executable,
-                          "--vllm-module", "tests.fake_vllm_server", "--model", tokenizer_folder,
-                          "--vllm-port", str(port), "--", "--some-vllm-flag",
-                          env={"PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])})
+    server = start_server(
+        tmp_path,
+        "--engine",
+        "vllm",
+        "--vllm-python",
+        sys.executable,
+        "--vllm-module",
+        "tests.fake_vllm_server",
+        "--model",
+        tokenizer_folder,
+        "--vllm-port",
+        str(port),
+        "--",
+        "--some-vllm-flag",
+        env={"PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])},
+    )
     try:
-        r = httpx.post(server.url + "/v1/systemone", timeout=30, json={
-            "state": "charged twice", "questions": {"q": {"type": "noul", "instructions": "Refund?"}}})
+        r = httpx.post(
+            server.url + "/v1/systemone",
+            timeout=30,
+            json={"state": "charged twice", "questions": {"q": {"type": "noul", "instructions": "Refund?"}}},
+        )
         assert r.status_code == 200, r.text
         assert r.json()["usage"]["x_cached_tokens"] == 0
-        child = subprocess.run(["pgrep", "-f", f"tests.fake_vllm_server.*--port {port}"],
-                               capture_output=True, text=True).stdout.split()
+        child = subprocess.run(
+            ["pgrep", "-f", f"tests.fake_vllm_server.*--port {port}"], capture_output=True, text=True
+        ).stdout.split()
         assert child
         os.kill(int(child[0]), signal.SIGKILL)
         assert server.process.wait(30) == 1

@@ -28,7 +28,9 @@ from tests.net import free_port
 
 pytestmark = [
     pytest.mark.model,
-    pytest.mark.skipif(os.environ.get("OPENJEV_SCALEOUT") != "1", reason="the scale-out suite runs with `make test-scaleout`"),
+    pytest.mark.skipif(
+        os.environ.get("OPENJEV_SCALEOUT") != "1", reason="the scale-out suite runs with `make test-scaleout`"
+    ),
 ]
 
 from tests.sglang import server as sgl  # noqa: E402
@@ -38,7 +40,7 @@ ROUTER_PYTHON = REPO / ".venv-sglang-router" / "bin" / "python"
 PREFILL = re.compile(r"#new-token: (\d+), #cached-token: (\d+)")
 # Two workers on two cores: each sized for one request's branches at a time (the native
 # backend pads attention to these sizes, see tests/sglang/server.py: sizing_flags).
-WORKER_SIZE = dict(max_running=4, context_length=1024, chunk=512)
+WORKER_SIZE = {"max_running": 4, "context_length": 1024, "chunk": 512}
 
 
 @dataclass
@@ -83,19 +85,44 @@ def registered(router_url: str) -> list[dict]:
 
 def start_router(workers: list[str], log_path: Path) -> Router:
     port = free_port()
-    cmd = [str(ROUTER_PYTHON), "-m", "sglang_router.launch_router", "--host", "127.0.0.1", "--port", str(port),
-           "--policy", "cache_aware", "--worker-urls", *workers,
-           # A CPU worker in a long forward answers /health slowly: a short timeout would mark
-           # the busy worker unhealthy and send its state's requests elsewhere. A dead worker
-           # refuses connections at once, so requests are retried on the other anyway.
-           "--health-check-interval-secs", "5", "--health-check-timeout-secs", "60",
-           "--health-failure-threshold", "2", "--request-timeout-secs", "900", "--log-level", "info",
-           # A request whose worker died is retried, but the cache-aware policy picks the same
-           # (dead) worker again while it still looks healthy: with the defaults all retries hit
-           # it within 0.4 s. Two failures open its circuit breaker, so a retry goes elsewhere,
-           # and the backoff outlasts the health checker's verdict (about 10 s) in any case.
-           "--cb-failure-threshold", "2", "--retry-max-retries", "5",
-           "--retry-initial-backoff-ms", "500", "--retry-max-backoff-ms", "5000"]
+    cmd = [
+        str(ROUTER_PYTHON),
+        "-m",
+        "sglang_router.launch_router",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--policy",
+        "cache_aware",
+        "--worker-urls",
+        *workers,
+        # A CPU worker in a long forward answers /health slowly: a short timeout would mark
+        # the busy worker unhealthy and send its state's requests elsewhere. A dead worker
+        # refuses connections at once, so requests are retried on the other anyway.
+        "--health-check-interval-secs",
+        "5",
+        "--health-check-timeout-secs",
+        "60",
+        "--health-failure-threshold",
+        "2",
+        "--request-timeout-secs",
+        "900",
+        "--log-level",
+        "info",
+        # A request whose worker died is retried, but the cache-aware policy picks the same
+        # (dead) worker again while it still looks healthy: with the defaults all retries hit
+        # it within 0.4 s. Two failures open its circuit breaker, so a retry goes elsewhere,
+        # and the backoff outlasts the health checker's verdict (about 10 s) in any case.
+        "--cb-failure-threshold",
+        "2",
+        "--retry-max-retries",
+        "5",
+        "--retry-initial-backoff-ms",
+        "500",
+        "--retry-max-backoff-ms",
+        "5000",
+    ]
     proc = subprocess.Popen(cmd, stdout=open(log_path, "w"), stderr=subprocess.STDOUT, start_new_session=True)
     router = Router(f"http://127.0.0.1:{port}", proc, log_path)
     deadline = time.monotonic() + 120
@@ -152,20 +179,31 @@ def ask(server, state: str, questions: dict, timeout: float = 900) -> dict:
 
 QUESTIONS = {
     "refund": {"type": "noul", "instructions": "Does the customer ask for a refund?"},
-    "team": {"type": "choice", "instructions": "Which team should handle this?",
-             "criteria": {"billing": "Payments and refunds", "technical": "Bugs in the app"}},
+    "team": {
+        "type": "choice",
+        "instructions": "Which team should handle this?",
+        "criteria": {"billing": "Payments and refunds", "technical": "Bugs in the app"},
+    },
     "urgency": {"type": "score", "instructions": "How urgent is this?", "criteria": ["Routine", "Urgent", "Emergency"]},
 }
 MORE = [
     {"late": {"type": "noul", "instructions": "Is the order late?"}},
-    {"channel": {"type": "choice", "instructions": "Where should the answer go?", "criteria": {"email": None, "phone": None}}},
+    {
+        "channel": {
+            "type": "choice",
+            "instructions": "Where should the answer go?",
+            "criteria": {"email": None, "phone": None},
+        }
+    },
     {"angry": {"type": "noul", "instructions": "Is the customer angry?"}},
 ]
 
 
 def long_state(tag: str) -> str:
     """About 300 tokens, distinct per tag (no worker has it cached before)."""
-    return f"Ticket {tag}. " + " ".join(f"Day {i}: the parcel for order {tag} was still not delivered." for i in range(25))
+    return f"Ticket {tag}. " + " ".join(
+        f"Day {i}: the parcel for order {tag} was still not delivered." for i in range(25)
+    )
 
 
 def test_answers_through_the_router_equal_a_single_workers(cluster):
@@ -187,7 +225,7 @@ def test_requests_sharing_a_state_land_on_the_worker_that_has_it(cluster):
     state = long_state("affinity")
     before = [len(prefills(w)) for w in workers]
     first = ask(api, state, QUESTIONS)
-    new = [prefills(w)[n:] for w, n in zip(workers, before)]
+    new = [prefills(w)[n:] for w, n in zip(workers, before, strict=True)]
     hot = max(range(2), key=lambda i: sum(t for t, _ in new[i]))  # the worker that prefilled the state
     cold = 1 - hot
     assert sum(t for t, _ in new[hot]) > 250, new
@@ -195,13 +233,15 @@ def test_requests_sharing_a_state_land_on_the_worker_that_has_it(cluster):
     cached = 0
     for questions in MORE:
         cached += ask(api, state, questions)["usage"]["x_cached_tokens"]
-    after = [prefills(w)[n:] for w, n in zip(workers, mark)]
+    after = [prefills(w)[n:] for w, n in zip(workers, mark, strict=True)]
     hot_cached = sum(c for _, c in after[hot])
     cold_cached = sum(c for _, c in after[cold])
     share = hot_cached / max(1, hot_cached + cold_cached)
-    print(f"affinity: worker {hot} prefilled the state ({first['usage']['x_computed_tokens']} tokens computed); "
-          f"follow-ups: worker {hot} cached {hot_cached} tokens in {len(after[hot])} prefills, "
-          f"worker {cold} cached {cold_cached} in {len(after[cold])}; hit share on the state's worker {share:.0%}")
+    print(
+        f"affinity: worker {hot} prefilled the state ({first['usage']['x_computed_tokens']} tokens computed); "
+        f"follow-ups: worker {hot} cached {hot_cached} tokens in {len(after[hot])} prefills, "
+        f"worker {cold} cached {cold_cached} in {len(after[cold])}; hit share on the state's worker {share:.0%}"
+    )
     assert hot_cached >= 3 * 250 and cached >= 3 * 250
     assert cold_cached == 0 and not after[cold], after  # the other worker saw none of them
 
@@ -211,7 +251,7 @@ def test_a_killed_worker_is_routed_around_and_reported(cluster):
     state = long_state("failover")
     before = [len(prefills(w)) for w in workers]
     ask(api, state, QUESTIONS)
-    hot = max(range(2), key=lambda i: sum(t for t, _ in prefills(workers[i])[before[i]:]))
+    hot = max(range(2), key=lambda i: sum(t for t, _ in prefills(workers[i])[before[i] :]))
     victim, survivor = workers[hot], workers[1 - hot]  # the worker the router sends this state to
     log_mark = len(router.log())
     noticed: list[float] = []
@@ -239,16 +279,20 @@ def test_a_killed_worker_is_routed_around_and_reported(cluster):
     # has, e.g. under --rotations): then it finds the state in its own cache.
     served = prefills(survivor)[survivor_before:]
     assert served, "the survivor prefilled nothing after the kill"
-    print(f"survivor after the kill: {len(served)} prefills, {sum(n for n, _ in served)} tokens computed, "
-          f"{sum(c for _, c in served)} cached")
+    print(
+        f"survivor after the kill: {len(served)} prefills, {sum(n for n, _ in served)} tokens computed, "
+        f"{sum(c for _, c in served)} cached"
+    )
     for questions in MORE[1:]:
         assert set(ask(api, state, questions)["answers"]) == set(questions)
     watcher.join(300)
     assert noticed, "the router never marked the killed worker unhealthy"
-    print(f"failover: killed worker {hot} ({victim.url}), the one holding the state; first answer "
-          f"{failover_s:.1f} s after the kill (served by worker {1 - hot}); the router marked it unhealthy "
-          f"{noticed[0]:.1f} s after the kill; /workers: "
-          f"{[(w['url'], w['is_healthy']) for w in registered(router.url)]}")
+    print(
+        f"failover: killed worker {hot} ({victim.url}), the one holding the state; first answer "
+        f"{failover_s:.1f} s after the kill (served by worker {1 - hot}); the router marked it unhealthy "
+        f"{noticed[0]:.1f} s after the kill; /workers: "
+        f"{[(w['url'], w['is_healthy']) for w in registered(router.url)]}"
+    )
     # the operator sees which worker failed: the router's /workers, and its log
     assert _healthy(router, victim.url) is not True  # marked unhealthy, or dropped
     assert _healthy(router, survivor.url) is True

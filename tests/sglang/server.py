@@ -21,8 +21,14 @@ from tests.net import free_port
 REPO = Path(__file__).resolve().parents[2]
 SGL_JAX_PYTHON = REPO / ".venv-sglang-jax" / "bin" / "python"
 FLAGS = (
-    "--device", "cpu", "--attention-backend", "native", "--dtype", "float32",
-    "--disable-precompile", "--disable-overlap-schedule",
+    "--device",
+    "cpu",
+    "--attention-backend",
+    "native",
+    "--dtype",
+    "float32",
+    "--disable-precompile",
+    "--disable-overlap-schedule",
 )
 
 
@@ -32,9 +38,18 @@ def sizing_flags(max_running: int, context_length: int, chunk: int) -> tuple[str
     `chunk` query tokens per forward. The defaults (4096 requests, the model's 8192
     context) ask for terabytes and crash the first prefill; keep all three small. The KV
     pool would otherwise be sized from free host RAM (gigabytes)."""
-    return ("--max-running-requests", str(max_running), "--context-length", str(context_length),
-            "--chunked-prefill-size", str(chunk), "--max-prefill-tokens", str(chunk),
-            "--max-total-tokens", str(2 * max_running * context_length))
+    return (
+        "--max-running-requests",
+        str(max_running),
+        "--context-length",
+        str(context_length),
+        "--chunked-prefill-size",
+        str(chunk),
+        "--max-prefill-tokens",
+        str(chunk),
+        "--max-total-tokens",
+        str(2 * max_running * context_length),
+    )
 
 
 def embedded_model_folder() -> Path:
@@ -102,8 +117,16 @@ class SglJaxServer:
         self.process.stop(grace_s=20.0)
 
 
-def start(model_folder: Path, log_path: Path, *, timeout_s: float = 600.0, port: int | None = None,
-          max_running: int = 8, context_length: int = 2048, chunk: int = 1024) -> SglJaxServer:
+def start(
+    model_folder: Path,
+    log_path: Path,
+    *,
+    timeout_s: float = 600.0,
+    port: int | None = None,
+    max_running: int = 8,
+    context_length: int = 2048,
+    chunk: int = 1024,
+) -> SglJaxServer:
     """Start sgl_jax serving `model_folder` (a served_folder) and wait for /health.
 
     `max_running` must cover the branches a request sends at once (else later ones queue
@@ -115,9 +138,14 @@ def start(model_folder: Path, log_path: Path, *, timeout_s: float = 600.0, port:
     env.update({"JAX_PLATFORMS": "cpu", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})
     log_path.parent.mkdir(parents=True, exist_ok=True)
     process = SGLangProcess(
-        python=str(SGL_JAX_PYTHON), model=str(model_folder), port=port or free_port(), module="sgl_jax.launch_server",
-        extra_args=(*FLAGS, *sizing_flags(max_running, context_length, chunk)), log_path=str(log_path),
-        env=env, cwd=str(log_path.parent),
+        python=str(SGL_JAX_PYTHON),
+        model=str(model_folder),
+        port=port or free_port(),
+        module="sgl_jax.launch_server",
+        extra_args=(*FLAGS, *sizing_flags(max_running, context_length, chunk)),
+        log_path=str(log_path),
+        env=env,
+        cwd=str(log_path.parent),
     )
     process.start()
     server = SglJaxServer(process.url, process, log_path)
@@ -129,15 +157,24 @@ def start(model_folder: Path, log_path: Path, *, timeout_s: float = 600.0, port:
     # /health answers before the server's own warm-up request has run (and a bad setting
     # crashes it there): one real request proves the forward pass works.
     try:
-        r = httpx.post(server.url + "/generate", json={
-            "input_ids": [1, 2, 3, 4, 5, 6, 7, 8], "sampling_params": {"max_new_tokens": 1, "temperature": 0.0},
-            "return_logprob": True, "logprob_start_len": -1, "token_ids_logprob": [9]}, timeout=max(60.0, timeout_s))
+        r = httpx.post(
+            server.url + "/generate",
+            json={
+                "input_ids": [1, 2, 3, 4, 5, 6, 7, 8],
+                "sampling_params": {"max_new_tokens": 1, "temperature": 0.0},
+                "return_logprob": True,
+                "logprob_start_len": -1,
+                "token_ids_logprob": [9],
+            },
+            timeout=max(60.0, timeout_s),
+        )
         r.raise_for_status()
         r.json()["meta_info"]["output_token_ids_logprobs"][0][0]
     except (httpx.HTTPError, KeyError, IndexError, TypeError, ValueError) as e:
         server.stop()
-        raise RuntimeError(f"sgl_jax is up but its first /generate failed ({e!r}); log tail:\n"
-                           f"{server.log_tail()}") from None
+        raise RuntimeError(
+            f"sgl_jax is up but its first /generate failed ({e!r}); log tail:\n{server.log_tail()}"
+        ) from None
     return server
 
 

@@ -21,15 +21,22 @@ from tests.sglang import server as sgl
 # for, a missing SGLang-JAX install is a failure, not a skip.
 pytestmark = [
     pytest.mark.model,
-    pytest.mark.skipif(os.environ.get("OPENJEV_SGLANG_JAX") != "1",
-                       reason="the SGLang-JAX suite runs with `make test-sglang`"),
+    pytest.mark.skipif(
+        os.environ.get("OPENJEV_SGLANG_JAX") != "1", reason="the SGLang-JAX suite runs with `make test-sglang`"
+    ),
 ]
 
 from openjev.config import MAX_CHOICE_OPTIONS, load_settings  # noqa: E402
 from openjev.core.prompts import PromptCompiler  # noqa: E402
 from openjev.core.scoring import softmax  # noqa: E402
 from openjev.core.types import (  # noqa: E402
-    ChoiceQuestion, DecisionRequest, NoulQuestion, Option, ScoreQuestion, State, Turn,
+    ChoiceQuestion,
+    DecisionRequest,
+    NoulQuestion,
+    Option,
+    ScoreQuestion,
+    State,
+    Turn,
 )
 from openjev.engines.sglang import SGLangEngine, verify_tokenizer  # noqa: E402
 from openjev.errors import ModelUnsuitable  # noqa: E402
@@ -102,9 +109,18 @@ async def while_busy(server, engine, plan, tag: int):
 
     filler = [1000 + (tag * 7 + i) % 40000 for i in range(400)]
     async with httpx.AsyncClient(timeout=600) as client:
-        blocker = asyncio.create_task(client.post(server.url + "/generate", json={
-            "input_ids": filler, "sampling_params": {"max_new_tokens": 1}, "return_logprob": True,
-            "logprob_start_len": -1, "token_ids_logprob": [5]}))
+        blocker = asyncio.create_task(
+            client.post(
+                server.url + "/generate",
+                json={
+                    "input_ids": filler,
+                    "sampling_params": {"max_new_tokens": 1},
+                    "return_logprob": True,
+                    "logprob_start_len": -1,
+                    "token_ids_logprob": [5],
+                },
+            )
+        )
         await asyncio.sleep(0.5)  # it is being prefilled now
         result = await run_with(engine, plan)
         (await blocker).raise_for_status()
@@ -120,10 +136,10 @@ async def test_every_strategy_gives_the_in_process_probabilities(loaded, compile
     local = await run_with(reference_engine(loaded), plan)
     assert len(got.branches) == len(local.branches) == len(plan.branches)
     worst = 0.0
-    for b, r, l in zip(plan.branches, got.branches, local.branches):
-        assert len(r.logprobs) == len(l.logprobs) == len(b.label_ids)
-        pr, pl = softmax(r.logprobs), softmax(l.logprobs)
-        worst = max(worst, *(abs(x - y) for x, y in zip(pr, pl)))
+    for b, r, loc in zip(plan.branches, got.branches, local.branches, strict=True):
+        assert len(r.logprobs) == len(loc.logprobs) == len(b.label_ids)
+        pr, pl = softmax(r.logprobs), softmax(loc.logprobs)
+        worst = max(worst, *(abs(x - y) for x, y in zip(pr, pl, strict=True)))
     assert worst < 1e-3, f"{strategy}: max probability difference {worst:.2e}"
     expected = "staged" if strategy == "auto" else strategy  # a cold, long shared prefix
     assert engine.strategies_used == {expected: 1}
@@ -154,8 +170,11 @@ async def test_other_readouts_give_the_in_process_probabilities(loaded, compiler
     """Readouts are ordinary branches of the trie: the SGLang engine runs them unchanged."""
     from openjev.core.readouts import LettersReadout, YesNoReadout
 
-    ro = (YesNoReadout(*compiler.yes_no) if readout == "yesno"
-          else LettersReadout(compiler.labels.texts, compiler.labels.ids, rotations=2))
+    ro = (
+        YesNoReadout(*compiler.yes_no)
+        if readout == "yesno"
+        else LettersReadout(compiler.labels.texts, compiler.labels.ids, rotations=2)
+    )
     request = DecisionRequest(state(300 + len(readout)), QUESTIONS)
     compiled = compiler.compile(request, ro)
     plan = compiled.plan
@@ -163,10 +182,10 @@ async def test_other_readouts_give_the_in_process_probabilities(loaded, compiler
     got = await run_with(remote(server, "auto"), plan)
     local = await run_with(reference_engine(loaded), plan)
     worst = 0.0
-    for (_, question), (start, count) in zip(request.questions, compiled.spans):
-        a = ro.combine(question, [r.logprobs for r in got.branches[start:start + count]])
-        b = ro.combine(question, [r.logprobs for r in local.branches[start:start + count]])
-        worst = max(worst, *(abs(x - y) for x, y in zip(a.probs, b.probs)))
+    for (_, question), (start, count) in zip(request.questions, compiled.spans, strict=True):
+        a = ro.combine(question, [r.logprobs for r in got.branches[start : start + count]])
+        b = ro.combine(question, [r.logprobs for r in local.branches[start : start + count]])
+        worst = max(worst, *(abs(x - y) for x, y in zip(a.probs, b.probs, strict=True)))
     assert worst < 1e-3, f"{readout}: max answer probability difference {worst:.2e}"
 
 
@@ -186,4 +205,3 @@ def test_tokenizer_agreement_probe_catches_a_different_tokenizer(loaded, server)
 
     with pytest.raises(ModelUnsuitable):
         verify_tokenizer(server.url, Shifted())
-

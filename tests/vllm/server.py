@@ -27,9 +27,17 @@ FLAGS = ("--dtype", "float32", "--max-model-len", "4096", "--block-size", "32", 
 
 def child_env(threads: int = 2) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    env.update({"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind", "OMP_NUM_THREADS": str(threads),
-                "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1",
-                "DO_NOT_TRACK": "1"})
+    env.update(
+        {
+            "VLLM_CPU_KVCACHE_SPACE": "1",
+            "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+            "OMP_NUM_THREADS": str(threads),
+            "HF_HUB_OFFLINE": "1",
+            "TRANSFORMERS_OFFLINE": "1",
+            "VLLM_NO_USAGE_STATS": "1",
+            "DO_NOT_TRACK": "1",
+        }
+    )
     return env
 
 
@@ -49,15 +57,30 @@ class VLLMServer:
         self.process.stop(grace_s=20.0)
 
 
-def start(model_folder: Path, log_path: Path, *, timeout_s: float = 900.0, extra: tuple[str, ...] = (),
-          port: int | None = None) -> VLLMServer:
+def start(
+    model_folder: Path,
+    log_path: Path,
+    *,
+    timeout_s: float = 900.0,
+    extra: tuple[str, ...] = (),
+    port: int | None = None,
+) -> VLLMServer:
     """Start vLLM serving `model_folder` and wait for /health; RuntimeError with the log's tail
     if it exits or is not healthy in time."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    process = SGLangProcess(python=str(VLLM_PYTHON), model=str(model_folder), port=port or free_port(), module=MODULE,
-                            model_flag="--model", name="vLLM", python_flag="--vllm-python",
-                            extra_args=child_args((*FLAGS, *extra)), log_path=str(log_path), env=child_env(),
-                            cwd=str(log_path.parent))
+    process = SGLangProcess(
+        python=str(VLLM_PYTHON),
+        model=str(model_folder),
+        port=port or free_port(),
+        module=MODULE,
+        model_flag="--model",
+        name="vLLM",
+        python_flag="--vllm-python",
+        extra_args=child_args((*FLAGS, *extra)),
+        log_path=str(log_path),
+        env=child_env(),
+        cwd=str(log_path.parent),
+    )
     process.start()
     server = VLLMServer(process.url, process, log_path)
     try:
@@ -72,8 +95,9 @@ def generate(url: str, ids, labels=(5,), timeout: float = 600.0) -> dict:
     """One raw token-in call (for tests that need the server busy or its usage)."""
     from openjev.engines.vllm import request_body
 
-    r = httpx.post(url + "/inference/v1/generate", json=request_body(f"t{id(ids)}", list(ids), list(labels)),
-                   timeout=timeout)
+    r = httpx.post(
+        url + "/inference/v1/generate", json=request_body(f"t{id(ids)}", list(ids), list(labels)), timeout=timeout
+    )
     r.raise_for_status()
     return r.json()
 
@@ -99,14 +123,37 @@ def qwen3_folder(source: Path, target: Path) -> Path:
     config = json.loads((source / "config.json").read_text())
     rope = config.get("rope_parameters") or {"rope_theta": config.get("rope_theta", 10000.0), "rope_type": "default"}
     qwen = {
-        "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3",
-        **{k: config[k] for k in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-                                  "num_key_value_heads", "head_dim", "hidden_act", "max_position_embeddings",
-                                  "rms_norm_eps", "tie_word_embeddings", "vocab_size", "bos_token_id",
-                                  "eos_token_id", "pad_token_id")},
-        "attention_bias": False, "attention_dropout": 0.0, "use_sliding_window": False, "sliding_window": None,
-        "max_window_layers": config["num_hidden_layers"], "rope_theta": rope["rope_theta"],
-        "rope_parameters": rope, "rope_scaling": None, "dtype": "float32", "torch_dtype": "float32",
+        "architectures": ["Qwen3ForCausalLM"],
+        "model_type": "qwen3",
+        **{
+            k: config[k]
+            for k in (
+                "hidden_size",
+                "intermediate_size",
+                "num_hidden_layers",
+                "num_attention_heads",
+                "num_key_value_heads",
+                "head_dim",
+                "hidden_act",
+                "max_position_embeddings",
+                "rms_norm_eps",
+                "tie_word_embeddings",
+                "vocab_size",
+                "bos_token_id",
+                "eos_token_id",
+                "pad_token_id",
+            )
+        },
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "use_sliding_window": False,
+        "sliding_window": None,
+        "max_window_layers": config["num_hidden_layers"],
+        "rope_theta": rope["rope_theta"],
+        "rope_parameters": rope,
+        "rope_scaling": None,
+        "dtype": "float32",
+        "torch_dtype": "float32",
         "use_cache": True,
     }
     weights = load_file(str(source / "model.safetensors"))
@@ -117,8 +164,13 @@ def qwen3_folder(source: Path, target: Path) -> Path:
     tmp = Path(tempfile.mkdtemp(prefix=target.name + ".", dir=target.parent))
     save_file(weights, str(tmp / "model.safetensors"), metadata={"format": "pt"})
     (tmp / "config.json").write_text(json.dumps(qwen, indent=2))
-    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json",
-                 "special_tokens_map.json"):
+    for name in (
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "chat_template.jinja",
+        "generation_config.json",
+        "special_tokens_map.json",
+    ):
         if (source / name).exists():
             shutil.copy(source / name, tmp / name)
     if target.exists():

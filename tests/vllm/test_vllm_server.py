@@ -12,7 +12,6 @@ in-process engine's answers.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 import threading
@@ -35,7 +34,15 @@ from openjev.core.prompts import PromptCompiler  # noqa: E402
 from openjev.core.scoring import softmax  # noqa: E402
 from openjev.core.service import DecisionService, ServiceLimits  # noqa: E402
 from openjev.core.types import (  # noqa: E402
-    ChoiceAnswer, ChoiceQuestion, DecisionRequest, NoulAnswer, NoulQuestion, Option, ScoreQuestion, State, Turn,
+    ChoiceAnswer,
+    ChoiceQuestion,
+    DecisionRequest,
+    NoulAnswer,
+    NoulQuestion,
+    Option,
+    ScoreQuestion,
+    State,
+    Turn,
 )
 from openjev.engines.vllm import MAX_IDS_PER_CALL, VLLMEngine, check_server, verify_tokenizer  # noqa: E402
 from openjev.errors import ModelUnsuitable  # noqa: E402
@@ -110,9 +117,9 @@ async def run_with(engine, plan):
 
 def worst_difference(got, local) -> float:
     worst = 0.0
-    for r, l in zip(got.branches, local.branches, strict=True):
-        assert len(r.logprobs) == len(l.logprobs)
-        worst = max(worst, *(abs(x - y) for x, y in zip(softmax(r.logprobs), softmax(l.logprobs))))
+    for r, loc in zip(got.branches, local.branches, strict=True):
+        assert len(r.logprobs) == len(loc.logprobs)
+        worst = max(worst, *(abs(x - y) for x, y in zip(softmax(r.logprobs), softmax(loc.logprobs), strict=True)))
     return worst
 
 
@@ -130,8 +137,10 @@ async def test_every_strategy_gives_the_in_process_probabilities(loaded, compile
     got = await run_with(engine, plan)
     local = await run_with(reference_engine(loaded), plan)
     worst = worst_difference(got, local)
-    print(f"{strategy}: max probability difference {worst:.2e}, computed {got.computed_tokens}, "
-          f"cached {got.cached_tokens}, prompt {plan.prompt_tokens}")
+    print(
+        f"{strategy}: max probability difference {worst:.2e}, computed {got.computed_tokens}, "
+        f"cached {got.cached_tokens}, prompt {plan.prompt_tokens}"
+    )
     assert worst < TOLERANCE, f"{strategy}: max probability difference {worst:.2e}"
     expected = "all" if strategy == "auto" else strategy  # vLLM shares prefixes within a batch
     assert engine.strategies_used == {expected: 1}
@@ -149,9 +158,9 @@ async def test_every_answer_type_through_the_service_matches_the_in_process_answ
             assert abs(a.p_true - b.p_true) < TOLERANCE
         elif isinstance(a, ChoiceAnswer):
             assert a.choice == b.choice
-            assert max(abs(x - y) for (_, x), (_, y) in zip(a.probabilities, b.probabilities)) < TOLERANCE
+            assert max(abs(x - y) for (_, x), (_, y) in zip(a.probabilities, b.probabilities, strict=True)) < TOLERANCE
         else:
-            assert max(abs(x - y) for x, y in zip(a.probabilities, b.probabilities)) < TOLERANCE
+            assert max(abs(x - y) for x, y in zip(a.probabilities, b.probabilities, strict=True)) < TOLERANCE
             assert abs(a.score - b.score) < TOLERANCE * len(a.probabilities)
         assert abs(a.label_mass - b.label_mass) < TOLERANCE
     assert got.usage.cached_tokens is not None and got.usage.computed_tokens is not None
@@ -162,8 +171,10 @@ async def test_cached_tokens_add_up_and_a_seen_state_comes_from_cache(compiler, 
     warm = compiler.compile(DecisionRequest(state(200), MORE_QUESTIONS)).plan  # same state, new questions
     c = await run_with(remote(server, "all"), cold)
     w = await run_with(remote(server, "all"), warm)
-    print(f"cold: computed {c.computed_tokens} cached {c.cached_tokens} of {cold.prompt_tokens}; "
-          f"warm: computed {w.computed_tokens} cached {w.cached_tokens} of {warm.prompt_tokens}")
+    print(
+        f"cold: computed {c.computed_tokens} cached {c.cached_tokens} of {cold.prompt_tokens}; "
+        f"warm: computed {w.computed_tokens} cached {w.cached_tokens} of {warm.prompt_tokens}"
+    )
     for result, plan in ((c, cold), (w, warm)):
         assert result.cached_tokens is not None and result.computed_tokens is not None
         assert result.computed_tokens + result.cached_tokens == plan.prompt_tokens
@@ -194,18 +205,31 @@ def test_tokenizer_agreement_probe_catches_a_different_tokenizer(loaded, server)
 
 
 def _request(n: int, paragraphs: int = 4) -> dict:
-    return {"model": "jev-latest", "state": TEXT.format(n=n) * paragraphs,
-            "questions": {"refund": {"type": "noul", "instructions": "Does the customer ask for a refund?"},
-                          "team": {"type": "choice", "instructions": "Which team?",
-                                   "criteria": {"billing": None, "shipping": None}}}}
+    return {
+        "model": "jev-latest",
+        "state": TEXT.format(n=n) * paragraphs,
+        "questions": {
+            "refund": {"type": "noul", "instructions": "Does the customer ask for a refund?"},
+            "team": {"type": "choice", "instructions": "Which team?", "criteria": {"billing": None, "shipping": None}},
+        },
+    }
 
 
 @pytest.fixture(scope="module")
 def openjev_over_vllm(server, tmp_path_factory):
     from tests.integration.conftest import start_server, stop_server
 
-    live = start_server(tmp_path_factory.mktemp("openjev-vllm"), "--engine", "vllm", "--connect", server.url,
-                        "--model", str(model_folder()), "--engine-timeout-s", "600")
+    live = start_server(
+        tmp_path_factory.mktemp("openjev-vllm"),
+        "--engine",
+        "vllm",
+        "--connect",
+        server.url,
+        "--model",
+        str(model_folder()),
+        "--engine-timeout-s",
+        "600",
+    )
     try:
         yield live
     finally:
@@ -227,8 +251,9 @@ def test_a_server_killed_mid_request_gives_retryable_errors(openjev_over_vllm, s
     results: list[httpx.Response] = []
 
     def call():
-        results.append(httpx.post(openjev_over_vllm.url + "/v1/systemone", json=_request(400, paragraphs=30),
-                                  timeout=600))
+        results.append(
+            httpx.post(openjev_over_vllm.url + "/v1/systemone", json=_request(400, paragraphs=30), timeout=600)
+        )
 
     caller = threading.Thread(target=call)
     caller.start()

@@ -14,8 +14,8 @@ import asyncio
 import collections
 import math
 import time
+from collections.abc import Callable
 from contextvars import ContextVar
-from typing import Callable
 
 from openjev.api.keys import KeyEntry, KeyLimits
 from openjev.api.metrics import Metrics
@@ -71,8 +71,17 @@ class DrainRate:
 class GatedEngine:
     """The Engine port, gated. `in_flight_tokens` counts admitted plans' distinct tokens."""
 
-    def __init__(self, inner: Engine, *, max_tokens_in_flight: int, max_wait_s: float, key_limits: KeyLimits,
-                 metrics: Metrics, retry_after_s: int, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        inner: Engine,
+        *,
+        max_tokens_in_flight: int,
+        max_wait_s: float,
+        key_limits: KeyLimits,
+        metrics: Metrics,
+        retry_after_s: int,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.inner = inner
         self.max_tokens = max_tokens_in_flight
         self.max_wait_s = max_wait_s
@@ -96,17 +105,22 @@ class GatedEngine:
         # request's size must not refuse it forever.
         if self.max_tokens and self.in_flight_tokens and self.in_flight_tokens + n > self.max_tokens:
             excess = self.in_flight_tokens + n - self.max_tokens
-            raise Overloaded(f"{self.in_flight_tokens} tokens in flight, this request needs {n} "
-                             f"(limit {self.max_tokens}); retry later", retry_after_s=self.retry_after(excess))
+            raise Overloaded(
+                f"{self.in_flight_tokens} tokens in flight, this request needs {n} "
+                f"(limit {self.max_tokens}); retry later",
+                retry_after_s=self.retry_after(excess),
+            )
         # What is admitted must finish before its deadline: refuse (529, retryable) what the
         # engine, at its measured rate, could not reach within max_wait_s, rather than
         # admit it into a queue that ends in a 504.
         rate = self.rate.per_second()
         if rate and self.max_wait_s and self.in_flight_tokens and (self.in_flight_tokens + n) / rate > self.max_wait_s:
             excess = self.in_flight_tokens + n - int(rate * self.max_wait_s)
-            raise Overloaded(f"{self.in_flight_tokens} tokens in flight would take "
-                             f"{self.in_flight_tokens / rate:.0f} s to serve; retry later",
-                             retry_after_s=self.retry_after(excess))
+            raise Overloaded(
+                f"{self.in_flight_tokens} tokens in flight would take "
+                f"{self.in_flight_tokens / rate:.0f} s to serve; retry later",
+                retry_after_s=self.retry_after(excess),
+            )
         entry = current_key.get()
         if entry is not None:  # after the server-wide check: a 529 costs the key nothing
             self._keys.take_tokens(entry, n)

@@ -7,9 +7,10 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+from collections.abc import Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from fastapi import Depends, Request
 from fastapi.exceptions import RequestValidationError
@@ -17,18 +18,17 @@ from fastapi.responses import JSONResponse
 from fastapi_offline import FastAPIOffline
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from openjev import __version__
+from openjev import __version__, calibrations
 from openjev.api import batch, convert, playground, schemas
 from openjev.api.auth import require_key
-from openjev import calibrations
+from openjev.api.middleware import REQUEST_ID_HEADER, BodyMiddleware, RequestIdMiddleware, error_response, request_id_of
 from openjev.api.ops import Operations, OpsMiddleware
 from openjev.api.overrides import decide_options, default_spec
 from openjev.api.responses import FastJSONResponse
-from openjev.api.middleware import REQUEST_ID_HEADER, BodyMiddleware, RequestIdMiddleware, error_response, request_id_of
 from openjev.config import MAX_CHOICE_OPTIONS, Settings
 from openjev.core.prompts import PromptCompiler
-from openjev.core.wording import PROMPT_VERSION
 from openjev.core.service import DecisionService, ServiceLimits
+from openjev.core.wording import PROMPT_VERSION
 from openjev.engines import LoadedEngine, ModelCard, load_engine
 from openjev.errors import ClientDisconnected, EngineUnavailable, NotReady, OpenjevError
 
@@ -82,15 +82,26 @@ def build_service(settings: Settings, loaded: LoadedEngine) -> DecisionService:
     """Blocking (label verification encodes a few hundred short texts). Raises ConfigError
     for a calibration made for another model, prompt or temperature, Unsupported for a
     default readout this model cannot do."""
-    calibration = calibrations.select(settings.calibration, fingerprint=loaded.card.fingerprint,
-                                      prompt_version=PROMPT_VERSION, base_temperature=settings.temperature)
+    calibration = calibrations.select(
+        settings.calibration,
+        fingerprint=loaded.card.fingerprint,
+        prompt_version=PROMPT_VERSION,
+        base_temperature=settings.temperature,
+    )
     spec = default_spec(settings)
     if calibration is not None:
-        log.info("calibration %s (%s) applied to %s", calibration.id, calibration.source or "given file",
-                 ", ".join(f.spec.describe() for f in calibration.fits))
+        log.info(
+            "calibration %s (%s) applied to %s",
+            calibration.id,
+            calibration.source or "given file",
+            ", ".join(f.spec.describe() for f in calibration.fits),
+        )
         if not calibration.covers(spec):
-            log.warning("calibration %s has no fit for the default readout %s: its answers are uncalibrated",
-                        calibration.id, spec.describe())
+            log.warning(
+                "calibration %s has no fit for the default readout %s: its answers are uncalibrated",
+                calibration.id,
+                spec.describe(),
+            )
     compiler = PromptCompiler(loaded.tokenizer, max_labels=MAX_CHOICE_OPTIONS)
     limits = ServiceLimits(
         max_branch_tokens=settings.max_branch_tokens,
@@ -123,7 +134,7 @@ def create_app(
             if loaded.supervise is not None:
                 loaded.supervise(lambda exc: _fatal(exc))
             log.info("serving %s", loaded.card.name)
-        except Exception as exc:  # reported, not swallowed: /health shows it, on_fatal exits
+        except Exception as exc:  # noqa: BLE001 - reported, not swallowed: /health shows it, on_fatal exits
             log.error("model failed to load: %s", exc)
             _fatal(exc)
 
@@ -163,22 +174,34 @@ def create_app(
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         kind = "not_found" if exc.status_code == 404 else "invalid_request" if exc.status_code < 500 else "unknown"
-        return JSONResponse({"detail": {"error_type": kind, "message": str(exc.detail)}},
-                            status_code=exc.status_code, headers=getattr(exc, "headers", None))
+        return JSONResponse(
+            {"detail": {"error_type": kind, "message": str(exc.detail)}},
+            status_code=exc.status_code,
+            headers=getattr(exc, "headers", None),
+        )
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
         # Runs outside our middleware (Starlette's ServerErrorMiddleware), so add the id here.
         log.exception("unexpected error")
-        return JSONResponse({"detail": {"error_type": "unknown", "message": "internal error"}}, status_code=500,
-                            headers={REQUEST_ID_HEADER: request_id_of(request.scope) or ""})
+        return JSONResponse(
+            {"detail": {"error_type": "unknown", "message": "internal error"}},
+            status_code=500,
+            headers={REQUEST_ID_HEADER: request_id_of(request.scope) or ""},
+        )
 
     async def systemone(body: schemas.SystemOneRequest, request: Request) -> JSONResponse:
         if len(body.questions) > settings.max_questions:
-            raise RequestValidationError([{
-                "loc": ("body", "questions"), "type": "too_long", "input": None,
-                "msg": f"at most {settings.max_questions} questions per request, got {len(body.questions)}",
-            }])
+            raise RequestValidationError(
+                [
+                    {
+                        "loc": ("body", "questions"),
+                        "type": "too_long",
+                        "input": None,
+                        "msg": f"at most {settings.max_questions} questions per request, got {len(body.questions)}",
+                    }
+                ]
+            )
         decision = convert.request_of(body)
         spec, calibrate = decide_options(request.headers, settings)
         service, card = runtime.ready()
@@ -189,10 +212,16 @@ def create_app(
 
     # The same handler under the route names other Jev-compatible servers use.
     for path in SYSTEMONE_ROUTES:
-        app.add_api_route(path, systemone, methods=["POST"], response_model=schemas.SystemOneResponse,
-                          responses=_ERRORS, dependencies=[Depends(require_key)],
-                          summary="Answer typed questions about a state" + ("" if path == SYSTEMONE_ROUTES[0] else
-                                                                            f" (alias of {SYSTEMONE_ROUTES[0]})"))
+        app.add_api_route(
+            path,
+            systemone,
+            methods=["POST"],
+            response_model=schemas.SystemOneResponse,
+            responses=_ERRORS,
+            dependencies=[Depends(require_key)],
+            summary="Answer typed questions about a state"
+            + ("" if path == SYSTEMONE_ROUTES[0] else f" (alias of {SYSTEMONE_ROUTES[0]})"),
+        )
     batch.install(app, settings, runtime.ready, _unless_disconnected)
     playground.install(app)
 
@@ -201,15 +230,24 @@ def create_app(
         service, card = runtime.ready()
         cal = service.calibration
         return {
-            "models": [{
-                "name": card.name, "description": card.description, "release_date": card.release_date,
-                "x_fingerprint": card.fingerprint, "x_prompt_version": PROMPT_VERSION,
-                "x_temperature": settings.temperature,
-                "x_readout": service.default_readout.describe(),
-                "x_calibration": None if cal is None else {
-                    "id": cal.id, "readouts": [f.spec.describe() for f in cal.fits],
-                    "applies_to_default": cal.covers(service.default_readout)},
-            }],
+            "models": [
+                {
+                    "name": card.name,
+                    "description": card.description,
+                    "release_date": card.release_date,
+                    "x_fingerprint": card.fingerprint,
+                    "x_prompt_version": PROMPT_VERSION,
+                    "x_temperature": settings.temperature,
+                    "x_readout": service.default_readout.describe(),
+                    "x_calibration": None
+                    if cal is None
+                    else {
+                        "id": cal.id,
+                        "readouts": [f.spec.describe() for f in cal.fits],
+                        "applies_to_default": cal.covers(service.default_readout),
+                    },
+                }
+            ],
             "data": [{"id": card.name, "object": "model", "owned_by": "openjev"}],
         }
 
@@ -220,9 +258,14 @@ def create_app(
     @app.get("/health", summary="200 once the model is loaded, 503 before (or if loading failed)")
     async def health() -> JSONResponse:
         if runtime.loaded is not None and runtime.service is not None:
-            return JSONResponse({"status": "ok", "model": runtime.loaded.card.name,
-                                 "load_seconds": round(runtime.loaded.load_seconds, 2),
-                                 "in_flight": runtime.service.in_flight})
+            return JSONResponse(
+                {
+                    "status": "ok",
+                    "model": runtime.loaded.card.name,
+                    "load_seconds": round(runtime.loaded.load_seconds, 2),
+                    "in_flight": runtime.service.in_flight,
+                }
+            )
         if runtime.error is not None:
             return JSONResponse({"status": "failed", "error": str(runtime.error)}, status_code=503)
         return JSONResponse({"status": "loading"}, status_code=503)

@@ -11,13 +11,12 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from openjev.errors import AuthenticationError
 
-_bearer = HTTPBearer(auto_error=False,
-                     description="an API key configured with --api-key / OPENJEV_API_KEYS or --api-keys-file")
+_bearer = HTTPBearer(
+    auto_error=False, description="an API key configured with --api-key / OPENJEV_API_KEYS or --api-keys-file"
+)
 
 
-async def require_key(
-    request: Request, credentials: HTTPAuthorizationCredentials | None = Depends(_bearer)
-) -> None:
+async def require_key(request: Request, credentials: HTTPAuthorizationCredentials | None = Depends(_bearer)) -> None:
     """Accepts any request when no keys are configured (a Bearer header is then ignored)."""
     if request.app.state.ops.keys.enabled and request.scope.get("state", {}).get("key_name") is None:
         raise AuthenticationError("missing API key: send Authorization: Bearer <key>")

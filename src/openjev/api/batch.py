@@ -19,8 +19,9 @@ import asyncio
 import json
 import logging
 import time
-from dataclasses import dataclass
-from typing import Any, AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -47,14 +48,16 @@ class BatchRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     requests: list[Any] | None = Field(
-        None, min_length=1, description="items, each a /v1/systemone body (validated one by one)")
+        None, min_length=1, description="items, each a /v1/systemone body (validated one by one)"
+    )
     model: str = Field("jev-latest", description="states form: the model every item asks")
     questions: dict[str, schemas.Question] | None = Field(
-        None, min_length=1, description="states form: the questions asked about every state")
+        None, min_length=1, description="states form: the questions asked about every state"
+    )
     states: list[Any] | None = Field(None, min_length=1, description="states form: one item per state")
 
     @model_validator(mode="after")
-    def _one_form(self) -> "BatchRequest":
+    def _one_form(self) -> BatchRequest:
         if self.requests is not None:
             if self.states is not None or self.questions is not None:
                 raise ValueError("send either `requests` or `questions` with `states`, not both")
@@ -76,7 +79,7 @@ class _Item:
     request: DecisionRequest | None = None
     model: str | None = None
     compiled: CompiledRequest | None = None
-    readout: ReadoutSpec = ReadoutSpec()  # the batch's x-openjev-readout / -rotations headers
+    readout: ReadoutSpec = field(default_factory=ReadoutSpec)  # the batch's x-openjev-readout / -rotations headers
     calibrate: bool = True
     prepare_ms: float = 0.0
     line: dict[str, Any] | None = None  # set once the item is answered or failed
@@ -94,34 +97,51 @@ class _ItemInvalid(RequestError):
     status = 422
 
 
-def install(app: FastAPI, settings: Settings, ready: Callable[[], tuple[DecisionService, ModelCard]],
-            unless_disconnected: Callable[[Request, Awaitable[Any]], Awaitable[Any]]) -> None:
+def install(
+    app: FastAPI,
+    settings: Settings,
+    ready: Callable[[], tuple[DecisionService, ModelCard]],
+    unless_disconnected: Callable[[Request, Awaitable[Any]], Awaitable[Any]],
+) -> None:
     """Add the batch route to `app`; `ready` is the runtime's (service, card) or raises NotReady."""
 
     @app.post(
         "/v1/systemone/batch",
         dependencies=[Depends(require_key)],
         summary="Many decisions in one call (NDJSON in completion order, or a JSON array with Accept: application/json)",
-        responses={200: {"content": {NDJSON: {}, "application/json": {}},
-                         "description": "one line per item ({index, model, answers, usage} or {index, status, "
-                                        "error}), then {summary}; or the items as one JSON array in item order"}},
+        responses={
+            200: {
+                "content": {NDJSON: {}, "application/json": {}},
+                "description": "one line per item ({index, model, answers, usage} or {index, status, "
+                "error}), then {summary}; or the items as one JSON array in item order",
+            }
+        },
     )
     async def batch(body: BatchRequest, request: Request):
         raw = body.items()
         if len(raw) > settings.max_batch_items:
-            raise RequestValidationError([{
-                "loc": ("body", "requests" if body.requests is not None else "states"), "type": "too_long",
-                "input": None, "msg": f"at most {settings.max_batch_items} items per batch, got {len(raw)}",
-            }])
+            raise RequestValidationError(
+                [
+                    {
+                        "loc": ("body", "requests" if body.requests is not None else "states"),
+                        "type": "too_long",
+                        "input": None,
+                        "msg": f"at most {settings.max_batch_items} items per batch, got {len(raw)}",
+                    }
+                ]
+            )
         spec, calibrate = decide_options(request.headers, settings)  # one readout for every item
         service, card = ready()
         t0 = time.perf_counter()
-        items = await asyncio.gather(*(_prepare(i, item, service, card.name, spec, calibrate)
-                                       for i, item in enumerate(raw)))
+        items = await asyncio.gather(
+            *(_prepare(i, item, service, card.name, spec, calibrate) for i, item in enumerate(raw))
+        )
         total = sum(it.compiled.plan.unique_tokens for it in items if it.compiled is not None)
         if total > settings.max_batch_tokens:
-            raise TokensExceeded(f"the batch takes {total} distinct tokens, its items' added up "
-                                 f"(limit {settings.max_batch_tokens} per batch)")
+            raise TokensExceeded(
+                f"the batch takes {total} distinct tokens, its items' added up "
+                f"(limit {settings.max_batch_tokens} per batch)"
+            )
         slots = max(1, settings.max_in_flight // 2)
         accept = request.headers.get("accept", "")
         if "application/json" in accept and NDJSON not in accept:
@@ -129,8 +149,9 @@ def install(app: FastAPI, settings: Settings, ready: Callable[[], tuple[Decision
             return JSONResponse(sorted(lines, key=lambda line: line["index"]))
         return StreamingResponse(_ndjson(items, service, slots, t0), media_type=NDJSON)
 
-    async def _prepare(index: int, raw: Any, service: DecisionService, served: str, spec: ReadoutSpec,
-                       calibrate: bool) -> _Item:
+    async def _prepare(
+        index: int, raw: Any, service: DecisionService, served: str, spec: ReadoutSpec, calibrate: bool
+    ) -> _Item:
         item = _Item(index, readout=spec, calibrate=calibrate)
         t0 = time.perf_counter()
         try:
@@ -139,8 +160,9 @@ def install(app: FastAPI, settings: Settings, ready: Callable[[], tuple[Decision
             except ValidationError as e:
                 raise _ItemInvalid(_validation_message(e)) from None
             if len(parsed.questions) > settings.max_questions:
-                raise _ItemInvalid(f"at most {settings.max_questions} questions per request, "
-                                   f"got {len(parsed.questions)}")
+                raise _ItemInvalid(
+                    f"at most {settings.max_questions} questions per request, got {len(parsed.questions)}"
+                )
             item.request = convert.request_of(parsed)
             item.model = convert.resolve_model(parsed.model, served)
             item.compiled = await service.prepare(item.request, spec)
@@ -169,18 +191,26 @@ async def _run(items: list[_Item], service: DecisionService, slots: int) -> Asyn
     async def decide(item: _Item) -> None:
         async with gate:
             try:
-                result = await service.decide(item.request, item.compiled, readout=item.readout,
-                                              calibrate=item.calibrate)
+                result = await service.decide(
+                    item.request, item.compiled, readout=item.readout, calibrate=item.calibrate
+                )
                 timings = {**result.timings_ms, "prepare": item.prepare_ms}  # prepared up front, not in decide
-                item.line = {"index": item.index, **convert.result_to_wire(result, item.model),
-                             "x_readout": result.readout, "x_calibration": result.calibration,
-                             "x_timings_ms": {k: round(v, 1) for k, v in timings.items()}}
+                item.line = {
+                    "index": item.index,
+                    **convert.result_to_wire(result, item.model),
+                    "x_readout": result.readout,
+                    "x_calibration": result.calibration,
+                    "x_timings_ms": {k: round(v, 1) for k, v in timings.items()},
+                }
             except OpenjevError as exc:
                 item.line = _error_line(item.index, exc)
             except Exception:  # an item's bug is that item's 500, not the batch's
                 log.exception("batch item %d failed", item.index)
-                item.line = {"index": item.index, "status": 500,
-                             "error": {"error_type": "unknown", "message": "internal error"}}
+                item.line = {
+                    "index": item.index,
+                    "status": 500,
+                    "error": {"error_type": "unknown", "message": "internal error"},
+                }
         await done.put(item)
 
     async def group(members: list[_Item]) -> None:
@@ -206,6 +236,11 @@ async def _ndjson(items: list[_Item], service: DecisionService, slots: int, t0: 
             for key, value in line["usage"].items():
                 usage[key] = usage.get(key, 0) + value
         yield (json.dumps(line, ensure_ascii=False, separators=(",", ":")) + "\n").encode()
-    summary = {"items": len(items), "succeeded": ok, "failed": len(items) - ok, "usage": usage,
-               "elapsed_ms": round((time.perf_counter() - t0) * 1000, 1)}
+    summary = {
+        "items": len(items),
+        "succeeded": ok,
+        "failed": len(items) - ok,
+        "usage": usage,
+        "elapsed_ms": round((time.perf_counter() - t0) * 1000, 1),
+    }
     yield (json.dumps({"summary": summary}, separators=(",", ":")) + "\n").encode()

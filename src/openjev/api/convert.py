@@ -114,8 +114,11 @@ def result_to_wire(result: core.DecisionResult, model: str) -> dict[str, Any]:
 
 def usage_to_wire(usage: core.Usage) -> dict[str, Any]:
     """The contract's two integers, then what the engine really did (x_, where known)."""
-    out: dict[str, Any] = {"input_tokens": int(usage.input_tokens), "output_tokens": int(usage.output_tokens),
-                           "x_prompt_tokens": int(usage.prompt_tokens)}
+    out: dict[str, Any] = {
+        "input_tokens": int(usage.input_tokens),
+        "output_tokens": int(usage.output_tokens),
+        "x_prompt_tokens": int(usage.prompt_tokens),
+    }
     if usage.computed_tokens is not None:
         out["x_computed_tokens"] = int(usage.computed_tokens)
     if usage.cached_tokens is not None:
@@ -124,8 +127,11 @@ def usage_to_wire(usage: core.Usage) -> dict[str, Any]:
 
 
 def result_headers(result: core.DecisionResult) -> dict[str, str]:
-    headers = {"x-openjev-prefix-tokens": str(result.prefix_tokens), "x-openjev-readout": result.readout,
-               "x-openjev-calibration": result.calibration or "none"}
+    headers = {
+        "x-openjev-prefix-tokens": str(result.prefix_tokens),
+        "x-openjev-readout": result.readout,
+        "x-openjev-calibration": result.calibration or "none",
+    }
     if result.usage.cached_tokens is not None:
         headers["x-openjev-cached-tokens"] = str(result.usage.cached_tokens)
     if result.usage.computed_tokens is not None:

@@ -21,9 +21,9 @@ import logging
 import re
 import threading
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable
 
 from openjev.errors import ConfigError, RateLimited
 
@@ -187,8 +187,9 @@ class KeyLimits:
                 bucket = self._buckets[key] = TokenBucket(per_min, self._clock)
             wait = bucket.wait_s(cost)
         if wait > 0:
-            raise RateLimited(f"API key {entry.name!r} is over its {per_min} {what} per minute; retry later",
-                              retry_after_s=wait)
+            raise RateLimited(
+                f"API key {entry.name!r} is over its {per_min} {what} per minute; retry later", retry_after_s=wait
+            )
 
     def take_request(self, entry: KeyEntry) -> None:
         self._take(entry, "requests_per_min", 1, "requests")

@@ -8,7 +8,7 @@ objects that own them (`probe`), so they cannot drift.
 
 from __future__ import annotations
 
-from typing import Callable, Mapping
+from collections.abc import Callable, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessCollector, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -65,24 +65,45 @@ class Metrics:
         r = self.registry = CollectorRegistry(auto_describe=True)
         ProcessCollector(registry=r)  # RSS, CPU seconds, open fds (Linux)
         r.register(_Live(probe))
-        self.requests = Counter("openjev_requests", "HTTP requests by route, status and API key name",
-                                ("route", "status", "key"), registry=r)
-        self.rejections = Counter("openjev_rejections", "requests refused (4xx/5xx) by status and error_type",
-                                  ("status", "error_type"), registry=r)
-        self.phase = Histogram("openjev_phase_seconds", "decision request time by phase (total: the whole HTTP "
-                               "request; prepare: compile; queue/prefill: in-process engine; engine: the engine call)",
-                               ("phase",), buckets=_TIME_BUCKETS, registry=r)
-        self.tokens = Counter("openjev_tokens", "tokens of answered decisions: distinct (the request's own, "
-                              "state once), computed (prefilled), cached (from a prefix cache)", ("kind",),
-                              registry=r)
+        self.requests = Counter(
+            "openjev_requests",
+            "HTTP requests by route, status and API key name",
+            ("route", "status", "key"),
+            registry=r,
+        )
+        self.rejections = Counter(
+            "openjev_rejections",
+            "requests refused (4xx/5xx) by status and error_type",
+            ("status", "error_type"),
+            registry=r,
+        )
+        self.phase = Histogram(
+            "openjev_phase_seconds",
+            "decision request time by phase (total: the whole HTTP "
+            "request; prepare: compile; queue/prefill: in-process engine; engine: the engine call)",
+            ("phase",),
+            buckets=_TIME_BUCKETS,
+            registry=r,
+        )
+        self.tokens = Counter(
+            "openjev_tokens",
+            "tokens of answered decisions: distinct (the request's own, "
+            "state once), computed (prefilled), cached (from a prefix cache)",
+            ("kind",),
+            registry=r,
+        )
         self.engine_calls = Counter("openjev_engine_calls", "plans sent to the engine", registry=r)
-        self.engine_failures = Counter("openjev_engine_failures", "engine calls that raised, by error_type",
-                                       ("error_type",), registry=r)
+        self.engine_failures = Counter(
+            "openjev_engine_failures", "engine calls that raised, by error_type", ("error_type",), registry=r
+        )
         self.answers = Counter("openjev_answers", "answers given, by question type", ("type",), registry=r)
-        self.label_mass = Histogram("openjev_label_mass", "probability mass the model put on the answer labels "
-                                    "(low: the model wanted to say something else)", ("type",),
-                                    buckets=(0.01, 0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 0.8, 0.9, 0.95, 0.99, 1.0),
-                                    registry=r)
+        self.label_mass = Histogram(
+            "openjev_label_mass",
+            "probability mass the model put on the answer labels (low: the model wanted to say something else)",
+            ("type",),
+            buckets=(0.01, 0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 0.8, 0.9, 0.95, 0.99, 1.0),
+            registry=r,
+        )
         for phase in _PHASES:  # present from the first scrape, so rate() has a zero to start from
             self.phase.labels(phase)
         for kind in ("distinct", "computed", "cached"):

@@ -73,7 +73,11 @@ class BodyMiddleware:
         except OpenjevError as exc:
             await error_response(exc, request_id_of(scope))(scope, receive, send)
             return
-        headers = [(k, v) for k, v in scope["headers"] if k not in (b"content-encoding", b"content-length", b"transfer-encoding")]
+        headers = [
+            (k, v)
+            for k, v in scope["headers"]
+            if k not in (b"content-encoding", b"content-length", b"transfer-encoding")
+        ]
         headers.append((b"content-length", str(len(body)).encode()))
         scope = {**scope, "headers": headers}
         delivered = False

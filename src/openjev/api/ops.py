@@ -39,8 +39,19 @@ access_log = logging.getLogger(ACCESS)
 # Route labels: the served paths, everything else "other" (bounded label values).
 # Decision routes: the vendor's, its aliases and the batch (admission, per-key limits, drain).
 DECISION_ROUTES = ("/v1/systemone", "/v1/decisions", "/api/alpha/decisions", "/v1/systemone/batch")
-ROUTES = (*DECISION_ROUTES, "/", "/playground", "/v1/models", "/v1/limits", "/health", "/health/live", "/metrics", "/docs",
-          "/redoc", "/openapi.json")
+ROUTES = (
+    *DECISION_ROUTES,
+    "/",
+    "/playground",
+    "/v1/models",
+    "/v1/limits",
+    "/health",
+    "/health/live",
+    "/metrics",
+    "/docs",
+    "/redoc",
+    "/openapi.json",
+)
 
 
 def route_of(path: str) -> str:
@@ -71,10 +82,14 @@ class Operations:
 
     def gated(self, engine):
         """The engine the service calls: gated by tokens in flight and per-key tokens/min."""
-        self.gate = GatedEngine(engine, max_tokens_in_flight=self.settings.max_tokens_in_flight,
-                                max_wait_s=self.settings.max_queue_wait,
-                                key_limits=self.key_limits, metrics=self.metrics,
-                                retry_after_s=self.settings.retry_after_s)
+        self.gate = GatedEngine(
+            engine,
+            max_tokens_in_flight=self.settings.max_tokens_in_flight,
+            max_wait_s=self.settings.max_queue_wait,
+            key_limits=self.key_limits,
+            metrics=self.metrics,
+            retry_after_s=self.settings.retry_after_s,
+        )
         return self.gate
 
     def _probe(self) -> dict[str, float]:
@@ -123,11 +138,17 @@ class OpsMiddleware:
         except OpenjevError as exc:
             await error_response(exc, request_id_of(scope))(scope, receive, send_tracked)
         except Exception as exc:  # a bug: answer JSON, log without the message (it may quote input)
-            log.error("unexpected error on %s %s", method, route_of(path), exc_info=exc,
-                      extra={"fields": {"request_id": request_id_of(scope)}})
+            log.error(
+                "unexpected error on %s %s",
+                method,
+                route_of(path),
+                exc_info=exc,
+                extra={"fields": {"request_id": request_id_of(scope)}},
+            )
             if sent["status"] is None:
-                response = JSONResponse({"detail": {"error_type": "unknown", "message": "internal error"}},
-                                        status_code=500)
+                response = JSONResponse(
+                    {"detail": {"error_type": "unknown", "message": "internal error"}}, status_code=500
+                )
                 await response(scope, receive, send_tracked)
         finally:
             self._record(scope, path, method, entry, sent, time.perf_counter() - t0)
@@ -135,8 +156,7 @@ class OpsMiddleware:
     def _authenticate(self, scope: Scope, path: str) -> KeyEntry | None:
         """The caller's key where one is needed (raises 401/429); None where none is."""
         keys = self.ops.keys
-        guarded = (path.startswith("/v1/") or path in DECISION_ROUTES
-                   or (path == "/metrics" and not _loopback(scope)))
+        guarded = path.startswith("/v1/") or path in DECISION_ROUTES or (path == "/metrics" and not _loopback(scope))
         if not keys.enabled or not guarded:
             return None
         header = Headers(scope=scope).get("authorization", "")
@@ -156,8 +176,9 @@ class OpsMiddleware:
             await Response(self.ops.metrics.exposition(), media_type=CONTENT_TYPE)(scope, receive, send)
             return
         if drain.draining and path == "/health":
-            await JSONResponse({"status": "draining", "in_flight": drain.in_flight}, status_code=503,
-                               headers={"Retry-After": "5"})(scope, receive, send)
+            await JSONResponse(
+                {"status": "draining", "in_flight": drain.in_flight}, status_code=503, headers={"Retry-After": "5"}
+            )(scope, receive, send)
             return
         if path not in DECISION_ROUTES:
             await self.app(scope, receive, send)
@@ -188,15 +209,14 @@ class OpsMiddleware:
             task.cancel()  # the drain timeout passed: the engine work is abandoned
             try:
                 await task
-            except BaseException:  # noqa: BLE001 - cancelled on purpose; its outcome no longer matters
+            except BaseException:  # noqa: BLE001, S110 - cancelled on purpose; its outcome no longer matters
                 pass
             if not started:
                 raise Draining("the server shut down before this request finished; retry")
         finally:
             drain.leave()
 
-    def _record(self, scope: Scope, path: str, method: str, entry: KeyEntry | None, sent: dict, total_s: float
-                ) -> None:
+    def _record(self, scope: Scope, path: str, method: str, entry: KeyEntry | None, sent: dict, total_s: float) -> None:
         status = sent["status"] or 499  # nothing sent: the client went away first
         error_type = _error_type(b"".join(sent["error_body"])) if status >= 400 else None
         route = route_of(path)
@@ -208,15 +228,24 @@ class OpsMiddleware:
             log.exception("metrics failed")
         result = scope["state"].get("result")
         fields: dict[str, Any] = {
-            "request_id": request_id_of(scope), "key": key, "method": method, "route": route, "status": status,
-            "error_type": error_type, "duration_ms": round(total_s * 1000, 2),
+            "request_id": request_id_of(scope),
+            "key": key,
+            "method": method,
+            "route": route,
+            "status": status,
+            "error_type": error_type,
+            "duration_ms": round(total_s * 1000, 2),
         }
         if result is not None:
             metrics.observe_result(result)
             usage = result.usage
-            fields.update(questions=len(result.answers), tokens_distinct=usage.input_tokens,
-                          tokens_computed=usage.computed_tokens, tokens_cached=usage.cached_tokens,
-                          timings_ms={k: round(v, 2) for k, v in result.timings_ms.items()})
+            fields.update(
+                questions=len(result.answers),
+                tokens_distinct=usage.input_tokens,
+                tokens_computed=usage.computed_tokens,
+                tokens_cached=usage.cached_tokens,
+                timings_ms={k: round(v, 2) for k, v in result.timings_ms.items()},
+            )
         if route == "/health" or route == "/health/live" or route == "/metrics":
             level = logging.DEBUG  # probes every few seconds would drown the requests
         else:
@@ -243,4 +272,4 @@ def _error_type(body: bytes) -> str | None:
     return None
 
 
-__all__ = ["Operations", "OpsMiddleware", "REQUEST_ID_HEADER"]
+__all__ = ["REQUEST_ID_HEADER", "Operations", "OpsMiddleware"]

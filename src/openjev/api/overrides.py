@@ -11,7 +11,7 @@ A bad value is a 422 with `detail[]` pointing at the header, like any validation
 
 from __future__ import annotations
 
-from typing import Mapping
+from collections.abc import Mapping
 
 from fastapi.exceptions import RequestValidationError
 

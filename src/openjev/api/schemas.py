@@ -6,14 +6,14 @@ Request models validate shape and the contract's fixed ranges; configurable limi
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from openjev.config import MAX_CHOICE_OPTIONS, MAX_SCORE_LEVELS, MIN_CHOICE_OPTIONS, MIN_SCORE_LEVELS
 
 # Instructions, descriptions and the state may be text or structured JSON.
-Description = Union[str, dict[str, Any], list[Any]]
+Description = str | dict[str, Any] | list[Any]
 
 
 class _Strict(BaseModel):
@@ -31,7 +31,7 @@ class NoulQuestion(_Strict):
     criteria: NoulCriteria | None = None
 
     @model_validator(mode="after")
-    def _says_something(self) -> "NoulQuestion":
+    def _says_something(self) -> NoulQuestion:
         sides = self.criteria is not None and (self.criteria.true is not None or self.criteria.false is not None)
         if self.instructions is None and not sides:
             raise ValueError("a noul question needs instructions or at least one non-null criteria side")
@@ -67,7 +67,7 @@ class ScoreQuestion(_Strict):
     )
 
 
-Question = Annotated[Union[NoulQuestion, ChoiceQuestion, ScoreQuestion], Field(discriminator="type")]
+Question = Annotated[NoulQuestion | ChoiceQuestion | ScoreQuestion, Field(discriminator="type")]
 
 
 class SystemOneRequest(BaseModel):
@@ -127,7 +127,7 @@ class Usage(BaseModel):
 
 class SystemOneResponse(BaseModel):
     model: str
-    answers: dict[str, Annotated[Union[NoulAnswer, ChoiceAnswer, ScoreAnswer], Field(discriminator="type")]]
+    answers: dict[str, Annotated[NoulAnswer | ChoiceAnswer | ScoreAnswer, Field(discriminator="type")]]
     usage: Usage
 
 

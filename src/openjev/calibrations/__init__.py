@@ -39,13 +39,15 @@ def select(setting: str, *, fingerprint: str, prompt_version: str, base_temperat
         return None
     if setting != "auto":
         chosen = calib.load(setting)
-        calib.check_binding(chosen, fingerprint=fingerprint, prompt_version=prompt_version,
-                            base_temperature=base_temperature)
+        calib.check_binding(
+            chosen, fingerprint=fingerprint, prompt_version=prompt_version, base_temperature=base_temperature
+        )
         return chosen
     for candidate in shipped():
         try:
-            calib.check_binding(candidate, fingerprint=fingerprint, prompt_version=prompt_version,
-                                base_temperature=base_temperature)
+            calib.check_binding(
+                candidate, fingerprint=fingerprint, prompt_version=prompt_version, base_temperature=base_temperature
+            )
         except ConfigError:
             continue
         return candidate

@@ -20,9 +20,10 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from openjev.core.readouts import ReadoutSpec
 from openjev.errors import ConfigError
@@ -72,8 +73,10 @@ class Calibration:
 
 def apply(fit: TypeFit, probs: Sequence[float]) -> tuple[float, ...]:
     """Calibrated probabilities (same length, sum 1)."""
-    z = [math.log(max(p, _FLOOR)) / fit.temperature + (fit.bias[i] if i < len(fit.bias) else 0.0)
-         for i, p in enumerate(probs)]
+    z = [
+        math.log(max(p, _FLOOR)) / fit.temperature + (fit.bias[i] if i < len(fit.bias) else 0.0)
+        for i, p in enumerate(probs)
+    ]
     top = max(z)
     w = [math.exp(v - top) for v in z]
     total = math.fsum(w)
@@ -84,18 +87,25 @@ def check_binding(cal: Calibration, *, fingerprint: str, prompt_version: str, ba
     """Raise ConfigError (with what differs) unless `cal` was made for exactly these inputs."""
     problems = []
     if cal.fingerprint != fingerprint:
-        problems.append(f"it was fitted for model {cal.model_name!r} with weights fingerprint {cal.fingerprint}, "
-                        f"this server's model has {fingerprint}")
+        problems.append(
+            f"it was fitted for model {cal.model_name!r} with weights fingerprint {cal.fingerprint}, "
+            f"this server's model has {fingerprint}"
+        )
     if cal.prompt_version != prompt_version:
-        problems.append(f"it was fitted for prompt version {cal.prompt_version!r}, this server renders "
-                        f"version {prompt_version!r}")
+        problems.append(
+            f"it was fitted for prompt version {cal.prompt_version!r}, this server renders version {prompt_version!r}"
+        )
     if not math.isclose(cal.base_temperature, base_temperature):
-        problems.append(f"it was fitted at --temperature {cal.base_temperature:g}, this server uses "
-                        f"{base_temperature:g}")
+        problems.append(
+            f"it was fitted at --temperature {cal.base_temperature:g}, this server uses {base_temperature:g}"
+        )
     if problems:
         where = f" ({cal.source})" if cal.source else ""
-        raise ConfigError(f"calibration {cal.id!r}{where} does not fit this server: " + "; ".join(problems)
-                          + ". Refit it with `openjev calibrate`, or serve with --calibration none.")
+        raise ConfigError(
+            f"calibration {cal.id!r}{where} does not fit this server: "
+            + "; ".join(problems)
+            + ". Refit it with `openjev calibrate`, or serve with --calibration none."
+        )
 
 
 def from_dict(data: Mapping[str, Any], source: str = "") -> Calibration:

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import itertools
 import string
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Callable, Iterator
 
 from openjev.errors import ModelUnsuitable
 
@@ -63,8 +63,9 @@ def verify_labels(encode: Callable[[str], list[int]], context: str, separator: s
     )
 
 
-def verify_words(encode: Callable[[str], list[int]], context: str, separator: str,
-                 words: tuple[str, ...]) -> tuple[int, ...] | None:
+def verify_words(
+    encode: Callable[[str], list[int]], context: str, separator: str, words: tuple[str, ...]
+) -> tuple[int, ...] | None:
     """Token ids of `words`, each one token after `context + separator` and all distinct;
     None if any is not (the readout that needs them is then unavailable)."""
     base = encode(context)

@@ -9,8 +9,8 @@ a radix cache); answers must not depend on that choice.
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Iterator, Sequence
 
 
 @dataclass(frozen=True)
@@ -33,14 +33,14 @@ class TrieNode:
 
     start: int
     tokens: tuple[int, ...]
-    children: tuple["TrieNode", ...]
+    children: tuple[TrieNode, ...]
     ends: tuple[int, ...]
 
     @property
     def end(self) -> int:
         return self.start + len(self.tokens)
 
-    def walk(self) -> Iterator["TrieNode"]:
+    def walk(self) -> Iterator[TrieNode]:
         yield self
         for child in self.children:
             yield from child.walk()
@@ -82,7 +82,7 @@ class Plan:
     root: TrieNode
 
     @classmethod
-    def from_branches(cls, branches: Sequence[Branch]) -> "Plan":
+    def from_branches(cls, branches: Sequence[Branch]) -> Plan:
         assert branches, "a plan has at least one branch"
         branches = tuple(branches)
         return cls(branches=branches, root=_build(branches, list(range(len(branches))), 0))

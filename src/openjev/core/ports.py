@@ -3,8 +3,9 @@ never the reverse)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, Sequence
+from typing import Protocol
 
 from openjev.core.plan import Plan
 from openjev.core.types import Turn

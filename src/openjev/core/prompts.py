@@ -55,8 +55,9 @@ class PromptCompiler:
         self.labels: LabelSet = verify_labels(tokenizer.encode, context, LABEL_SEPARATOR, max_labels)
         self.yes_no: tuple[int, int] | None = verify_words(tokenizer.encode, context, LABEL_SEPARATOR, (YES, NO))
         if self.yes_no is None:
-            log.warning("%r and %r are not single tokens after the answer cue: the yesno readout is unavailable",
-                        YES, NO)
+            log.warning(
+                "%r and %r are not single tokens after the answer cue: the yesno readout is unavailable", YES, NO
+            )
 
     def _render_texts(self, state: State, turn_texts: list[str]) -> tuple[str, str, list[str]]:
         """(prefix, middle, tails): branch i's text is prefix + middle + tails[i].
@@ -76,7 +77,7 @@ class PromptCompiler:
         at = full.find(_SENTINEL)
         if at < 0:
             raise AssertionError("the chat template dropped the question turn")
-        head, tail = full[:at], full[at + len(_SENTINEL):]
+        head, tail = full[:at], full[at + len(_SENTINEL) :]
         state_only = self._tok.render(turns, add_generation_prompt=False) if turns else ""
         split = len(state_only) if head.startswith(state_only) else 0
         tails = [text + tail + ANSWER_CUE for text in turn_texts]
@@ -103,5 +104,5 @@ class PromptCompiler:
                 log.warning("prompt split is not token-stable for this template; encoding branches whole")
                 ids = [self._tok.encode(prefix + middle + t) for t in tails]
                 break
-        branches = [Branch(tuple(b), r.label_ids) for b, r in zip(ids, readings)]
+        branches = [Branch(tuple(b), r.label_ids) for b, r in zip(ids, readings, strict=True)]
         return CompiledRequest(plan=Plan.from_branches(branches), spans=tuple(spans))

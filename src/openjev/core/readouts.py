@@ -25,8 +25,9 @@ about ten thousand tokens.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol, Sequence
+from typing import Protocol
 
 from openjev.core import scoring, wording
 from openjev.core.types import ChoiceQuestion, NoulQuestion, Question, ScoreQuestion
@@ -96,8 +97,15 @@ def n_options(question: Question) -> int:
 
 
 class LettersReadout:
-    def __init__(self, labels: Sequence[str], label_ids: Sequence[int], *, rotations: int = 1,
-                 temperature: float = 1.0, max_rotated_options: int = 26) -> None:
+    def __init__(
+        self,
+        labels: Sequence[str],
+        label_ids: Sequence[int],
+        *,
+        rotations: int = 1,
+        temperature: float = 1.0,
+        max_rotated_options: int = 26,
+    ) -> None:
         self.spec = ReadoutSpec("letters", rotations)
         self._labels = tuple(labels)
         self._ids = tuple(label_ids)
@@ -120,8 +128,10 @@ class LettersReadout:
 
     def readings(self, question: Question) -> list[Reading]:
         n = n_options(question)
-        return [Reading(wording.letters_text(question, order, self._labels), self._ids[:n])
-                for order in self.orders(question)]
+        return [
+            Reading(wording.letters_text(question, order, self._labels), self._ids[:n])
+            for order in self.orders(question)
+        ]
 
     def combine(self, question: Question, logprobs: Sequence[Sequence[float]]) -> Combined:
         orders = self.orders(question)

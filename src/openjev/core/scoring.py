@@ -9,7 +9,7 @@ both 1 when n == 1.
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 
 def softmax(logprobs: Sequence[float], temperature: float = 1.0) -> list[float]:

@@ -11,8 +11,8 @@ from __future__ import annotations
 import asyncio
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from openjev.core import calibration as calib
 from openjev.core import scoring
@@ -33,7 +33,6 @@ from openjev.core.types import (
 )
 from openjev.core.wording import option_texts
 from openjev.errors import EngineError, EngineTimeout, Overloaded, TokensExceeded, Unsupported
-
 
 # Requests with at most this much text compile on the event loop (a few hundred microseconds
 # of tokenizing); larger ones in a thread, so the loop keeps serving (bench/bench_api.py).
@@ -56,7 +55,9 @@ class ServiceLimits:
 
 
 def question_type(question: Question) -> str:
-    return "noul" if isinstance(question, NoulQuestion) else "choice" if isinstance(question, ChoiceQuestion) else "score"
+    return (
+        "noul" if isinstance(question, NoulQuestion) else "choice" if isinstance(question, ChoiceQuestion) else "score"
+    )
 
 
 class DecisionService:
@@ -70,7 +71,7 @@ class DecisionService:
         limits: ServiceLimits,
         clock: Callable[[], float] = time.perf_counter,
         *,
-        readout: ReadoutSpec = ReadoutSpec(),
+        readout: ReadoutSpec | None = None,
         calibration: calib.Calibration | None = None,
     ) -> None:
         self._compiler = compiler
@@ -78,7 +79,7 @@ class DecisionService:
         self._limits = limits
         self._clock = clock
         self._in_flight = 0
-        self.default_readout = readout
+        self.default_readout = readout = readout if readout is not None else ReadoutSpec()
         self.calibration = calibration
         self._readouts: dict[ReadoutSpec, Readout] = {}
         self.readout(readout)  # an unavailable default readout fails at startup, not per request
@@ -90,13 +91,20 @@ class DecisionService:
             t = self._limits.temperature
             if spec.name == "yesno":
                 if self._compiler.yes_no is None:
-                    raise Unsupported("the yesno readout is unavailable for this model: 'Yes'/'No' are not "
-                                      "single tokens after its answer cue")
+                    raise Unsupported(
+                        "the yesno readout is unavailable for this model: 'Yes'/'No' are not "
+                        "single tokens after its answer cue"
+                    )
                 found = YesNoReadout(*self._compiler.yes_no, temperature=t)
             else:
                 labels = self._compiler.labels
-                found = LettersReadout(labels.texts, labels.ids, rotations=spec.rotations, temperature=t,
-                                       max_rotated_options=self._limits.rotation_max_options)
+                found = LettersReadout(
+                    labels.texts,
+                    labels.ids,
+                    rotations=spec.rotations,
+                    temperature=t,
+                    max_rotated_options=self._limits.rotation_max_options,
+                )
             self._readouts[spec] = found
         return found
 
@@ -116,8 +124,14 @@ class DecisionService:
         self._check_budgets(request, compiled)
         return compiled
 
-    async def decide(self, request: DecisionRequest, compiled: CompiledRequest | None = None, *,
-                     readout: ReadoutSpec | None = None, calibrate: bool = True) -> DecisionResult:
+    async def decide(
+        self,
+        request: DecisionRequest,
+        compiled: CompiledRequest | None = None,
+        *,
+        readout: ReadoutSpec | None = None,
+        calibrate: bool = True,
+    ) -> DecisionResult:
         """Answer every question, in request order, with `readout` (default: the service's)
         and, unless `calibrate` is false, the calibration where it has a fit. `compiled`:
         what prepare() returned for this request under the same readout, so it is not
@@ -138,8 +152,9 @@ class DecisionService:
         finally:
             self._in_flight -= 1
 
-    async def _decide(self, request: DecisionRequest, compiled: CompiledRequest | None, spec: ReadoutSpec,
-                      calibrate: bool) -> DecisionResult:
+    async def _decide(
+        self, request: DecisionRequest, compiled: CompiledRequest | None, spec: ReadoutSpec, calibrate: bool
+    ) -> DecisionResult:
         t0 = self._clock()
         readout = self.readout(spec)
         if compiled is None:
@@ -151,13 +166,15 @@ class DecisionService:
             raise EngineTimeout(f"the engine did not answer within {self._limits.engine_timeout_s:g} s") from None
         t2 = self._clock()
         if len(result.branches) != len(compiled.plan.branches):
-            raise EngineError(f"engine returned {len(result.branches)} results for {len(compiled.plan.branches)} branches")
+            raise EngineError(
+                f"engine returned {len(result.branches)} results for {len(compiled.plan.branches)} branches"
+            )
         cal = self.calibration if calibrate and self.calibration is not None and self.calibration.covers(spec) else None
         answers = []
-        for (qid, question), (start, count) in zip(request.questions, compiled.spans):
-            branches = compiled.plan.branches[start:start + count]
-            logprobs = [r.logprobs for r in result.branches[start:start + count]]
-            for branch, lp in zip(branches, logprobs):
+        for (qid, question), (start, count) in zip(request.questions, compiled.spans, strict=True):
+            branches = compiled.plan.branches[start : start + count]
+            logprobs = [r.logprobs for r in result.branches[start : start + count]]
+            for branch, lp in zip(branches, logprobs, strict=True):
                 if len(lp) != len(branch.label_ids):
                     raise EngineError(f"engine returned {len(lp)} label log-probs, expected {len(branch.label_ids)}")
             try:
@@ -178,8 +195,8 @@ class DecisionService:
 
     def _check_budgets(self, request: DecisionRequest, compiled: CompiledRequest) -> None:
         plan = compiled.plan
-        for (qid, _), (start, count) in zip(request.questions, compiled.spans):
-            branch = max(plan.branches[start:start + count], key=lambda b: len(b.input_ids))
+        for (qid, _), (start, count) in zip(request.questions, compiled.spans, strict=True):
+            branch = max(plan.branches[start : start + count], key=lambda b: len(b.input_ids))
             if len(branch.input_ids) > self._limits.max_branch_tokens:
                 raise TokensExceeded(
                     f"question {qid!r}: the state and this question take {len(branch.input_ids)} tokens "
@@ -211,7 +228,7 @@ class DecisionService:
             names = [o.name for o in question.options]
             return ChoiceAnswer(
                 choice=names[scoring.argmax(probs)],
-                probabilities=tuple(zip(names, probs)),
+                probabilities=tuple(zip(names, probs, strict=True)),
                 confidence=scoring.choice_confidence(probs),
                 label_mass=mass,
                 order_agreement=agreement,

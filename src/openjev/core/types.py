@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Union
 
 # ---- requests
 
@@ -54,7 +53,7 @@ class ScoreQuestion:
     levels: tuple[str, ...]
 
 
-Question = Union[NoulQuestion, ChoiceQuestion, ScoreQuestion]
+Question = NoulQuestion | ChoiceQuestion | ScoreQuestion
 
 
 @dataclass(frozen=True)
@@ -98,7 +97,7 @@ class ScoreAnswer:
     order_agreement: float | None = None
 
 
-Answer = Union[NoulAnswer, ChoiceAnswer, ScoreAnswer]
+Answer = NoulAnswer | ChoiceAnswer | ScoreAnswer
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ wording's hash to the version to make that hard to forget).
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from openjev.core.types import ChoiceQuestion, NoulQuestion, Question
 

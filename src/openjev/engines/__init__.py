@@ -4,8 +4,8 @@
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from openjev.config import Settings
 from openjev.core.ports import ChatTokenizer, Engine
@@ -35,7 +35,7 @@ class LoadedEngine:
 
 @dataclass(frozen=True)
 class EngineEntry:
-    """"module:function" targets. `load(settings) -> LoadedEngine` may take seconds;
+    """ "module:function" targets. `load(settings) -> LoadedEngine` may take seconds;
     `preflight(settings) -> None` is cheap, imports no ML framework, and raises ConfigError
     for settings that cannot work (checked before the server starts listening)."""
 

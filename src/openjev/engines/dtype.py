@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable
 
 import torch
 
@@ -101,14 +101,24 @@ def choose_cpu_dtype(flags: Iterable[str], probe: Callable[[], float]) -> DtypeC
     speedup = probe()
     ms = (time.perf_counter() - t0) * 1000
     if speedup >= MIN_SPEEDUP:
-        return DtypeChoice(torch.bfloat16, f"bfloat16: the CPU has {flag} and the probe ran {speedup:.1f}x faster "
-                                           f"than float32 ({ms:.0f} ms)")
-    return DtypeChoice(torch.float32, f"float32: the CPU has {flag} but the probe ran bfloat16 only {speedup:.2f}x "
-                                      f"as fast as float32 (needs {MIN_SPEEDUP}x; {ms:.0f} ms)")
+        return DtypeChoice(
+            torch.bfloat16,
+            f"bfloat16: the CPU has {flag} and the probe ran {speedup:.1f}x faster than float32 ({ms:.0f} ms)",
+        )
+    return DtypeChoice(
+        torch.float32,
+        f"float32: the CPU has {flag} but the probe ran bfloat16 only {speedup:.2f}x "
+        f"as fast as float32 (needs {MIN_SPEEDUP}x; {ms:.0f} ms)",
+    )
 
 
-def pick_dtype(setting: str, device: str, *, flags: Callable[[], Iterable[str]] = cpu_flags,
-               probe: Callable[[], float] = probe_bf16_speedup) -> DtypeChoice:
+def pick_dtype(
+    setting: str,
+    device: str,
+    *,
+    flags: Callable[[], Iterable[str]] = cpu_flags,
+    probe: Callable[[], float] = probe_bf16_speedup,
+) -> DtypeChoice:
     """The dtype for `--dtype setting` on `device` (ConfigError for an unknown name)."""
     if setting != "auto":
         try:

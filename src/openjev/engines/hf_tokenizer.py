@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from openjev.core.types import Turn
 from openjev.errors import ModelUnsuitable

@@ -14,7 +14,7 @@ from __future__ import annotations
 import inspect
 import logging
 import time
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 
@@ -22,9 +22,9 @@ from openjev.config import Settings
 from openjev.core.plan import Plan
 from openjev.core.ports import PlanResult
 from openjev.engines import LoadedEngine, ModelCard
+from openjev.engines.dtype import pick_dtype
 from openjev.engines.hf_model import load_model_and_tokenizer, resolve_source, source_fingerprint
 from openjev.engines.hf_tokenizer import HFChatTokenizer
-from openjev.engines.dtype import pick_dtype
 from openjev.engines.kv import Row, ragged_forward
 from openjev.engines.prefix_cache import PrefixCache
 from openjev.engines.scheduler import Scheduler, SchedulerLimits
@@ -50,13 +50,15 @@ class TorchRunner:
     def forward(self, rows: Sequence[Row]):
         try:
             with torch.inference_mode():
-                return ragged_forward(self._base, rows, cache_kw=self._cache_kw, pad_id=self._pad_id,
-                                      bool_mask=self._bool_mask)
+                return ragged_forward(
+                    self._base, rows, cache_kw=self._cache_kw, pad_id=self._pad_id, bool_mask=self._bool_mask
+                )
         except torch.OutOfMemoryError as e:
             raise EngineError(f"the engine ran out of memory: {e}") from None
 
-    def read(self, hidden: torch.Tensor, picks: Sequence[tuple[int, int]],
-             label_ids: Sequence[Sequence[int]]) -> list[tuple[float, ...]]:
+    def read(
+        self, hidden: torch.Tensor, picks: Sequence[tuple[int, int]], label_ids: Sequence[Sequence[int]]
+    ) -> list[tuple[float, ...]]:
         """Log-probs of each pick's labels under the full-vocabulary softmax, in float32."""
         with torch.inference_mode():
             rows = torch.tensor([r for r, _ in picks])
@@ -71,13 +73,26 @@ class TorchRunner:
 class TransformersEngine:
     """The Engine port over a loaded causal LM."""
 
-    def __init__(self, model, *, attention_budget: int = 1 << 24, batch_tokens: int = 2048,
-                 prefix_cache_bytes: int = 1 << 30, batch_window_s: float = 0.002, pad_id: int = 0,
-                 slice_s: float = 0.5) -> None:
+    def __init__(
+        self,
+        model,
+        *,
+        attention_budget: int = 1 << 24,
+        batch_tokens: int = 2048,
+        prefix_cache_bytes: int = 1 << 30,
+        batch_window_s: float = 0.002,
+        pad_id: int = 0,
+        slice_s: float = 0.5,
+    ) -> None:
         self.runner = TorchRunner(model, pad_id)
         self.cache = PrefixCache(prefix_cache_bytes)
-        self.scheduler = Scheduler(self.runner, self.cache, SchedulerLimits(
-            batch_tokens=batch_tokens, attention_budget=attention_budget, window_s=batch_window_s, slice_s=slice_s))
+        self.scheduler = Scheduler(
+            self.runner,
+            self.cache,
+            SchedulerLimits(
+                batch_tokens=batch_tokens, attention_budget=attention_budget, window_s=batch_window_s, slice_s=slice_s
+            ),
+        )
 
     @property
     def model(self):
@@ -134,8 +149,18 @@ def load(settings: Settings) -> LoadedEngine:
         slice_s=settings.slice_ms / 1000,
     )
     seconds = time.perf_counter() - t0
-    log.info("loaded %s on %s/%s in %.1f s (%s)", source.name, device, str(dtype).removeprefix("torch."),
-             seconds, "converted weights from cache" if from_cache else "from source")
-    card = ModelCard(name=settings.served_name or source.name, description=source.description,
-                     release_date=source.release_date, fingerprint=source_fingerprint(source))
+    log.info(
+        "loaded %s on %s/%s in %.1f s (%s)",
+        source.name,
+        device,
+        str(dtype).removeprefix("torch."),
+        seconds,
+        "converted weights from cache" if from_cache else "from source",
+    )
+    card = ModelCard(
+        name=settings.served_name or source.name,
+        description=source.description,
+        release_date=source.release_date,
+        fingerprint=source_fingerprint(source),
+    )
     return LoadedEngine(engine=engine, tokenizer=HFChatTokenizer(hf_tokenizer), card=card, load_seconds=seconds)

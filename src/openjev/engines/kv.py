@@ -13,8 +13,8 @@ real token, so each row's result equals running it alone, up to float noise.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import torch
 from transformers.cache_utils import Cache, DynamicLayer
@@ -27,11 +27,11 @@ class KVChain:
     chunks: tuple[Chunk, ...] = ()
     length: int = 0
 
-    def extend(self, chunk: Chunk) -> "KVChain":
+    def extend(self, chunk: Chunk) -> KVChain:
         n = chunk[0][0].shape[-2]
-        return KVChain(self.chunks + (chunk,), self.length + n) if n else self
+        return KVChain((*self.chunks, chunk), self.length + n) if n else self
 
-    def prefix(self, m: int) -> "KVChain":
+    def prefix(self, m: int) -> KVChain:
         """The chain of the first m positions (views, no copies)."""
         assert 0 <= m <= self.length
         if m == self.length:
@@ -55,7 +55,7 @@ class KVChain:
             return self.chunks[0][i]
         return (torch.cat([c[i][0] for c in self.chunks], dim=-2), torch.cat([c[i][1] for c in self.chunks], dim=-2))
 
-    def contiguous(self) -> "KVChain":
+    def contiguous(self) -> KVChain:
         """One chunk owning its memory (for long-lived cache entries)."""
         if not self.chunks:
             return self
@@ -107,8 +107,9 @@ def padded_cost(rows: Sequence[Row]) -> int:
     return len(rows) * s * (p + s)
 
 
-def ragged_forward(base_model, rows: Sequence[Row], *, cache_kw: str, pad_id: int,
-                   bool_mask: bool) -> tuple[torch.Tensor, list[Chunk]]:
+def ragged_forward(
+    base_model, rows: Sequence[Row], *, cache_kw: str, pad_id: int, bool_mask: bool
+) -> tuple[torch.Tensor, list[Chunk]]:
     """(hidden states (B, S, H) of the new tokens, each row's new KV chunk)."""
     device = next(base_model.parameters()).device
     b = len(rows)
@@ -150,11 +151,23 @@ def ragged_forward(base_model, rows: Sequence[Row], *, cache_kw: str, pad_id: in
 
     dtype = next(base_model.parameters()).dtype
     mask = mask.to(device)
-    attn_mask = mask if bool_mask else torch.zeros(mask.shape, dtype=dtype, device=device).masked_fill(
-        ~mask, torch.finfo(dtype).min)
-    out = base_model(input_ids=ids.to(device), position_ids=positions.to(device), attention_mask=attn_mask,
-                     use_cache=True, **{cache_kw: Cache(layers=layers)})
-    chunks = [tuple((layer.new[0][i : i + 1, :, : len(r.tokens)].clone(),
-                     layer.new[1][i : i + 1, :, : len(r.tokens)].clone()) for layer in layers)
-              for i, r in enumerate(rows)]
+    attn_mask = (
+        mask
+        if bool_mask
+        else torch.zeros(mask.shape, dtype=dtype, device=device).masked_fill(~mask, torch.finfo(dtype).min)
+    )
+    out = base_model(
+        input_ids=ids.to(device),
+        position_ids=positions.to(device),
+        attention_mask=attn_mask,
+        use_cache=True,
+        **{cache_kw: Cache(layers=layers)},
+    )
+    chunks = [
+        tuple(
+            (layer.new[0][i : i + 1, :, : len(r.tokens)].clone(), layer.new[1][i : i + 1, :, : len(r.tokens)].clone())
+            for layer in layers
+        )
+        for i, r in enumerate(rows)
+    ]
     return out.last_hidden_state, chunks

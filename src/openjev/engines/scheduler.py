@@ -24,8 +24,9 @@ import ctypes
 import logging
 import threading
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Protocol, Sequence
+from typing import Protocol
 
 from openjev.core.plan import Plan
 from openjev.core.ports import BranchResult, PlanResult
@@ -61,8 +62,9 @@ class Runner(Protocol):
         """(hidden states (B, S, H), each row's new KV chunk)."""
         ...
 
-    def read(self, hidden, picks: Sequence[tuple[int, int]], label_ids: Sequence[Sequence[int]]
-             ) -> list[tuple[float, ...]]:
+    def read(
+        self, hidden, picks: Sequence[tuple[int, int]], label_ids: Sequence[Sequence[int]]
+    ) -> list[tuple[float, ...]]:
         """Label log-probs at hidden[row, position] for each pick."""
         ...
 
@@ -141,6 +143,7 @@ class Scheduler:
                     future.set_exception(outcome)
                 else:
                     future.set_result(outcome)
+
             loop.call_soon_threadsafe(settle)
 
         job = Job(plan=plan, deliver=deliver)
@@ -238,8 +241,12 @@ class Scheduler:
 
     def _row(self, job: Job, take: int) -> Row:
         p, c = job.packed, job.cursor
-        return Row(past=job.chain, tokens=p.tokens[c : c + take], positions=p.positions[c : c + take],
-                   visible=p.visibility(c, c + take))
+        return Row(
+            past=job.chain,
+            tokens=p.tokens[c : c + take],
+            positions=p.positions[c : c + take],
+            visible=p.visibility(c, c + take),
+        )
 
     def _partition(self, picked: list[tuple[Job, int]]) -> list[list[tuple[Job, int, Row]]]:
         """Forwards of similar lengths (padding stays small) within the attention budget."""
@@ -248,8 +255,10 @@ class Scheduler:
             row = self._row(job, take)
             if groups:
                 group = groups[-1]
-                if take <= 2 * group[0][1] + 8 and \
-                        padded_cost([g[2] for g in group] + [row]) <= self._limits.attention_budget:
+                if (
+                    take <= 2 * group[0][1] + 8
+                    and padded_cost([g[2] for g in group] + [row]) <= self._limits.attention_budget
+                ):
                     group.append((job, take, row))
                     continue
             groups.append([(job, take, row)])
@@ -277,7 +286,7 @@ class Scheduler:
         self._s_per_token = per_token if self._s_per_token is None else 0.7 * self._s_per_token + 0.3 * per_token
         picks, labels, owners = [], [], []
         now = time.perf_counter()
-        for r, ((job, take, _), chunk) in enumerate(zip(group, chunks)):
+        for r, ((job, take, _), chunk) in enumerate(zip(group, chunks, strict=True)):
             start = job.cursor
             job.chain = job.chain.extend(chunk)
             job.cursor += take
@@ -294,7 +303,7 @@ class Scheduler:
                 job.next_read += 1
         if not picks:
             return
-        for (job, branch), lp in zip(owners, self._runner.read(hidden, picks, labels)):
+        for (job, branch), lp in zip(owners, self._runner.read(hidden, picks, labels), strict=True):
             job.results[branch] = BranchResult(lp)
         for job in {id(j): j for j, _ in owners}.values():
             if job.done:
@@ -304,10 +313,15 @@ class Scheduler:
         now = time.perf_counter()
         start = job.t_start or now
         root = job.t_root or start
-        job.deliver(PlanResult(
-            branches=tuple(job.results),
-            computed_tokens=job.computed,
-            cached_tokens=job.cached,
-            timings_ms={"queue": (start - job.t_submit) * 1000, "prefill": (root - start) * 1000,
-                        "branches": (now - root) * 1000},
-        ))
+        job.deliver(
+            PlanResult(
+                branches=tuple(job.results),
+                computed_tokens=job.computed,
+                cached_tokens=job.cached,
+                timings_ms={
+                    "queue": (start - job.t_submit) * 1000,
+                    "prefill": (root - start) * 1000,
+                    "branches": (now - root) * 1000,
+                },
+            )
+        )

@@ -19,7 +19,8 @@ import logging
 import math
 import time
 import uuid
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import httpx
 
@@ -98,7 +99,9 @@ class SGLangEngine:
         # Created on first use, inside the serving event loop.
         if self._client is None:
             self._client = httpx.AsyncClient(
-                base_url=self.url, timeout=self._timeout, transport=self._transport,
+                base_url=self.url,
+                timeout=self._timeout,
+                transport=self._transport,
                 limits=httpx.Limits(max_connections=self._max_calls, max_keepalive_connections=self._max_calls),
             )
             self._slots = asyncio.Semaphore(self._max_calls)
@@ -207,8 +210,9 @@ class SGLangEngine:
                 raise EngineUnavailable(f"cannot reach the engine at {self.url}: {e}") from None
         if response.status_code in (429, 503):
             retry = response.headers.get("retry-after")
-            raise EngineUnavailable(f"the engine is busy ({response.status_code})",
-                                    headers={"Retry-After": retry} if retry else None)
+            raise EngineUnavailable(
+                f"the engine is busy ({response.status_code})", headers={"Retry-After": retry} if retry else None
+            )
         if response.status_code >= 400:
             raise EngineError(f"the engine answered {response.status_code}: {response.text[:300]}")
         try:
@@ -271,8 +275,10 @@ def _tokenizer_folder(settings) -> str:
 
     folder = settings.tokenizer or settings.model
     if not folder or not Path(folder).is_dir():
-        raise ConfigError("the sglang engine tokenizes here: pass --model (or --tokenizer) as a local model folder "
-                          "with the same tokenizer as the server's model")
+        raise ConfigError(
+            "the sglang engine tokenizes here: pass --model (or --tokenizer) as a local model folder "
+            "with the same tokenizer as the server's model"
+        )
     return folder
 
 
@@ -282,25 +288,38 @@ def verify_tokenizer(url: str, tokenizer, timeout_s: float = 60.0, client: httpx
     from openjev.core.types import Turn
     from openjev.errors import ModelUnsuitable
 
-    probe = tokenizer.render([Turn("user", "Prüfe: naïve café, 12,345.67 — tabs\tand\nnewlines 🙂 ok?")],
-                             add_generation_prompt=True) + "Answer:"
+    probe = (
+        tokenizer.render(
+            [Turn("user", "Prüfe: naïve café, 12,345.67 — tabs\tand\nnewlines 🙂 ok?")], add_generation_prompt=True
+        )
+        + "Answer:"
+    )
     ours = tokenizer.encode(probe)
-    body = {"text": probe, "sampling_params": {"max_new_tokens": 1, "temperature": 0.0}, "return_logprob": True,
-            "logprob_start_len": 0, "token_ids_logprob": ours[:1], "return_text_in_logprobs": False}
+    body = {
+        "text": probe,
+        "sampling_params": {"max_new_tokens": 1, "temperature": 0.0},
+        "return_logprob": True,
+        "logprob_start_len": 0,
+        "token_ids_logprob": ours[:1],
+        "return_text_in_logprobs": False,
+    }
     try:
         r = (client or httpx).post(url + "/generate", json=body, timeout=timeout_s)
         r.raise_for_status()
         theirs = [int(entry[1]) for entry in r.json()["meta_info"]["input_token_logprobs"]]
     except (httpx.HTTPError, KeyError, TypeError, ValueError, IndexError) as e:
-        log.warning("could not verify that the engine's tokenizer equals ours (%s); "
-                    "a server started with --skip-tokenizer-init cannot be checked", e)
+        log.warning(
+            "could not verify that the engine's tokenizer equals ours (%s); "
+            "a server started with --skip-tokenizer-init cannot be checked",
+            e,
+        )
         return
-    if theirs[-len(ours):] == ours and len(theirs) - len(ours) <= 1:  # the server may prepend a BOS
+    if theirs[-len(ours) :] == ours and len(theirs) - len(ours) <= 1:  # the server may prepend a BOS
         return
-    at = next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b), min(len(ours), len(theirs)))
+    at = next((i for i, (a, b) in enumerate(zip(ours, theirs, strict=False)) if a != b), min(len(ours), len(theirs)))
     raise ModelUnsuitable(
         f"the engine's tokenizer differs from ours (first difference at token {at} of the probe: "
-        f"ours {ours[at:at + 3]}, the engine's {theirs[at:at + 3]}); serve the same model on both sides"
+        f"ours {ours[at : at + 3]}, the engine's {theirs[at : at + 3]}); serve the same model on both sides"
     )
 
 
@@ -320,8 +339,13 @@ def load(settings):
     tokenizer = HFChatTokenizer(AutoTokenizer.from_pretrained(_tokenizer_folder(settings), local_files_only=True))
     process = None
     if settings.sglang_python:
-        process = SGLangProcess(python=settings.sglang_python, model=settings.model, port=settings.sglang_port,
-                                module=settings.sglang_module, extra_args=tuple(settings.sglang_args))
+        process = SGLangProcess(
+            python=settings.sglang_python,
+            model=settings.model,
+            port=settings.sglang_port,
+            module=settings.sglang_module,
+            extra_args=tuple(settings.sglang_args),
+        )
         process.start()
         url = process.url
     else:
@@ -336,17 +360,30 @@ def load(settings):
         if process is not None:
             process.stop()
         raise
-    engine = SGLangEngine(url, strategy=settings.strategy, max_calls=settings.max_engine_calls,
-                          call_timeout_s=settings.engine_timeout_s, warmup_min_tokens=settings.warmup_min_tokens)
+    engine = SGLangEngine(
+        url,
+        strategy=settings.strategy,
+        max_calls=settings.max_engine_calls,
+        call_timeout_s=settings.engine_timeout_s,
+        warmup_min_tokens=settings.warmup_min_tokens,
+    )
     engine.process = process
     model_path = str(info.get("model_path") or settings.model)
     name = settings.served_name or Path(model_path.rstrip("/")).name.lower()
     local = Path(settings.model) if settings.model and Path(settings.model).exists() else None
-    card = ModelCard(name=name, description=f"{model_path} served by SGLang at {url}",
-                     release_date=file_date(local) if local else time.strftime("%Y-%m-%d"),
-                     fingerprint=weights_fingerprint(local) if local else "")
-    return LoadedEngine(engine=engine, tokenizer=tokenizer, card=card, load_seconds=time.perf_counter() - t0,
-                        supervise=process.watch if process is not None else None)
+    card = ModelCard(
+        name=name,
+        description=f"{model_path} served by SGLang at {url}",
+        release_date=file_date(local) if local else time.strftime("%Y-%m-%d"),
+        fingerprint=weights_fingerprint(local) if local else "",
+    )
+    return LoadedEngine(
+        engine=engine,
+        tokenizer=tokenizer,
+        card=card,
+        load_seconds=time.perf_counter() - t0,
+        supervise=process.watch if process is not None else None,
+    )
 
 
 def _server_info(url: str) -> dict:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import OrderedDict
-from typing import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
 from openjev.core.plan import Plan, TrieNode
 

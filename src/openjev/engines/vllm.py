@@ -25,14 +25,14 @@ import logging
 import math
 import time
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import httpx
 
 from openjev.engines.sglang import SGLangEngine
-from openjev.errors import (ConfigError, EngineError, EngineUnavailable, ModelUnsuitable,
-                            TokensExceeded)
+from openjev.errors import ConfigError, EngineError, EngineUnavailable, ModelUnsuitable, TokensExceeded
 
 log = logging.getLogger(__name__)
 
@@ -43,8 +43,11 @@ MAX_IDS_PER_CALL = 128  # vllm.sampling_params.MAX_LOGPROB_TOKEN_IDS
 # by that external id.
 ID_PREFIX = "generate-tokens-"
 # Flags a child server started by openjev always gets (what this engine needs).
-REQUIRED_CHILD_FLAGS = (("--enable-scale-out",), ("--enable-prompt-tokens-details",),
-                        ("--max-logprobs", str(MAX_IDS_PER_CALL)))
+REQUIRED_CHILD_FLAGS = (
+    ("--enable-scale-out",),
+    ("--enable-prompt-tokens-details",),
+    ("--max-logprobs", str(MAX_IDS_PER_CALL)),
+)
 
 
 def parse_reply(body: Any, label_ids: Sequence[int]) -> tuple[tuple[float, ...], int | None, int | None]:
@@ -97,8 +100,15 @@ def request_body(rid: str, input_ids: Sequence[int], label_ids: Sequence[int]) -
     return {
         "request_id": rid,
         "token_ids": list(input_ids),
-        "sampling_params": {"max_tokens": 1, "temperature": 0.0, "logprobs": len(ids), "logprob_token_ids": ids,
-                            "allowed_token_ids": ids, "detokenize": False, "skip_special_tokens": False},
+        "sampling_params": {
+            "max_tokens": 1,
+            "temperature": 0.0,
+            "logprobs": len(ids),
+            "logprob_token_ids": ids,
+            "allowed_token_ids": ids,
+            "detokenize": False,
+            "skip_special_tokens": False,
+        },
         "output_mode": "tokens",
         "stream": False,
     }
@@ -120,14 +130,16 @@ class VLLMEngine(SGLangEngine):
 
     async def _generate(self, input_ids: Sequence[int], label_ids: Sequence[int]):
         if self.max_prompt_tokens is not None and len(input_ids) > self.max_prompt_tokens:
-            raise TokensExceeded(f"a branch of {len(input_ids)} tokens exceeds the vLLM server's context "
-                                 f"({self.max_prompt_tokens} prompt tokens; raise its --max-model-len)")
+            raise TokensExceeded(
+                f"a branch of {len(input_ids)} tokens exceeds the vLLM server's context "
+                f"({self.max_prompt_tokens} prompt tokens; raise its --max-model-len)"
+            )
         values: list[float] = []
         prompt: int | None = 0
         cached: int | None = 0
         # More than 128 labels: the next call finds this call's prompt in vLLM's prefix cache.
         for start in range(0, len(label_ids), MAX_IDS_PER_CALL):
-            v, p, c = await self._call(input_ids, label_ids[start:start + MAX_IDS_PER_CALL])
+            v, p, c = await self._call(input_ids, label_ids[start : start + MAX_IDS_PER_CALL])
             values.extend(v)
             prompt = None if prompt is None or p is None else prompt + p
             cached = None if cached is None or c is None else cached + c
@@ -149,8 +161,9 @@ class VLLMEngine(SGLangEngine):
 # ---- start-up checks (blocking; before the server listens)
 
 
-def check_server(url: str, label_ids: Sequence[int], client: httpx.Client | None = None,
-                 timeout_s: float = 120.0) -> dict:
+def check_server(
+    url: str, label_ids: Sequence[int], client: httpx.Client | None = None, timeout_s: float = 120.0
+) -> dict:
     """Refuse a server that cannot give what the engine needs; returns what was learned:
     {"model": served name, "max_model_len": int | None, "cached_tokens": bool}.
 
@@ -179,11 +192,15 @@ def check_server(url: str, label_ids: Sequence[int], client: httpx.Client | None
     if r.status_code == 403:
         raise ConfigError(f"the vLLM server at {url} refuses {GENERATE} (403): start it with --enable-scale-out")
     if r.status_code == 404:
-        raise ConfigError(f"the server at {url} has no {GENERATE} (404): openjev needs vLLM's token-in route "
-                          "(vLLM 0.32 or later, started with --enable-scale-out)")
+        raise ConfigError(
+            f"the server at {url} has no {GENERATE} (404): openjev needs vLLM's token-in route "
+            "(vLLM 0.32 or later, started with --enable-scale-out)"
+        )
     if r.status_code == 400 and "max allowed" in r.text:
-        raise ConfigError(f"the vLLM server at {url} caps log-probs below {len(ids)} per call: start it with "
-                          f"--max-logprobs {MAX_IDS_PER_CALL} ({r.text[:200]})")
+        raise ConfigError(
+            f"the vLLM server at {url} caps log-probs below {len(ids)} per call: start it with "
+            f"--max-logprobs {MAX_IDS_PER_CALL} ({r.text[:200]})"
+        )
     if r.status_code != 200:
         raise ConfigError(f"the vLLM server at {url} answered the probe with {r.status_code}: {r.text[:300]}")
     try:
@@ -193,8 +210,10 @@ def check_server(url: str, label_ids: Sequence[int], client: httpx.Client | None
         raise ConfigError(f"the vLLM server at {url} does not return the label log-probs openjev needs: {e}") from None
     info["cached_tokens"] = cached is not None
     if cached is None:
-        log.warning("the vLLM server reports no cached tokens: start it with --enable-prompt-tokens-details; "
-                    "computed and cached token counts are reported as unknown")
+        log.warning(
+            "the vLLM server reports no cached tokens: start it with --enable-prompt-tokens-details; "
+            "computed and cached token counts are reported as unknown"
+        )
     return info
 
 
@@ -203,24 +222,32 @@ def verify_tokenizer(url: str, tokenizer, client: httpx.Client | None = None, ti
     planned): a real rendered prompt, tokenized by its `/tokenize`."""
     from openjev.core.types import Turn
 
-    probe = tokenizer.render([Turn("user", "Prüfe: naïve café, 12,345.67 — tabs\tand\nnewlines 🙂 ok?")],
-                             add_generation_prompt=True) + "Answer:"
+    probe = (
+        tokenizer.render(
+            [Turn("user", "Prüfe: naïve café, 12,345.67 — tabs\tand\nnewlines 🙂 ok?")], add_generation_prompt=True
+        )
+        + "Answer:"
+    )
     ours = tokenizer.encode(probe)
     try:
-        r = (client or httpx).post(url + "/tokenize", json={"prompt": probe, "add_special_tokens": False},
-                                   timeout=timeout_s)
+        r = (client or httpx).post(
+            url + "/tokenize", json={"prompt": probe, "add_special_tokens": False}, timeout=timeout_s
+        )
         r.raise_for_status()
         theirs = [int(t) for t in r.json()["tokens"]]
     except (httpx.HTTPError, KeyError, TypeError, ValueError) as e:
-        log.warning("could not verify that the engine's tokenizer equals ours (%s); "
-                    "a server started with --skip-tokenizer-init cannot be checked", e)
+        log.warning(
+            "could not verify that the engine's tokenizer equals ours (%s); "
+            "a server started with --skip-tokenizer-init cannot be checked",
+            e,
+        )
         return
-    if theirs[-len(ours):] == ours and len(theirs) - len(ours) <= 1:  # the server may prepend a BOS
+    if theirs[-len(ours) :] == ours and len(theirs) - len(ours) <= 1:  # the server may prepend a BOS
         return
-    at = next((i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b), min(len(ours), len(theirs)))
+    at = next((i for i, (a, b) in enumerate(zip(ours, theirs, strict=False)) if a != b), min(len(ours), len(theirs)))
     raise ModelUnsuitable(
         f"the engine's tokenizer differs from ours (first difference at token {at} of the probe: "
-        f"ours {ours[at:at + 3]}, the engine's {theirs[at:at + 3]}); serve the same model on both sides"
+        f"ours {ours[at : at + 3]}, the engine's {theirs[at : at + 3]}); serve the same model on both sides"
     )
 
 
@@ -247,16 +274,20 @@ def preflight(settings) -> None:
     if settings.vllm_python and not settings.model:
         raise ConfigError("--vllm-python needs --model (the model the child server loads)")
     if "--no-enable-prefix-caching" in settings.vllm_args and settings.strategy != "all":
-        raise ConfigError(f"--no-enable-prefix-caching turns off the prefix cache that the {settings.strategy!r} "
-                          "strategy relies on; remove it or use --strategy all")
+        raise ConfigError(
+            f"--no-enable-prefix-caching turns off the prefix cache that the {settings.strategy!r} "
+            "strategy relies on; remove it or use --strategy all"
+        )
     _tokenizer_folder(settings)
 
 
 def _tokenizer_folder(settings) -> str:
     folder = settings.tokenizer or settings.model
     if not folder or not Path(folder).is_dir():
-        raise ConfigError("the vllm engine tokenizes here: pass --model (or --tokenizer) as a local model folder "
-                          "with the same tokenizer as the server's model")
+        raise ConfigError(
+            "the vllm engine tokenizes here: pass --model (or --tokenizer) as a local model folder "
+            "with the same tokenizer as the server's model"
+        )
     return folder
 
 
@@ -276,9 +307,16 @@ def load(settings):
     tokenizer = HFChatTokenizer(AutoTokenizer.from_pretrained(_tokenizer_folder(settings), local_files_only=True))
     process = None
     if settings.vllm_python:
-        process = SGLangProcess(python=settings.vllm_python, model=settings.model, port=settings.vllm_port,
-                                module=settings.vllm_module, model_flag="--model", name="vLLM",
-                                python_flag="--vllm-python", extra_args=child_args(settings.vllm_args))
+        process = SGLangProcess(
+            python=settings.vllm_python,
+            model=settings.model,
+            port=settings.vllm_port,
+            module=settings.vllm_module,
+            model_flag="--model",
+            name="vLLM",
+            python_flag="--vllm-python",
+            extra_args=child_args(settings.vllm_args),
+        )
         process.start()
         url = process.url
     else:
@@ -293,15 +331,28 @@ def load(settings):
             process.stop()
         raise
     max_len = info.get("max_model_len")
-    engine = VLLMEngine(url, strategy=settings.strategy, max_calls=settings.max_engine_calls,
-                        call_timeout_s=settings.engine_timeout_s, warmup_min_tokens=settings.warmup_min_tokens,
-                        max_prompt_tokens=int(max_len) - 1 if max_len else None)
+    engine = VLLMEngine(
+        url,
+        strategy=settings.strategy,
+        max_calls=settings.max_engine_calls,
+        call_timeout_s=settings.engine_timeout_s,
+        warmup_min_tokens=settings.warmup_min_tokens,
+        max_prompt_tokens=int(max_len) - 1 if max_len else None,
+    )
     engine.process = process
     model_path = str(info.get("model") or settings.model)
     name = settings.served_name or Path(model_path.rstrip("/")).name.lower()
     local = Path(settings.model) if settings.model and Path(settings.model).exists() else None
-    card = ModelCard(name=name, description=f"{model_path} served by vLLM at {url}",
-                     release_date=file_date(local) if local else time.strftime("%Y-%m-%d"),
-                     fingerprint=weights_fingerprint(local) if local else "")
-    return LoadedEngine(engine=engine, tokenizer=tokenizer, card=card, load_seconds=time.perf_counter() - t0,
-                        supervise=process.watch if process is not None else None)
+    card = ModelCard(
+        name=name,
+        description=f"{model_path} served by vLLM at {url}",
+        release_date=file_date(local) if local else time.strftime("%Y-%m-%d"),
+        fingerprint=weights_fingerprint(local) if local else "",
+    )
+    return LoadedEngine(
+        engine=engine,
+        tokenizer=tokenizer,
+        card=card,
+        load_seconds=time.perf_counter() - t0,
+        supervise=process.watch if process is not None else None,
+    )

@@ -7,9 +7,9 @@ import asyncio
 import datetime
 import json
 import sys
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 import httpx
 
@@ -29,8 +29,9 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     local = p.add_argument_group("in-process server (without --url); other settings from OPENJEV_* variables")
     local.add_argument("--model", help="model folder or .gguf (default: the embedded model)")
-    local.add_argument("--prefix-cache-bytes", type=int,
-                       help="prefix cache of the in-process engine (0 makes every request cold)")
+    local.add_argument(
+        "--prefix-cache-bytes", type=int, help="prefix cache of the in-process engine (0 makes every request cold)"
+    )
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
@@ -45,8 +46,12 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
 
     cal = sub.add_parser("calibrate", help="fit a calibration file on labelled (dev) data")
     _common(cal)
-    cal.add_argument("--config", action="append", metavar="READOUT[:ROTATIONS]",
-                     help="readout to fit, repeatable: letters, letters:4, yesno (default: the server's readout)")
+    cal.add_argument(
+        "--config",
+        action="append",
+        metavar="READOUT[:ROTATIONS]",
+        help="readout to fit, repeatable: letters, letters:4, yesno (default: the server's readout)",
+    )
     cal.add_argument("-o", "--output", default="calibration.json", help="calibration file to write")
     cal.add_argument("--id", help="calibration id (default: <model>-<data>-<date>)")
     cal.add_argument("--out", help="folder for the raw runs (default evals/runs/calibrate-<data>)")
@@ -85,15 +90,22 @@ def _items(args: argparse.Namespace):
 
 def evaluate(args: argparse.Namespace) -> int:
     items = _items(args)
-    config = RunConfig(readout=args.readout, rotations=args.rotations, calibrated=not args.uncalibrated,
-                       flips=not args.no_flips)
-    label = f"{args.readout or 'default'}" + (f"-r{args.rotations}" if args.rotations else "") + \
-        ("-raw" if args.uncalibrated else "-cal")
+    config = RunConfig(
+        readout=args.readout, rotations=args.rotations, calibrated=not args.uncalibrated, flips=not args.no_flips
+    )
+    label = (
+        f"{args.readout or 'default'}"
+        + (f"-r{args.rotations}" if args.rotations else "")
+        + ("-raw" if args.uncalibrated else "-cal")
+    )
     folder = Path(args.out or Path("evals/runs") / f"{_stem(args.data)}-{label}")
     with _target(args, args.calibration) as (url, target):
         store = ResultStore(folder, run_meta(args.data, target, config), restart=args.restart)
-        asyncio.run(run_items(url, items, config, store, concurrency=args.concurrency, key=_key(args),
-                              progress=not args.no_progress))
+        asyncio.run(
+            run_items(
+                url, items, config, store, concurrency=args.concurrency, key=_key(args), progress=not args.no_progress
+            )
+        )
     scored, facts = score(items, store)
     summary = {"metrics": by_type(scored), "run": facts, "config": run_meta(args.data, target, config)}
     title = f"{_stem(args.data)}: readout {facts['readout']}, calibration {facts['calibration']}"
@@ -126,21 +138,36 @@ def calibrate(args: argparse.Namespace) -> int:
                 readout, _, rot = model["x_readout"].partition(";rotations=")
                 config = RunConfig(readout=readout, rotations=int(rot) if rot else 1, calibrated=False, flips=False)
             name = config.readout + (f":{config.rotations}" if config.readout == "letters" else "")
-            store = ResultStore(base / name.replace(":", "-r"), run_meta(args.data, target, config),
-                                restart=args.restart)
+            store = ResultStore(
+                base / name.replace(":", "-r"), run_meta(args.data, target, config), restart=args.restart
+            )
             print(f"reading {len(items)} items with readout {name} (uncalibrated) ...", file=sys.stderr)
-            asyncio.run(run_items(url, items, config, store, concurrency=args.concurrency, key=_key(args),
-                                  progress=not args.no_progress))
+            asyncio.run(
+                run_items(
+                    url,
+                    items,
+                    config,
+                    store,
+                    concurrency=args.concurrency,
+                    key=_key(args),
+                    progress=not args.no_progress,
+                )
+            )
             scored, facts = score(items, store)
             if facts["items_failed"]:
-                print(f"openjev calibrate: {facts['items_failed']} requests failed: {facts['failures'][:3]}",
-                      file=sys.stderr)
+                print(
+                    f"openjev calibrate: {facts['items_failed']} requests failed: {facts['failures'][:3]}",
+                    file=sys.stderr,
+                )
                 return 1
             types = fit_readout(scored)
             fits.append({"readout": config.readout, "rotations": config.rotations, "types": types})
             for qtype, fit in types.items():
-                print(f"  {name:10s} {qtype:6s} n={fit['n']:3d} T={fit['temperature']:.3f} {fit['form']:17s} "
-                      f"NLL {fit['nll_before']:.3f} -> {fit['nll_after']:.3f}", file=sys.stderr)
+                print(
+                    f"  {name:10s} {qtype:6s} n={fit['n']:3d} T={fit['temperature']:.3f} {fit['form']:17s} "
+                    f"NLL {fit['nll_before']:.3f} -> {fit['nll_after']:.3f}",
+                    file=sys.stderr,
+                )
     today = datetime.date.today().isoformat()
     doc = {
         "format": calib.FORMAT,

@@ -10,7 +10,7 @@ of it. Nothing here sees the test split.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 from scipy.optimize import minimize
@@ -34,7 +34,7 @@ def _arrays(samples: Sequence[Scored]) -> tuple[np.ndarray, np.ndarray]:
 
 def _bias(theta: np.ndarray, width: int) -> np.ndarray:
     b = np.zeros(width)
-    b[1: 1 + len(theta) - 1] = theta[1:]
+    b[1 : 1 + len(theta) - 1] = theta[1:]
     return b
 
 

@@ -16,8 +16,8 @@ request's order; score: levels) and the index of the correct option.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Iterable, Sequence
 
 ECE_BINS = 15
 CONFIDENT = 0.9
@@ -58,8 +58,10 @@ def summarize(scored: Sequence[Scored]) -> dict[str, float | int | None]:
     n = len(scored)
     if n == 0:
         return {"questions": 0}
-    brier = math.fsum(
-        math.fsum((p - (1.0 if i == s.correct else 0.0)) ** 2 for i, p in enumerate(s.probs)) for s in scored) / n
+    brier = (
+        math.fsum(math.fsum((p - (1.0 if i == s.correct else 0.0)) ** 2 for i, p in enumerate(s.probs)) for s in scored)
+        / n
+    )
     nll = math.fsum(-math.log(max(s.probs[s.correct], 1e-12)) for s in scored) / n
     ece = math.fsum(count / n * abs(acc - conf) for count, conf, acc in reliability(scored) if count)
     confident = [s for s in scored if s.probs[s.top] >= CONFIDENT]

@@ -5,14 +5,22 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from openjev.evals.metrics import Scored, reliability
 
-COLUMNS = [("questions", "n", "{:d}"), ("accuracy", "accuracy", "{:.3f}"), ("brier", "Brier", "{:.3f}"),
-           ("nll", "NLL", "{:.3f}"), ("ece", "ECE", "{:.3f}"), ("accuracy_at_0.9", "acc@p>=0.9", "{:.3f}"),
-           ("coverage_at_0.9", "coverage@0.9", "{:.3f}"), ("order_flip_rate", "order flips", "{:.3f}")]
+COLUMNS = [
+    ("questions", "n", "{:d}"),
+    ("accuracy", "accuracy", "{:.3f}"),
+    ("brier", "Brier", "{:.3f}"),
+    ("nll", "NLL", "{:.3f}"),
+    ("ece", "ECE", "{:.3f}"),
+    ("accuracy_at_0.9", "acc@p>=0.9", "{:.3f}"),
+    ("coverage_at_0.9", "coverage@0.9", "{:.3f}"),
+    ("order_flip_rate", "order flips", "{:.3f}"),
+]
 
 
 def _cell(value: Any, fmt: str) -> str:
@@ -22,18 +30,25 @@ def _cell(value: Any, fmt: str) -> str:
 
 
 def markdown(summary: dict[str, Any], title: str) -> str:
-    lines = [f"### {title}", "", "| type | " + " | ".join(h for _, h, _ in COLUMNS) + " |",
-             "|---|" + "---|" * len(COLUMNS)]
+    lines = [
+        f"### {title}",
+        "",
+        "| type | " + " | ".join(h for _, h, _ in COLUMNS) + " |",
+        "|---|" + "---|" * len(COLUMNS),
+    ]
     for qtype in ("noul", "choice", "score", "all"):
         row = summary["metrics"][qtype]
         if not row.get("questions"):
             continue
         lines.append(f"| {qtype} | " + " | ".join(_cell(row.get(k), f) for k, _, f in COLUMNS) + " |")
     facts = summary["run"]
-    lines += ["", f"readout `{facts['readout']}`, calibration `{facts['calibration']}`; "
-              f"{facts['items'] - facts['items_failed']}/{facts['items']} requests answered; "
-              f"p50 latency {_cell(facts['latency_ms_p50'], '{:.0f}')} ms; "
-              f"tokens computed per request {_cell(facts['tokens_computed_per_request'], '{:.1f}')}"]
+    lines += [
+        "",
+        f"readout `{facts['readout']}`, calibration `{facts['calibration']}`; "
+        f"{facts['items'] - facts['items_failed']}/{facts['items']} requests answered; "
+        f"p50 latency {_cell(facts['latency_ms_p50'], '{:.0f}')} ms; "
+        f"tokens computed per request {_cell(facts['tokens_computed_per_request'], '{:.1f}')}",
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -45,7 +60,7 @@ def reliability_png(scored: Sequence[Scored], path: str | Path, title: str) -> N
 
     types = [t for t in ("noul", "choice", "score") if any(s.qtype == t for s in scored)] + ["all"]
     fig, axes = plt.subplots(1, len(types), figsize=(3.2 * len(types), 3.4), squeeze=False)
-    for ax, qtype in zip(axes[0], types):
+    for ax, qtype in zip(axes[0], types, strict=True):
         subset = [s for s in scored if qtype == "all" or s.qtype == qtype]
         bins = reliability(subset)
         width = 1.0 / len(bins)

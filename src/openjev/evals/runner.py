@@ -13,9 +13,10 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import httpx
 
@@ -64,8 +65,10 @@ class ResultStore:
             old = json.loads(meta_path.read_text())
             if old != meta:
                 changed = sorted(k for k in set(old) | set(meta) if old.get(k) != meta.get(k))
-                raise RunMismatch(f"{self.folder} holds another run (differs in: {', '.join(changed)}); "
-                                  "pass --restart to start over, or choose another --out")
+                raise RunMismatch(
+                    f"{self.folder} holds another run (differs in: {', '.join(changed)}); "
+                    "pass --restart to start over, or choose another --out"
+                )
         meta_path.write_text(json.dumps(meta, indent=2) + "\n")
         self.records: dict[tuple[str, str], dict] = {}
         if self.path.exists():
@@ -86,7 +89,9 @@ class ResultStore:
             f.write(json.dumps(rec, ensure_ascii=False) + "\n")
 
 
-async def _send(client: httpx.AsyncClient, body: dict, headers: dict[str, str]) -> tuple[httpx.Response | None, str | None, float]:
+async def _send(
+    client: httpx.AsyncClient, body: dict, headers: dict[str, str]
+) -> tuple[httpx.Response | None, str | None, float]:
     """(response, transport error, latency ms of the last try); retries overload and outages."""
     for attempt in range(MAX_TRIES):
         t0 = time.perf_counter()
@@ -95,7 +100,7 @@ async def _send(client: httpx.AsyncClient, body: dict, headers: dict[str, str]) 
         except httpx.TransportError as e:
             if attempt == MAX_TRIES - 1:
                 return None, f"{type(e).__name__}: {e}", (time.perf_counter() - t0) * 1000
-            await asyncio.sleep(min(2 ** attempt, 10))
+            await asyncio.sleep(min(2**attempt, 10))
             continue
         latency = (time.perf_counter() - t0) * 1000
         if r.status_code in RETRYABLE and attempt < MAX_TRIES - 1:
@@ -105,9 +110,17 @@ async def _send(client: httpx.AsyncClient, body: dict, headers: dict[str, str]) 
     raise AssertionError("unreachable")
 
 
-async def run_items(url: str, items: Sequence[Item], config: RunConfig, store: ResultStore, *,
-                    concurrency: int = 4, key: str | None = None, timeout_s: float = 600.0,
-                    progress: bool = True) -> None:
+async def run_items(
+    url: str,
+    items: Sequence[Item],
+    config: RunConfig,
+    store: ResultStore,
+    *,
+    concurrency: int = 4,
+    key: str | None = None,
+    timeout_s: float = 600.0,
+    progress: bool = True,
+) -> None:
     """Send every item (and its flip) not yet answered in `store`."""
     jobs: list[tuple[str, str, dict]] = []
     for item in items:
@@ -134,9 +147,12 @@ async def run_items(url: str, items: Sequence[Item], config: RunConfig, store: R
             rec["status"] = r.status_code
             payload = r.json() if r.headers.get("content-type", "").startswith("application/json") else r.text
             if r.status_code == 200:
-                rec.update(answers=payload["answers"], usage=payload["usage"],
-                           readout=r.headers.get("x-openjev-readout"),
-                           calibration=r.headers.get("x-openjev-calibration"))
+                rec.update(
+                    answers=payload["answers"],
+                    usage=payload["usage"],
+                    readout=r.headers.get("x-openjev-readout"),
+                    calibration=r.headers.get("x-openjev-calibration"),
+                )
             else:
                 rec["error"] = payload
         store.add(rec)
@@ -160,8 +176,13 @@ def score(items: Sequence[Item], store: ResultStore) -> tuple[list[Scored], dict
     for item in items:
         main = store.records.get((item.id, "main"))
         if main is None or main["status"] != 200:
-            failed.append({"id": item.id, "status": main["status"] if main else None,
-                           "error": main.get("error") if main else "not sent"})
+            failed.append(
+                {
+                    "id": item.id,
+                    "status": main["status"] if main else None,
+                    "error": main.get("error") if main else "not sent",
+                }
+            )
             continue
         flip = store.records.get((item.id, "flip"))
         flip_answers = flip["answers"] if flip is not None and flip["status"] == 200 else None
@@ -182,8 +203,9 @@ def score(items: Sequence[Item], store: ResultStore) -> tuple[list[Scored], dict
             elif q["type"] == "choice":
                 names = list(q["criteria"])
                 flipped = None if flip_answers is None else flip_answers[qid]["choice"] != a["choice"]
-                scored.append(Scored("choice", tuple(a["probabilities"][n] for n in names), names.index(expected),
-                                     flipped))
+                scored.append(
+                    Scored("choice", tuple(a["probabilities"][n] for n in names), names.index(expected), flipped)
+                )
             else:
                 probs = tuple(a["probabilities"][str(i)] for i in range(len(q["criteria"])))
                 scored.append(Scored("score", probs, int(expected)))

@@ -15,7 +15,7 @@ import asyncio
 import logging
 import signal
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import uvicorn
 

@@ -13,8 +13,8 @@ import signal
 import subprocess
 import threading
 import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Mapping, Sequence
 
 import httpx
 
@@ -72,8 +72,18 @@ class SGLangProcess:
         return f"http://{self.host}:{self.port}"
 
     def command(self) -> list[str]:
-        return [self.python, "-m", self.module, self.model_flag, self.model, "--host", self.host,
-                "--port", str(self.port), *self.extra_args]
+        return [
+            self.python,
+            "-m",
+            self.module,
+            self.model_flag,
+            self.model,
+            "--host",
+            self.host,
+            "--port",
+            str(self.port),
+            *self.extra_args,
+        ]
 
     def start(self) -> None:
         if not os.path.exists(self.python):
@@ -81,9 +91,14 @@ class SGLangProcess:
         log.info("starting %s", " ".join(self.command()))
         out = open(self.log_path, "ab") if self.log_path else None
         try:  # the child keeps its own copy of the log descriptor
-            self.process = subprocess.Popen(self.command(), stdout=out, stderr=subprocess.STDOUT if out else None,
-                                            env=dict(self.env) if self.env is not None else None, cwd=self.cwd,
-                                            start_new_session=True)
+            self.process = subprocess.Popen(
+                self.command(),
+                stdout=out,
+                stderr=subprocess.STDOUT if out else None,
+                env=dict(self.env) if self.env is not None else None,
+                cwd=self.cwd,
+                start_new_session=True,
+            )
         finally:
             if out is not None:
                 out.close()
@@ -93,6 +108,7 @@ class SGLangProcess:
 
     def watch(self, on_exit: Callable[[BaseException], None]) -> None:
         """Call `on_exit` (from a daemon thread) if the child exits before `stop`."""
+
         def loop() -> None:
             code = self.process.wait()
             if not self._stopping:
