@@ -12,7 +12,7 @@ INSTALLER ?= uv
 UV_VERSION := 0.13.9
 export HF_HUB_OFFLINE := 1
 
-.PHONY: setup serve test test-browser test-sglang test-scaleout test-vllm bench bench-vllm lock clean
+.PHONY: setup serve lint test test-browser test-sglang test-scaleout test-vllm bench bench-vllm lock clean
 
 $(STAMP): pyproject.toml $(LOCK) Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -35,6 +35,12 @@ setup: $(STAMP)
 
 serve: setup
 	$(VENV)/bin/openjev serve
+
+# Lint, format and types (config in pyproject.toml), then the tests.
+lint: setup
+	$(VENV)/bin/ruff check src tests bench evals scripts
+	$(VENV)/bin/ruff format --check src tests bench evals scripts
+	$(VENV)/bin/mypy
 
 test: setup
 	$(PY) -m pytest

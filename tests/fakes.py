@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from openjev.core.plan import Plan
-from openjev.core.ports import BranchResult, PlanResult
+from openjev.core.ports import BranchResult, PlanResult, TemplateRefused
 from openjev.core.types import Turn
 
 if TYPE_CHECKING:
@@ -39,7 +39,7 @@ class FakeTokenizer:
 
     def render(self, turns: Sequence[Turn], *, add_generation_prompt: bool) -> str:
         if self.alternating and any(a.role == b.role == "user" for a, b in itertools.pairwise(turns)):
-            raise ValueError("Conversation roles must alternate user/assistant/user/assistant/...")
+            raise TemplateRefused("Conversation roles must alternate user/assistant/user/assistant/...")
         if self.glued:
             text = "".join(f"{t.role}: {t.content}" for t in turns)
             return text + ("assistant: " if add_generation_prompt else "")

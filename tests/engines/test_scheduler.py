@@ -9,8 +9,10 @@ import pytest
 import torch
 
 from openjev.core.plan import Branch, Plan
+from openjev.core.ports import PlanResult
 from openjev.engines.prefix_cache import PrefixCache
-from openjev.engines.scheduler import FIRST_SLICE, MIN_SLICE, Scheduler, SchedulerLimits
+from openjev.engines.scheduler import FIRST_SLICE, MIN_SLICE, Job, JobState, Scheduler, SchedulerLimits
+from openjev.errors import EngineError
 
 
 class FakeRunner:
@@ -100,3 +102,87 @@ def test_fast_hardware_keeps_full_rounds():
     finally:
         scheduler.stop()
     assert [n for _, n in runner.forwards] == [FIRST_SLICE, 1024, 1024, 3000 - FIRST_SLICE - 2 * 1024]
+
+
+# ---- the Job's states, against the same fake runner
+
+
+class FailingRunner(FakeRunner):
+    """A FakeRunner whose forwards fail while `failing` is set (an engine error mid-request)."""
+
+    def __init__(self) -> None:
+        super().__init__(0.0)
+        self.failing = threading.Event()
+
+    def forward(self, rows):
+        if self.failing.is_set():
+            raise RuntimeError("the device fell over")
+        return super().forward(rows)
+
+
+def _job(outcomes: list) -> Job:
+    return Job(plan=_plan(4), deliver=outcomes.append)
+
+
+def test_a_job_delivers_exactly_one_outcome():
+    outcomes: list = []
+    job = _job(outcomes)
+    assert job.state is JobState.QUEUED
+    job.fail(EngineError("first"))
+    job.fail(EngineError("second"))
+    job.succeed(PlanResult(branches=(), computed_tokens=0, cached_tokens=0))
+    assert job.state is JobState.FAILED
+    assert [str(o) for o in outcomes] == ["first"]
+
+
+def test_a_cancelled_job_is_dropped_without_an_outcome():
+    outcomes: list = []
+    job = _job(outcomes)
+    job.state = JobState.RUNNING
+    job.cancel()
+    assert not job.active and job.state is JobState.CANCELLED
+    job.fail(EngineError("too late"))
+    assert outcomes == []
+
+
+def test_a_finished_job_is_done_with_every_branch_read():
+    runner = FakeRunner(0.0)
+    scheduler = _scheduler(runner)
+    plan = Plan.from_branches([Branch((1, 2, 3), (7, 8)), Branch((1, 2, 4, 5), (9,))])
+    try:
+        result = asyncio.run(scheduler.run(plan))
+    finally:
+        scheduler.stop()
+    assert [len(b.logprobs) for b in result.branches] == [2, 1]
+    assert result.computed_tokens == 5 and result.cached_tokens == 0
+
+
+def test_a_failed_forward_fails_its_requests_and_the_next_request_is_served():
+    runner = FailingRunner()
+    scheduler = _scheduler(runner)
+    runner.failing.set()
+    try:
+        with pytest.raises(EngineError, match="the engine failed"):
+            asyncio.run(scheduler.run(_plan(10)))
+        runner.failing.clear()
+        result = asyncio.run(scheduler.run(_plan(10, first=100)))
+    finally:
+        scheduler.stop()
+    assert result.computed_tokens == 10
+
+
+def test_stopping_fails_waiting_requests_and_refuses_new_ones():
+    runner = FakeRunner(0.002)  # 6000 tokens: seconds of work, still running at stop()
+    scheduler = _scheduler(runner, slice_s=0.05)
+
+    async def go():
+        task = asyncio.create_task(scheduler.run(_plan(6000)))
+        while not runner.forwards:
+            await asyncio.sleep(0.01)
+        await asyncio.to_thread(scheduler.stop)
+        with pytest.raises(EngineError, match="shut down"):
+            await task
+        with pytest.raises(EngineError, match="shut down"):
+            await scheduler.run(_plan(3))
+
+    asyncio.run(go())

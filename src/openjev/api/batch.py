@@ -69,8 +69,8 @@ class BatchRequest(BaseModel):
         """Each item as a /v1/systemone body (not yet validated)."""
         if self.requests is not None:
             return list(self.requests)
-        questions = {qid: q.model_dump(exclude_none=True) for qid, q in self.questions.items()}
-        return [{"model": self.model, "state": state, "questions": questions} for state in self.states]
+        questions = {qid: q.model_dump(exclude_none=True) for qid, q in (self.questions or {}).items()}
+        return [{"model": self.model, "state": state, "questions": questions} for state in self.states or ()]
 
 
 @dataclass
@@ -83,6 +83,17 @@ class _Item:
     calibrate: bool = True
     prepare_ms: float = 0.0
     line: dict[str, Any] | None = None  # set once the item is answered or failed
+
+    def prepared(self) -> tuple[DecisionRequest, str]:
+        """The validated request and the model that answers it (items without a line have both)."""
+        if self.request is None or self.model is None:
+            raise RuntimeError(f"batch item {self.index} was not prepared")
+        return self.request, self.model
+
+    def finished(self) -> dict[str, Any]:
+        if self.line is None:
+            raise RuntimeError(f"batch item {self.index} has no answer")
+        return self.line
 
 
 def _error_line(index: int, exc: OpenjevError) -> dict[str, Any]:
@@ -184,20 +195,19 @@ async def _run(items: list[_Item], service: DecisionService, slots: int) -> Asyn
     groups: dict[Any, list[_Item]] = {}
     for item in items:
         if item.line is None:
-            groups.setdefault(item.request.state, []).append(item)
+            groups.setdefault(item.prepared()[0].state, []).append(item)
     gate = asyncio.Semaphore(slots)
     done: asyncio.Queue[_Item] = asyncio.Queue()
 
     async def decide(item: _Item) -> None:
         async with gate:
             try:
-                result = await service.decide(
-                    item.request, item.compiled, readout=item.readout, calibrate=item.calibrate
-                )
+                request, model = item.prepared()
+                result = await service.decide(request, item.compiled, readout=item.readout, calibrate=item.calibrate)
                 timings = {**result.timings_ms, "prepare": item.prepare_ms}  # prepared up front, not in decide
                 item.line = {
                     "index": item.index,
-                    **convert.result_to_wire(result, item.model),
+                    **convert.result_to_wire(result, model),
                     "x_readout": result.readout,
                     "x_calibration": result.calibration,
                     "x_timings_ms": {k: round(v, 1) for k, v in timings.items()},
@@ -220,7 +230,7 @@ async def _run(items: list[_Item], service: DecisionService, slots: int) -> Asyn
     tasks = [asyncio.create_task(group(members)) for members in groups.values()]
     try:
         for _ in range(sum(len(m) for m in groups.values())):
-            yield (await done.get()).line
+            yield (await done.get()).finished()
     finally:
         for task in tasks:  # a client gone mid-stream: stop the items still running
             task.cancel()

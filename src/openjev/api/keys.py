@@ -105,7 +105,8 @@ class KeyRing:
         return tuple(e.name for e in self._entries)
 
     def _load(self) -> tuple[KeyEntry, ...]:
-        assert self._path is not None
+        if self._path is None:
+            return self._entries  # keys given on the command line: nothing to read
         try:
             text = Path(self._path).read_text()
         except OSError as e:

@@ -19,8 +19,10 @@ class Branch:
     label_ids: tuple[int, ...]
 
     def __post_init__(self) -> None:
-        assert self.input_ids, "a branch has at least one token"
-        assert self.label_ids, "a branch reads at least one label"
+        if not self.input_ids:
+            raise ValueError("a branch has at least one token")
+        if not self.label_ids:
+            raise ValueError("a branch reads at least one label")
 
 
 @dataclass(frozen=True)
@@ -83,7 +85,8 @@ class Plan:
 
     @classmethod
     def from_branches(cls, branches: Sequence[Branch]) -> Plan:
-        assert branches, "a plan has at least one branch"
+        if not branches:
+            raise ValueError("a plan has at least one branch")
         branches = tuple(branches)
         return cls(branches=branches, root=_build(branches, list(range(len(branches))), 0))
 

@@ -49,11 +49,17 @@ class Engine(Protocol):
     async def close(self) -> None: ...
 
 
+class TemplateRefused(Exception):
+    """The chat template refuses these turns (e.g. Gemma's demands strict user/assistant
+    alternation); `ChatTokenizer.render` raises it so callers can try another arrangement."""
+
+
 class ChatTokenizer(Protocol):
     """The model's tokenizer and chat template."""
 
     def render(self, turns: Sequence[Turn], *, add_generation_prompt: bool) -> str:
-        """The chat template applied to `turns`, thinking disabled where the template supports it."""
+        """The chat template applied to `turns`, thinking disabled where the template supports
+        it. Raises TemplateRefused where the template rejects the turns themselves."""
         ...
 
     def encode(self, text: str) -> list[int]:

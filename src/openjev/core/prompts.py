@@ -18,10 +18,11 @@ from dataclasses import dataclass
 
 from openjev.core.labels import LabelSet, verify_labels, verify_words
 from openjev.core.plan import Branch, Plan
-from openjev.core.ports import ChatTokenizer
-from openjev.core.readouts import LettersReadout, Readout
+from openjev.core.ports import ChatTokenizer, TemplateRefused
+from openjev.core.readouts import LettersReadout, Reading, Readout
 from openjev.core.types import ChoiceQuestion, DecisionRequest, State, Turn
 from openjev.core.wording import ANSWER_CUE, LABEL_SEPARATOR, NO, YES, letters_text
+from openjev.errors import ModelUnsuitable
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +54,8 @@ class PromptCompiler:
         prefix, middle, tails = self._render_texts(_PROBE_STATE, [letters_text(_PROBE_QUESTION, (), ())])
         context = prefix + middle + tails[0]
         self.labels: LabelSet = verify_labels(tokenizer.encode, context, LABEL_SEPARATOR, max_labels)
-        self.yes_no: tuple[int, int] | None = verify_words(tokenizer.encode, context, LABEL_SEPARATOR, (YES, NO))
+        yes_no = verify_words(tokenizer.encode, context, LABEL_SEPARATOR, (YES, NO))
+        self.yes_no: tuple[int, int] | None = None if yes_no is None else (yes_no[0], yes_no[1])
         if self.yes_no is None:
             log.warning(
                 "%r and %r are not single tokens after the answer cue: the yesno readout is unavailable", YES, NO
@@ -67,7 +69,7 @@ class PromptCompiler:
         turns = list(state.turns)
         try:
             full = self._tok.render([*turns, Turn("user", _SENTINEL)], add_generation_prompt=True)
-        except Exception:
+        except TemplateRefused:
             # Templates that demand strict user/assistant alternation (Gemma's) refuse a
             # second user turn: the question then joins the last user turn.
             if not turns or turns[-1].role != "user":
@@ -76,7 +78,7 @@ class PromptCompiler:
             full = self._tok.render([*turns[:-1], folded], add_generation_prompt=True)
         at = full.find(_SENTINEL)
         if at < 0:
-            raise AssertionError("the chat template dropped the question turn")
+            raise ModelUnsuitable("the model's chat template dropped the question turn")
         head, tail = full[:at], full[at + len(_SENTINEL) :]
         state_only = self._tok.render(turns, add_generation_prompt=False) if turns else ""
         split = len(state_only) if head.startswith(state_only) else 0
@@ -87,7 +89,8 @@ class PromptCompiler:
         """The request's plan under `readout` (default: letters, one ordering)."""
         if readout is None:
             readout = LettersReadout(self.labels.texts, self.labels.ids)
-        readings, spans = [], []
+        readings: list[Reading] = []
+        spans: list[tuple[int, int]] = []
         for _, question in request.questions:
             own = readout.readings(question)
             spans.append((len(readings), len(own)))

@@ -220,7 +220,8 @@ class DecisionService:
     @staticmethod
     def _answer(question: Question, combined: Combined, fit: calib.TypeFit | None) -> Answer:
         probs = combined.probs if fit is None else calib.apply(fit, combined.probs)
-        assert all(math.isfinite(p) for p in probs)
+        if not all(math.isfinite(p) for p in probs):
+            raise EngineError("the engine's log-probabilities gave non-finite probabilities")
         mass, agreement = combined.label_mass, combined.order_agreement
         if isinstance(question, NoulQuestion):
             return NoulAnswer(p_true=probs[0], label_mass=mass, order_agreement=agreement)

@@ -51,7 +51,7 @@ def embedded_gguf() -> Path:
         ) from None
     for f in dist.files or ():
         if str(f).endswith(".gguf"):
-            return Path(dist.locate_file(f))
+            return Path(str(dist.locate_file(f)))
     raise ConfigError(f"{EMBEDDED_PACKAGE} carries no .gguf file")
 
 
@@ -129,7 +129,8 @@ def file_date(path: Path) -> str:
 
 def gguf_cache_folder(source: ModelSource, cache_dir: str) -> Path:
     """Cache folder for a GGUF's converted weights, keyed by path, size and mtime."""
-    assert source.gguf_file is not None
+    if source.gguf_file is None:
+        raise ValueError(f"{source.folder} is not a GGUF model")
     st = (source.folder / source.gguf_file).stat()
     key = hashlib.sha256(f"{(source.folder / source.gguf_file).resolve()}|{st.st_size}|{st.st_mtime_ns}".encode())
     return Path(cache_dir) / "gguf" / f"{_slug(Path(source.gguf_file).stem)}-{key.hexdigest()[:12]}"
@@ -149,7 +150,7 @@ def load_model_and_tokenizer(source: ModelSource, *, cache_dir: str, dtype, devi
             folder = _convert_gguf(source, cached)
     tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, local_files_only=True)
-    model.to(torch.device(device)).eval()
+    model.to(torch.device(device)).eval()  # type: ignore[arg-type]  # transformers' stub types .to() wrongly
     return model, tokenizer, from_cache
 
 
@@ -165,15 +166,16 @@ def _convert_gguf(source: ModelSource, target: Path) -> Path:
     tokenizer = AutoTokenizer.from_pretrained(source.folder, gguf_file=source.gguf_file, local_files_only=True)
     # The weights are plain float32 now; transformers refuses to save while it still
     # believes them GGUF-quantised.
-    model.hf_quantizer = None
+    model.hf_quantizer = None  # type: ignore[assignment]
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
+    gguf_file = source.gguf_file or ""
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=target.name + ".", dir=target.parent))
     try:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
-        (tmp / _COMPLETE).write_text(str(source.folder / source.gguf_file))
+        (tmp / _COMPLETE).write_text(str(source.folder / gguf_file))
         if target.exists():  # an incomplete earlier attempt
             shutil.rmtree(target)
         os.replace(tmp, target)

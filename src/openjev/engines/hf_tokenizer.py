@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import jinja2
+
+from openjev.core.ports import TemplateRefused
 from openjev.core.types import Turn
 from openjev.errors import ModelUnsuitable
 
@@ -23,9 +26,14 @@ class HFChatTokenizer:
         messages = [{"role": t.role, "content": t.content} for t in turns]
         # enable_thinking=False turns reasoning off in templates that support it (Qwen3 and
         # kin); templates that do not know the variable ignore it.
-        return self._tok.apply_chat_template(
-            messages, tokenize=False, add_generation_prompt=add_generation_prompt, enable_thinking=False
-        )
+        try:
+            return self._tok.apply_chat_template(
+                messages, tokenize=False, add_generation_prompt=add_generation_prompt, enable_thinking=False
+            )
+        except jinja2.TemplateSyntaxError:  # a broken template: the model's fault, not these turns'
+            raise
+        except jinja2.TemplateError as exc:  # the template's raise_exception(): it refuses these turns
+            raise TemplateRefused(str(exc)) from exc
 
     def encode(self, text: str) -> list[int]:
         if self._fast is not None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from transformers.cache_utils import Cache, DynamicLayer
@@ -33,7 +34,8 @@ class KVChain:
 
     def prefix(self, m: int) -> KVChain:
         """The chain of the first m positions (views, no copies)."""
-        assert 0 <= m <= self.length
+        if not 0 <= m <= self.length:
+            raise ValueError(f"prefix of {m} positions asked of a chain of {self.length}")
         if m == self.length:
             return self
         out, total = [], 0
@@ -85,14 +87,21 @@ class _RaggedLayer(DynamicLayer):
     def __init__(self, keys: torch.Tensor | None, values: torch.Tensor | None) -> None:
         super().__init__()
         self.past_keys, self.past_values = keys, values
-        self.new = None
+        self.new: tuple[torch.Tensor, torch.Tensor] | None = None
         self.is_initialized = True
 
-    def update(self, key_states, value_states, *args, **kwargs):
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         self.new = (key_states, value_states)
-        if self.past_keys is None:
+        if self.past_keys is None or self.past_values is None:
             return key_states, value_states
         return (torch.cat([self.past_keys, key_states], dim=-2), torch.cat([self.past_values, value_states], dim=-2))
+
+    def new_states(self) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.new is None:
+            raise RuntimeError("the model did not update this layer's cache")
+        return self.new
 
     def get_seq_length(self) -> int:
         return 0 if self.past_keys is None else self.past_keys.shape[-2]
@@ -161,12 +170,12 @@ def ragged_forward(
         position_ids=positions.to(device),
         attention_mask=attn_mask,
         use_cache=True,
-        **{cache_kw: Cache(layers=layers)},
+        **{cache_kw: Cache(layers=list[Any](layers))},
     )
     chunks = [
         tuple(
-            (layer.new[0][i : i + 1, :, : len(r.tokens)].clone(), layer.new[1][i : i + 1, :, : len(r.tokens)].clone())
-            for layer in layers
+            (k[i : i + 1, :, : len(r.tokens)].clone(), v[i : i + 1, :, : len(r.tokens)].clone())
+            for k, v in (layer.new_states() for layer in layers)
         )
         for i, r in enumerate(rows)
     ]

@@ -21,12 +21,13 @@ from __future__ import annotations
 import asyncio
 import collections
 import ctypes
+import enum
 import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from openjev.core.plan import Plan
 from openjev.core.ports import BranchResult, PlanResult
@@ -38,7 +39,7 @@ from openjev.errors import EngineError
 log = logging.getLogger(__name__)
 
 
-def _malloc_trim():
+def _malloc_trim() -> Callable[[int], int] | None:
     try:
         return ctypes.CDLL("libc.so.6").malloc_trim
     except (OSError, AttributeError):  # not glibc: nothing to do
@@ -63,7 +64,7 @@ class Runner(Protocol):
         ...
 
     def read(
-        self, hidden, picks: Sequence[tuple[int, int]], label_ids: Sequence[Sequence[int]]
+        self, hidden: Any, picks: Sequence[tuple[int, int]], label_ids: Sequence[Sequence[int]]
     ) -> list[tuple[float, ...]]:
         """Label log-probs at hidden[row, position] for each pick."""
         ...
@@ -87,17 +88,38 @@ class SchedulerLimits:
 FIRST_SLICE = 512
 MIN_SLICE = 512
 
+# Slices share a forward while the longest is at most RATIO x the shortest + SLACK tokens:
+# every row of a forward is padded to its longest, so unlike lengths waste compute.
+GROUP_LENGTH_RATIO = 2
+GROUP_LENGTH_SLACK = 8
+
+
+class JobState(enum.Enum):
+    QUEUED = "queued"  # submitted, not yet packed (in the inbox)
+    RUNNING = "running"  # packed and admitted: slices computed round by round
+    DONE = "done"  # every branch read; the result was delivered
+    FAILED = "failed"  # an error was delivered (engine failure, shutdown)
+    CANCELLED = "cancelled"  # the awaiting request went away; nothing is delivered
+
 
 @dataclass
 class Job:
+    """One request's plan on its way through the scheduler.
+
+    States move QUEUED -> RUNNING -> DONE | FAILED, or to CANCELLED from either of the first
+    two (set by the request's thread through `cancel`, seen by the worker at the next round).
+    Exactly one outcome is delivered for a job that ends DONE or FAILED, none for CANCELLED.
+    """
+
     plan: Plan
     deliver: Callable[[PlanResult | BaseException], None]
+    state: JobState = JobState.QUEUED
     cancelled: threading.Event = field(default_factory=threading.Event)
-    packed: PackedPlan | None = None
+    packed: PackedPlan | None = None  # set on admission (RUNNING)
     chain: KVChain = field(default_factory=KVChain)  # KV of packed tokens [0, cursor)
     cursor: int = 0
     next_read: int = 0
-    results: list = field(default_factory=list)
+    results: list[BranchResult | None] = field(default_factory=list)
     cached: int = 0
     computed: int = 0
     t_submit: float = field(default_factory=time.perf_counter)
@@ -105,12 +127,39 @@ class Job:
     t_root: float | None = None
 
     @property
-    def remaining(self) -> int:
-        return len(self.packed.tokens) - self.cursor
+    def packing(self) -> PackedPlan:
+        """The packed plan of an admitted job."""
+        if self.packed is None:
+            raise EngineError(f"the engine failed: a {self.state.value} job has no packed plan")
+        return self.packed
 
     @property
-    def done(self) -> bool:
-        return self.packed is not None and self.next_read == len(self.packed.reads)
+    def remaining(self) -> int:
+        return len(self.packing.tokens) - self.cursor
+
+    @property
+    def all_read(self) -> bool:
+        return self.next_read == len(self.packing.reads)
+
+    @property
+    def active(self) -> bool:
+        """Still wants rounds: admitted, not finished, failed or cancelled."""
+        if self.state is JobState.RUNNING and self.cancelled.is_set():
+            self.state = JobState.CANCELLED
+        return self.state is JobState.RUNNING
+
+    def cancel(self) -> None:
+        self.cancelled.set()  # an Event: set from the request's thread, read by the worker
+
+    def fail(self, error: BaseException) -> None:
+        if self.state in (JobState.QUEUED, JobState.RUNNING):
+            self.state = JobState.FAILED
+            self.deliver(error)
+
+    def succeed(self, result: PlanResult) -> None:
+        if self.state is JobState.RUNNING:
+            self.state = JobState.DONE
+            self.deliver(result)
 
 
 class Scheduler:
@@ -133,9 +182,9 @@ class Scheduler:
 
     async def run(self, plan: Plan) -> PlanResult:
         loop = asyncio.get_running_loop()
-        future: asyncio.Future = loop.create_future()
+        future: asyncio.Future[PlanResult] = loop.create_future()
 
-        def deliver(outcome) -> None:
+        def deliver(outcome: PlanResult | BaseException) -> None:
             def settle() -> None:
                 if future.done():
                     return
@@ -155,7 +204,7 @@ class Scheduler:
         try:
             return await future
         except asyncio.CancelledError:
-            job.cancelled.set()  # the worker drops its remaining work
+            job.cancel()  # the worker drops its remaining work
             raise
 
     def stop(self) -> None:
@@ -176,8 +225,7 @@ class Scheduler:
                     self._wake.wait()
                 if self._stopped:
                     for job in [*self._jobs, *self._inbox]:
-                        if not job.done:  # a finished job's loop may be gone already
-                            job.deliver(EngineError("the engine is shut down"))
+                        job.fail(EngineError("the engine is shut down"))  # a finished job is left alone
                     return
                 idle = not self._jobs
             if idle and self._limits.window_s > 0:
@@ -188,17 +236,21 @@ class Scheduler:
             try:
                 for job in arrivals:
                     self._admit(job)
-                self._jobs = [j for j in self._jobs if not j.cancelled.is_set() and not j.done]
+                self._jobs = [j for j in self._jobs if j.active]
                 if self._jobs:
                     self._round()
-            except Exception as exc:  # a bug here must fail requests, not hang them
+            except Exception as exc:
                 log.exception("scheduler failure")
                 for job in [*self._jobs, *arrivals]:
-                    job.deliver(EngineError(f"the engine failed: {exc}"))
+                    job.fail(EngineError(f"the engine failed: {exc}"))
                 self._jobs = []
 
     def _admit(self, job: Job) -> None:
+        if job.cancelled.is_set():
+            job.state = JobState.CANCELLED
+            return
         packed = job.packed = pack(job.plan)
+        job.state = JobState.RUNNING
         job.results = [None] * len(job.plan.branches)
         m, chain = self._cache.lookup(packed.tokens[: packed.root_len]) if packed.root_len else (0, None)
         m = min(m, packed.reads[0][1])  # a position that is read must be computed
@@ -240,7 +292,7 @@ class Scheduler:
             self._forward(group)
 
     def _row(self, job: Job, take: int) -> Row:
-        p, c = job.packed, job.cursor
+        p, c = job.packing, job.cursor
         return Row(
             past=job.chain,
             tokens=p.tokens[c : c + take],
@@ -256,7 +308,7 @@ class Scheduler:
             if groups:
                 group = groups[-1]
                 if (
-                    take <= 2 * group[0][1] + 8
+                    take <= GROUP_LENGTH_RATIO * group[0][1] + GROUP_LENGTH_SLACK
                     and padded_cost([g[2] for g in group] + [row]) <= self._limits.attention_budget
                 ):
                     group.append((job, take, row))
@@ -265,18 +317,17 @@ class Scheduler:
         return groups
 
     def _forward(self, group: list[tuple[Job, int, Row]]) -> None:
-        group = [g for g in group if not g[0].cancelled.is_set()]
+        group = [g for g in group if g[0].active]
         if not group:
             return
         t0 = time.perf_counter()
         try:
             hidden, chunks = self._runner.forward([row for _, _, row in group])
-        except Exception as exc:  # the engine's failure, reported to the requests it hits
+        except Exception as exc:
             log.exception("forward failed")
             error = exc if isinstance(exc, EngineError) else EngineError(f"the engine failed: {exc}")
             for job, _, _ in group:
-                job.deliver(error)
-                job.next_read = len(job.packed.reads)  # done: dropped next round
+                job.fail(error)  # FAILED: dropped next round
             return
         self.forwards += 1
         self._dirty = True
@@ -284,14 +335,16 @@ class Scheduler:
         self.computed_tokens += real
         per_token = (time.perf_counter() - t0) / real
         self._s_per_token = per_token if self._s_per_token is None else 0.7 * self._s_per_token + 0.3 * per_token
-        picks, labels, owners = [], [], []
+        picks: list[tuple[int, int]] = []
+        labels: list[tuple[int, ...]] = []
+        owners: list[tuple[Job, int]] = []
         now = time.perf_counter()
         for r, ((job, take, _), chunk) in enumerate(zip(group, chunks, strict=True)):
             start = job.cursor
             job.chain = job.chain.extend(chunk)
             job.cursor += take
             job.computed += take
-            p = job.packed
+            p = job.packing
             if start < p.root_len <= job.cursor:
                 job.t_root = now
                 self._cache.insert(p.tokens[: p.root_len], job.chain.prefix(p.root_len))
@@ -306,16 +359,20 @@ class Scheduler:
         for (job, branch), lp in zip(owners, self._runner.read(hidden, picks, labels), strict=True):
             job.results[branch] = BranchResult(lp)
         for job in {id(j): j for j, _ in owners}.values():
-            if job.done:
+            if job.all_read:
                 self._finish(job)
 
     def _finish(self, job: Job) -> None:
         now = time.perf_counter()
         start = job.t_start or now
         root = job.t_root or start
-        job.deliver(
+        branches = tuple(r for r in job.results if r is not None)
+        if len(branches) != len(job.results):
+            job.fail(EngineError("the engine failed: a branch was never read"))
+            return
+        job.succeed(
             PlanResult(
-                branches=tuple(job.results),
+                branches=branches,
                 computed_tokens=job.computed,
                 cached_tokens=job.cached,
                 timings_ms={

@@ -135,9 +135,9 @@ def calibrate(args: argparse.Namespace) -> int:
         model = httpx.get(url + "/v1/models", headers=headers, timeout=30).json()["models"][0]
         for config in configs:
             if config is None:  # the server's default readout
-                readout, _, rot = model["x_readout"].partition(";rotations=")
+                readout, _, rot = str(model["x_readout"]).partition(";rotations=")
                 config = RunConfig(readout=readout, rotations=int(rot) if rot else 1, calibrated=False, flips=False)
-            name = config.readout + (f":{config.rotations}" if config.readout == "letters" else "")
+            name = f"{config.readout}" + (f":{config.rotations}" if config.readout == "letters" else "")
             store = ResultStore(
                 base / name.replace(":", "-r"), run_meta(args.data, target, config), restart=args.restart
             )

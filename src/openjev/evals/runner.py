@@ -145,7 +145,7 @@ async def run_items(
             rec.update(status=0, error=error)
         else:
             rec["status"] = r.status_code
-            payload = r.json() if r.headers.get("content-type", "").startswith("application/json") else r.text
+            payload: Any = r.json() if r.headers.get("content-type", "").startswith("application/json") else r.text
             if r.status_code == 200:
                 rec.update(
                     answers=payload["answers"],
