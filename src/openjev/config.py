@@ -144,10 +144,6 @@ class Settings:
     # ---- derived
 
     @property
-    def auth_enabled(self) -> bool:
-        return bool(self.api_keys)
-
-    @property
     def max_queue_wait(self) -> float:
         return self.max_queue_wait_s or self.engine_timeout_s / 2
 
