@@ -180,7 +180,7 @@ class DecisionService:
             try:
                 combined = readout.combine(question, logprobs)
             except ValueError as e:
-                raise EngineError(f"unusable label log-probs from the engine: {e}") from None
+                raise EngineError("unusable label log-probs from the engine", detail=str(e)) from None
             fit = cal.fit_for(spec, question_type(question)) if cal is not None else None
             answers.append((qid, self._answer(question, combined, fit)))
         timings = {"prepare": (t1 - t0) * 1000, **result.timings_ms, "engine": (t2 - t1) * 1000}
