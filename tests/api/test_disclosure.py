@@ -66,3 +66,12 @@ async def test_a_batch_item_failure_keeps_its_detail_for_the_log():
         for rec in logs.json_lines()
         if rec["logger"] == "openjev.api.batch"
     )
+
+
+async def test_a_startup_error_that_reaches_a_request_says_internal_error():
+    from openjev.errors import ConfigError
+
+    r, logs = await _post_and_log(FakeEngine(fail=ConfigError("--model '/srv/models/secret-model': unreadable")))
+    assert r.status_code == 500 and r.json()["detail"]["message"] == "internal error"
+    assert not _leaks(r.text)
+    assert "/srv/models" in _access_line(logs, r)["error_detail"]

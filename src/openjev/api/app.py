@@ -169,6 +169,7 @@ def create_app(
 
     @app.exception_handler(OpenjevError)
     async def _openjev_error(request: Request, exc: OpenjevError) -> JSONResponse:
+        exc = disclosure.public(exc)
         disclosure.remember(request.scope, exc)  # the detail goes to the access log only
         return error_response(exc)
 

@@ -16,6 +16,15 @@ from openjev.errors import ConfigError, ModelUnsuitable, OpenjevError
 DETAIL_KEY = "error_detail"
 
 
+def public(exc: OpenjevError) -> OpenjevError:
+    """What a response may say about `exc`. Startup errors (ConfigError, ModelUnsuitable)
+    are written for operators, with paths and URLs, and are not meant to reach HTTP: if one
+    does, the client gets "internal error" and the log the whole message."""
+    if isinstance(exc, (ConfigError, ModelUnsuitable)):
+        return OpenjevError("internal error", detail=log_text(exc))
+    return exc
+
+
 def remember(scope: Scope, exc: OpenjevError) -> None:
     """Keep `exc`'s private detail for this request's log line (nothing if it has none)."""
     if exc.detail:

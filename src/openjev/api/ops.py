@@ -137,6 +137,7 @@ class OpsMiddleware:
             finally:
                 current_key.reset(token)
         except OpenjevError as exc:
+            exc = disclosure.public(exc)
             disclosure.remember(scope, exc)
             await error_response(exc, request_id_of(scope))(scope, receive, send_tracked)
         except Exception as exc:  # a bug: answer JSON, log without the message (it may quote input)
