@@ -316,3 +316,17 @@ async def test_an_unreachable_backend_is_named_only_in_the_detail():
     with pytest.raises(EngineUnavailable) as failed:
         await _run(engine, _plan())
     assert "10.9.8.7" not in failed.value.message and "10.9.8.7" in failed.value.detail
+
+
+async def test_auto_remembers_prefixes_per_namespace():
+    """`auto` skips staging for a prefix it sent lately, only in the same namespace (the
+    engine's cache has it only there)."""
+    fake = FakeSGLang()
+    engine = _engine(fake, strategy="auto")
+    try:
+        await engine.run(_in("salt-a", _plan()))
+        await engine.run(_in("salt-a", _plan()))
+        await engine.run(_in("salt-b", _plan()))
+    finally:
+        await engine.close()
+    assert engine.strategies_used == {"staged": 2, "all": 1}

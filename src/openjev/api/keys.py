@@ -119,6 +119,10 @@ def with_namespaces(entries: Iterable[KeyEntry]) -> tuple[KeyEntry, ...]:
     for e in entries:
         members.setdefault(namespace_id(e.name, e.cache_group), []).append(e.digest)
     salts = {ns: salt(ns, digests) for ns, digests in members.items()}
+    if entries:
+        log.info(
+            "%d API keys in %d prefix-cache namespaces (keys share one only by cache_group)", len(entries), len(salts)
+        )
     return tuple(dataclasses.replace(e, cache_namespace=salts[namespace_id(e.name, e.cache_group)]) for e in entries)
 
 
