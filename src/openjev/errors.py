@@ -100,8 +100,8 @@ class Overloaded(OpenjevError):
     error_type = "rate_limit_error"
     retryable = True
 
-    def __init__(self, message: str, *, retry_after_s: int) -> None:
-        super().__init__(message, headers={"Retry-After": str(max(1, int(retry_after_s)))})
+    def __init__(self, message: str, *, retry_after_s: int, detail: str | None = None) -> None:
+        super().__init__(message, headers={"Retry-After": str(max(1, int(retry_after_s)))}, detail=detail)
 
 
 class RateLimited(OpenjevError):

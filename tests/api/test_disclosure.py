@@ -75,3 +75,28 @@ async def test_a_startup_error_that_reaches_a_request_says_internal_error():
     assert r.status_code == 500 and r.json()["detail"]["message"] == "internal error"
     assert not _leaks(r.text)
     assert "/srv/models" in _access_line(logs, r)["error_detail"]
+
+
+async def test_a_full_server_does_not_tell_how_busy_the_others_keep_it():
+    import asyncio
+    import re
+
+    with Captured(JsonFormatter()) as logs:
+        async with running_app(FakeEngine(delay_s=0.3), max_in_flight=1) as (client, _):
+            first = asyncio.ensure_future(client.post("/v1/systemone", json=VALID))
+            await asyncio.sleep(0.1)
+            r = await client.post("/v1/systemone", json=VALID)
+            assert (await first).status_code == 200
+    assert r.status_code == 529 and r.headers["retry-after"]
+    assert not re.search(r"\d", r.json()["detail"]["message"])  # no counts, no limits
+    assert "1 evaluations in flight" in _access_line(logs, r)["error_detail"]
+
+
+async def test_a_corrupt_body_is_named_without_the_decoders_text():
+    async with running_app() as (client, _):
+        r = await client.post(
+            "/v1/systemone",
+            content=b"not gzip at all",
+            headers={"Content-Encoding": "gzip", "Content-Type": "application/json"},
+        )
+    assert r.status_code == 400 and r.json()["detail"]["message"] == "body is not valid gzip"

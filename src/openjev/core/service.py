@@ -142,9 +142,10 @@ class DecisionService:
         what the engine raises.
         """
         if self._in_flight >= self._limits.max_in_flight:
-            raise Overloaded(
-                f"{self._in_flight} evaluations in flight (limit {self._limits.max_in_flight}); retry later",
+            raise Overloaded(  # how busy others keep the server is theirs to know: numbers to the log
+                "the server is full; retry after Retry-After",
                 retry_after_s=self._limits.retry_after_s,
+                detail=f"{self._in_flight} evaluations in flight (limit {self._limits.max_in_flight})",
             )
         self._in_flight += 1
         try:

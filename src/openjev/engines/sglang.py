@@ -215,7 +215,8 @@ class SGLangEngine:
             except httpx.TransportError as e:
                 raise EngineUnavailable("cannot reach the engine", detail=f"{self.url}: {e!r}") from None
         if response.status_code in (429, 503):
-            retry = response.headers.get("retry-after")
+            retry = response.headers.get("retry-after", "").strip()
+            retry = retry if retry.isdigit() else ""  # a number of seconds, or nothing of the backend's
             raise EngineUnavailable(
                 f"the engine is busy ({response.status_code})", headers={"Retry-After": retry} if retry else None
             )
