@@ -129,6 +129,7 @@ class FakeSGLang:
         self.abort_when = abort_when  # predicate on input_ids -> finish_reason abort
         self.null_token = null_token  # a label id whose log-prob comes back as null (-inf)
         self.completed: list[tuple[int, ...]] = []
+        self.namespaces: list[str] = []  # of each completed sequence
         self.calls: list[dict] = []  # body, start, end
         self.aborted: list[str] = []
         self.in_flight = 0
@@ -139,9 +140,11 @@ class FakeSGLang:
 
         return httpx.MockTransport(self.handle)
 
-    def _cached(self, ids: tuple[int, ...]) -> int:
+    def _cached(self, ids: tuple[int, ...], namespace: str = "") -> int:
         best = 0
-        for seq in self.completed:
+        for seq, ns in zip(self.completed, self.namespaces, strict=True):
+            if ns != namespace:  # the server's cache namespace (extra_key / cache_salt)
+                continue
             n = 0
             while n < min(len(seq), len(ids)) and seq[n] == ids[n]:
                 n += 1
@@ -165,12 +168,13 @@ class FakeSGLang:
         self.in_flight += 1
         self.max_in_flight = max(self.max_in_flight, self.in_flight)
         try:
-            cached = self._cached(ids)
+            cached = self._cached(ids, body.get("extra_key") or "")
             if self.delay_s:
                 await asyncio.sleep(self.delay_s)
             if self.fail_status and (self.fail_when is None or self.fail_when(ids)):
                 return httpx.Response(self.fail_status, headers={"Retry-After": "7"}, text="busy")
             self.completed.append(ids)
+            self.namespaces.append(body.get("extra_key") or "")
         finally:
             self.in_flight -= 1
             record["end"] = asyncio.get_running_loop().time()
@@ -228,6 +232,7 @@ class FakeVLLM:
         self.max_model_len = max_model_len
         self.tokenize = tokenize  # text -> ids for /tokenize (None: 404)
         self.completed: list[tuple[int, ...]] = []
+        self.namespaces: list[str] = []  # of each completed sequence
         self.calls: list[dict] = []  # body, start, end
         self.aborted: list[str] = []
         self.in_flight = 0
@@ -243,9 +248,11 @@ class FakeVLLM:
 
         return httpx.MockTransport(lambda request: asyncio.run(self.handle(request)))
 
-    def _cached(self, ids: tuple[int, ...]) -> int:
+    def _cached(self, ids: tuple[int, ...], namespace: str = "") -> int:
         best = 0
-        for seq in self.completed:
+        for seq, ns in zip(self.completed, self.namespaces, strict=True):
+            if ns != namespace:  # the server's cache namespace (extra_key / cache_salt)
+                continue
             n = 0
             while n < min(len(seq), len(ids)) and seq[n] == ids[n]:
                 n += 1
@@ -298,12 +305,13 @@ class FakeVLLM:
         self.in_flight += 1
         self.max_in_flight = max(self.max_in_flight, self.in_flight)
         try:
-            cached = self._cached(ids)
+            cached = self._cached(ids, body.get("cache_salt") or "")
             if self.delay_s:
                 await asyncio.sleep(self.delay_s)
             if self.fail_status and (self.fail_when is None or self.fail_when(ids)):
                 return httpx.Response(self.fail_status, headers={"Retry-After": "7"}, text="busy")
             self.completed.append(ids)
+            self.namespaces.append(body.get("cache_salt") or "")
         finally:
             self.in_flight -= 1
             record["end"] = asyncio.get_running_loop().time()

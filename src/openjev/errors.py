@@ -14,16 +14,26 @@ class OpenjevError(Exception):
 
     `status` is the HTTP status the API answers with, `error_type` the wire
     `detail.error_type`, `retryable` whether the same request may succeed later.
+
+    `message` is public: it reaches the client, so it says what kind of failure this is
+    and never quotes a foreign exception, a backend's reply, a URL or a path. `detail` is
+    private: whatever explains the failure to an operator (that text, the URL); only the
+    log line with the request's id sees it.
     """
 
     status: int = 500
     error_type: str = "unknown"
     retryable: bool = False
 
-    def __init__(self, message: str, *, headers: dict[str, str] | None = None) -> None:
+    def __init__(self, message: str, *, headers: dict[str, str] | None = None, detail: str | None = None) -> None:
         super().__init__(message)
         self.message = message
+        self.detail = detail
         self.headers = dict(headers or {})
+
+    def __str__(self) -> str:
+        # Logs and tracebacks show both; responses use `message` alone.
+        return self.message if not self.detail else f"{self.message} ({self.detail})"
 
 
 # ---- the caller's fault (4xx): never retried by SDKs
@@ -90,8 +100,8 @@ class Overloaded(OpenjevError):
     error_type = "rate_limit_error"
     retryable = True
 
-    def __init__(self, message: str, *, retry_after_s: int) -> None:
-        super().__init__(message, headers={"Retry-After": str(max(1, int(retry_after_s)))})
+    def __init__(self, message: str, *, retry_after_s: int, detail: str | None = None) -> None:
+        super().__init__(message, headers={"Retry-After": str(max(1, int(retry_after_s)))}, detail=detail)
 
 
 class RateLimited(OpenjevError):

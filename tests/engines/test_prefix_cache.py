@@ -54,3 +54,26 @@ def test_bytes_are_bounded_lru_and_supersession():
     assert cache.nbytes == 100
     assert not cache.insert((9,) * 11, FakeKV(11))  # larger than the bound
     assert not PrefixCache(0).insert((1,), FakeKV(1))
+
+
+def test_namespaces_never_hit_each_other():
+    cache = PrefixCache(10_000)
+    cache.insert((1, 2, 3, 4), FakeKV(4), "tenant-a")
+    assert cache.lookup((1, 2, 3, 4, 5), "tenant-b") == (0, None)
+    assert cache.lookup((1, 2, 3, 4, 5)) == (0, None)  # nor the keyless namespace
+    assert cache.lookup((1, 2, 3, 4, 5), "tenant-a") == (4, FakeKV(4))
+    # a longer sequence in another namespace is its own entry, it supersedes nothing
+    cache.insert((1, 2, 3, 4, 5, 6), FakeKV(6), "tenant-b")
+    assert len(cache) == 2 and cache.nbytes == 100
+    assert cache.lookup((1, 2, 3, 4), "tenant-a") == (4, FakeKV(4))
+    assert cache.lookup((1, 2, 3, 4, 5, 6), "tenant-b") == (6, FakeKV(6))
+
+
+def test_one_byte_bound_over_all_namespaces():
+    cache = PrefixCache(100)
+    cache.insert((1, 2, 3, 4, 5), FakeKV(5), "a")
+    cache.insert((1, 2, 3, 4, 5), FakeKV(5), "b")  # the same state twice: twice the bytes
+    assert cache.nbytes == 100 and len(cache) == 2
+    cache.insert((9, 9, 9), FakeKV(3), "c")
+    assert cache.lookup((1, 2, 3, 4, 5), "a") == (0, None)  # the least recently used went
+    assert cache.lookup((1, 2, 3, 4, 5), "b")[0] == 5

@@ -186,3 +186,42 @@ def test_stopping_fails_waiting_requests_and_refuses_new_ones():
             await scheduler.run(_plan(3))
 
     asyncio.run(go())
+
+
+def test_the_prefix_cache_is_per_namespace():
+    """A plan finds in the cache only what plans of its own namespace computed."""
+    scheduler = Scheduler(
+        FakeRunner(0.0),
+        PrefixCache(1 << 30),
+        SchedulerLimits(batch_tokens=2048, attention_budget=1 << 30, window_s=0, slice_s=0.5),
+    )
+    state = tuple(range(1, 201))
+    branches = [Branch((*state, 500 + i, 600 + i), (1, 2)) for i in range(2)]
+
+    def run(namespace: str):
+        return asyncio.run(scheduler.run(Plan.from_branches(branches, cache_namespace=namespace)))
+
+    try:
+        first_a, first_b, again_a, again_b = run("a"), run("b"), run("a"), run("b")
+        keyless = run("")
+    finally:
+        scheduler.stop()
+    assert (first_a.cached_tokens, first_a.computed_tokens) == (0, 204)
+    assert (first_b.cached_tokens, first_b.computed_tokens) == (0, 204)  # a's state is not b's
+    assert again_a.cached_tokens == 200 and again_b.cached_tokens == 200
+    assert keyless.cached_tokens == 0
+
+
+def test_a_failing_forward_tells_the_client_only_that_the_engine_failed():
+    class Broken(FakeRunner):
+        def forward(self, rows):
+            raise RuntimeError("CUDA error at /opt/models/secret-model/weights.bin")
+
+    scheduler = _scheduler(Broken(0.0))
+    try:
+        with pytest.raises(EngineError) as failed:
+            asyncio.run(scheduler.run(_plan(10)))
+    finally:
+        scheduler.stop()
+    assert failed.value.message == "the engine failed"
+    assert "/opt/models" in failed.value.detail

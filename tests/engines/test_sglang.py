@@ -66,10 +66,10 @@ def test_null_is_minus_infinity_and_cached_tokens_may_be_absent():
     "body,why",
     [
         ({"text": "x"}, "no meta_info"),
-        (_reply([[-1.0, 10, None], [-2.0, 11, None]]), "lacks log-probs"),
+        (_reply([[-1.0, 10, None], [-2.0, 11, None]]), "no log-probs for label tokens"),
         (_reply([[None, 10, None], [None, 11, None], [None, 12, None]]), "probability zero"),
         (_reply([[float("nan"), 10, None], [-1.0, 11, None], [-1.0, 12, None]]), "non-finite"),
-        (_reply([[-1.0, 10, None], [-1.0, 11, None], [-1.0, 12, None]], completion_tokens=2), "exactly 1"),
+        (_reply([[-1.0, 10, None], [-1.0, 11, None], [-1.0, 12, None]], completion_tokens=2), "expected 1"),
         ({"meta_info": {"finish_reason": {"type": "abort", "message": "oom"}}}, "aborted"),
         ({"meta_info": {"output_token_ids_logprobs": []}}, "no output_token_ids_logprobs"),
     ],
@@ -267,3 +267,66 @@ def test_tokenizer_mismatch_is_refused():
 
     with pytest.raises(ModelUnsuitable, match="differs from ours"):
         verify_tokenizer("http://s", CharTokenizer(), client=_probe_server(1))
+
+
+# ---- cache namespaces and what a failure discloses
+
+
+def _in(namespace: str, plan: Plan) -> Plan:
+    return Plan.from_branches(plan.branches, cache_namespace=namespace)
+
+
+async def test_the_namespace_goes_to_the_radix_cache_as_extra_key():
+    fake = FakeSGLang()
+    engine = _engine(fake, strategy="warmup")
+    try:
+        a = await engine.run(_in("salt-a", _plan()))
+        b = await engine.run(_in("salt-b", _plan()))
+        a_again = await engine.run(_in("salt-a", _plan()))
+        keyless = await engine.run(_plan())
+    finally:
+        await engine.close()
+    bodies = [c["body"] for c in fake.calls]
+    n = len(bodies) // 4
+    assert {body["extra_key"] for body in bodies[:n]} == {"salt-a"}
+    assert {body["extra_key"] for body in bodies[n : 2 * n]} == {"salt-b"}
+    assert all("extra_key" not in body for body in bodies[3 * n :])  # no keys: the body as before
+    assert b.cached_tokens == a.cached_tokens  # b finds nothing of a's state
+    assert a_again.cached_tokens > a.cached_tokens and keyless.cached_tokens == a.cached_tokens
+
+
+async def test_a_backend_error_reply_and_url_stay_out_of_the_public_message():
+    def handler(request):
+        if request.url.path == "/generate":
+            return httpx.Response(500, text="Traceback: /srv/models/secret/config.json KeyError token=hunter2")
+        return httpx.Response(200)
+
+    engine = SGLangEngine("http://10.9.8.7:30000", transport=httpx.MockTransport(handler))
+    with pytest.raises(EngineError) as failed:
+        await _run(engine, _plan())
+    assert failed.value.message == "the engine answered 500"
+    assert "hunter2" in failed.value.detail and "10.9.8.7" in failed.value.detail
+
+
+async def test_an_unreachable_backend_is_named_only_in_the_detail():
+    def handler(request):
+        raise httpx.ConnectError("connection refused by 10.9.8.7")
+
+    engine = SGLangEngine("http://10.9.8.7:30000", transport=httpx.MockTransport(handler))
+    with pytest.raises(EngineUnavailable) as failed:
+        await _run(engine, _plan())
+    assert "10.9.8.7" not in failed.value.message and "10.9.8.7" in failed.value.detail
+
+
+async def test_auto_remembers_prefixes_per_namespace():
+    """`auto` skips staging for a prefix it sent lately, only in the same namespace (the
+    engine's cache has it only there)."""
+    fake = FakeSGLang()
+    engine = _engine(fake, strategy="auto")
+    try:
+        await engine.run(_in("salt-a", _plan()))
+        await engine.run(_in("salt-a", _plan()))
+        await engine.run(_in("salt-b", _plan()))
+    finally:
+        await engine.close()
+    assert engine.strategies_used == {"staged": 2, "all": 1}

@@ -83,11 +83,11 @@ def test_clamped_minus_9999_is_minus_infinity_and_cached_tokens_may_be_absent():
     "body,why",
     [
         ({"error": {"message": "x"}}, "no single choice"),
-        (_reply([_e(10, -1.0), _e(11, -2.0)]), "lacks log-probs"),
+        (_reply([_e(10, -1.0), _e(11, -2.0)]), "no log-probs for label tokens"),
         (_reply([_e(10, -9999.0), _e(11, -9999.0), _e(12, -9999.0)]), "probability zero"),
         (_reply([_e(10, float("nan")), _e(11, -1.0), _e(12, -1.0)]), "invalid"),
         (_reply([_e(10, 0.5), _e(11, -1.0), _e(12, -1.0)]), "invalid"),  # a log-prob above 0
-        (_reply([_e(10, -1.0), _e(11, -1.0), _e(12, -1.0)], token_ids=[10, 11]), "exactly 1"),
+        (_reply([_e(10, -1.0), _e(11, -1.0), _e(12, -1.0)], token_ids=[10, 11]), "expected 1"),
         (_reply([_e(10, -1.0), _e(11, -1.0), _e(12, -1.0)], finish_reason="abort"), "aborted"),
         (_reply([_e(10, -1.0)], logprobs=None), "no logprobs"),
     ],
@@ -305,3 +305,22 @@ def test_preflight_refuses_settings_that_cannot_work(flags, why, tmp_path, monke
     argv = ["serve", "--engine", "vllm", *(f.replace("{tmp}", str(tmp_path)) for f in flags)]
     with pytest.raises(ConfigError, match=why):
         preflight(_settings(build_parser().parse_args(argv)))
+
+
+# ---- cache namespaces
+
+
+async def test_the_namespace_goes_to_the_prefix_cache_as_cache_salt():
+    fake = FakeVLLM()
+    engine = _engine(fake)
+    try:
+        a = await engine.run(Plan.from_branches(_plan().branches, cache_namespace="salt-a"))
+        b = await engine.run(Plan.from_branches(_plan().branches, cache_namespace="salt-b"))
+        a_again = await engine.run(Plan.from_branches(_plan().branches, cache_namespace="salt-a"))
+        keyless = await engine.run(_plan())
+    finally:
+        await engine.close()
+    bodies = [c["body"] for c in fake.calls]
+    assert [body.get("cache_salt") for body in bodies] == ["salt-a"] * 4 + ["salt-b"] * 4 + ["salt-a"] * 4 + [None] * 4
+    assert b.cached_tokens == a.cached_tokens  # b finds nothing of a's state
+    assert a_again.cached_tokens > a.cached_tokens and keyless.cached_tokens == a.cached_tokens

@@ -105,10 +105,10 @@ class GatedEngine:
         # request's size must not refuse it forever.
         if self.max_tokens and self.in_flight_tokens and self.in_flight_tokens + n > self.max_tokens:
             excess = self.in_flight_tokens + n - self.max_tokens
-            raise Overloaded(
-                f"{self.in_flight_tokens} tokens in flight, this request needs {n} "
-                f"(limit {self.max_tokens}); retry later",
+            raise Overloaded(  # other keys' load is not this caller's to see: numbers to the log
+                "too many tokens in flight; retry after Retry-After",
                 retry_after_s=self.retry_after(excess),
+                detail=f"{self.in_flight_tokens} tokens in flight, this request needs {n} (limit {self.max_tokens})",
             )
         # What is admitted must finish before its deadline: refuse (529, retryable) what the
         # engine, at its measured rate, could not reach within max_wait_s, rather than
@@ -117,9 +117,9 @@ class GatedEngine:
         if rate and self.max_wait_s and self.in_flight_tokens and (self.in_flight_tokens + n) / rate > self.max_wait_s:
             excess = self.in_flight_tokens + n - int(rate * self.max_wait_s)
             raise Overloaded(
-                f"{self.in_flight_tokens} tokens in flight would take "
-                f"{self.in_flight_tokens / rate:.0f} s to serve; retry later",
+                "the queue is too long to serve this in time; retry after Retry-After",
                 retry_after_s=self.retry_after(excess),
+                detail=f"{self.in_flight_tokens} tokens in flight would take {self.in_flight_tokens / rate:.0f} s",
             )
         entry = current_key.get()
         if entry is not None:  # after the server-wide check: a 529 costs the key nothing

@@ -19,7 +19,7 @@ from fastapi_offline import FastAPIOffline
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from openjev import __version__, calibrations
-from openjev.api import batch, convert, playground, schemas
+from openjev.api import batch, convert, disclosure, playground, schemas, tenancy
 from openjev.api.auth import require_key
 from openjev.api.middleware import REQUEST_ID_HEADER, BodyMiddleware, RequestIdMiddleware, error_response, request_id_of
 from openjev.api.ops import Operations, OpsMiddleware
@@ -74,7 +74,7 @@ class Runtime:
         if self.service is not None and self.loaded is not None:
             return self.service, self.loaded.card
         if self.error is not None:
-            raise EngineUnavailable(f"the engine is unavailable: {self.error}")
+            raise EngineUnavailable(disclosure.load_failure(self.error), detail=disclosure.log_text(self.error))
         raise NotReady("the model is still loading")
 
 
@@ -135,7 +135,7 @@ def create_app(
                 loaded.supervise(lambda exc: _fatal(exc))
             log.info("serving %s", loaded.card.name)
         except Exception as exc:  # noqa: BLE001 - reported, not swallowed: /health shows it, on_fatal exits
-            log.error("model failed to load: %s", exc)
+            log.error("model failed to load: %s", disclosure.log_text(exc))
             _fatal(exc)
 
     def _fatal(exc: BaseException) -> None:
@@ -169,6 +169,8 @@ def create_app(
 
     @app.exception_handler(OpenjevError)
     async def _openjev_error(request: Request, exc: OpenjevError) -> JSONResponse:
+        exc = disclosure.public(exc)
+        disclosure.remember(request.scope, exc)  # the detail goes to the access log only
         return error_response(exc)
 
     @app.exception_handler(StarletteHTTPException)
@@ -202,7 +204,7 @@ def create_app(
                     }
                 ]
             )
-        decision = convert.request_of(body)
+        decision = tenancy.scoped(convert.request_of(body))
         spec, calibrate = decide_options(request.headers, settings)
         service, card = runtime.ready()
         model = convert.resolve_model(body.model, card.name)
@@ -267,7 +269,7 @@ def create_app(
                 }
             )
         if runtime.error is not None:
-            return JSONResponse({"status": "failed", "error": str(runtime.error)}, status_code=503)
+            return JSONResponse({"status": "failed", "error": disclosure.load_failure(runtime.error)}, status_code=503)
         return JSONResponse({"status": "loading"}, status_code=503)
 
     @app.get("/health/live", summary="200 while the process serves HTTP")

@@ -28,8 +28,9 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from openjev.api import convert, schemas
+from openjev.api import convert, schemas, tenancy
 from openjev.api.auth import require_key
+from openjev.api.middleware import request_id_of
 from openjev.api.overrides import decide_options
 from openjev.config import Settings
 from openjev.core.prompts import CompiledRequest
@@ -83,6 +84,7 @@ class _Item:
     calibrate: bool = True
     prepare_ms: float = 0.0
     line: dict[str, Any] | None = None  # set once the item is answered or failed
+    request_id: str | None = None  # the batch's, for the log line of an item's failure
 
     def prepared(self) -> tuple[DecisionRequest, str]:
         """The validated request and the model that answers it (items without a line have both)."""
@@ -96,8 +98,17 @@ class _Item:
         return self.line
 
 
-def _error_line(index: int, exc: OpenjevError) -> dict[str, Any]:
-    return {"index": index, "status": exc.status, "error": {"error_type": exc.error_type, "message": exc.message}}
+def _error_line(item: _Item, exc: OpenjevError) -> dict[str, Any]:
+    """The item's public error; its private detail (api/disclosure.py) goes to the log only."""
+    if exc.detail:
+        log.warning(
+            "batch item %d failed: %s", item.index, exc.detail, extra={"fields": {"request_id": item.request_id}}
+        )
+    return {
+        "index": item.index,
+        "status": exc.status,
+        "error": {"error_type": exc.error_type, "message": exc.message},
+    }
 
 
 def _validation_message(e: ValidationError) -> str:
@@ -145,7 +156,10 @@ def install(
         service, card = ready()
         t0 = time.perf_counter()
         items = await asyncio.gather(
-            *(_prepare(i, item, service, card.name, spec, calibrate) for i, item in enumerate(raw))
+            *(
+                _prepare(i, item, service, card.name, spec, calibrate, request_id_of(request.scope))
+                for i, item in enumerate(raw)
+            )
         )
         total = sum(it.compiled.plan.unique_tokens for it in items if it.compiled is not None)
         if total > settings.max_batch_tokens:
@@ -161,9 +175,15 @@ def install(
         return StreamingResponse(_ndjson(items, service, slots, t0), media_type=NDJSON)
 
     async def _prepare(
-        index: int, raw: Any, service: DecisionService, served: str, spec: ReadoutSpec, calibrate: bool
+        index: int,
+        raw: Any,
+        service: DecisionService,
+        served: str,
+        spec: ReadoutSpec,
+        calibrate: bool,
+        request_id: str | None,
     ) -> _Item:
-        item = _Item(index, readout=spec, calibrate=calibrate)
+        item = _Item(index, readout=spec, calibrate=calibrate, request_id=request_id)
         t0 = time.perf_counter()
         try:
             try:
@@ -174,11 +194,11 @@ def install(
                 raise _ItemInvalid(
                     f"at most {settings.max_questions} questions per request, got {len(parsed.questions)}"
                 )
-            item.request = convert.request_of(parsed)
+            item.request = tenancy.scoped(convert.request_of(parsed))  # the key's cache namespace
             item.model = convert.resolve_model(parsed.model, served)
             item.compiled = await service.prepare(item.request, spec)
         except OpenjevError as exc:
-            item.line = _error_line(index, exc)
+            item.line = _error_line(item, exc)
         item.prepare_ms = (time.perf_counter() - t0) * 1000
         return item
 
@@ -213,7 +233,7 @@ async def _run(items: list[_Item], service: DecisionService, slots: int) -> Asyn
                     "x_timings_ms": {k: round(v, 1) for k, v in timings.items()},
                 }
             except OpenjevError as exc:
-                item.line = _error_line(item.index, exc)
+                item.line = _error_line(item, exc)
             except Exception:  # an item's bug is that item's 500, not the batch's
                 log.exception("batch item %d failed", item.index)
                 item.line = {

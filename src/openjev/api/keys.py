@@ -6,6 +6,12 @@ Keys come from `--api-key` (named key1, key2, ... in the order given) and from
     # comment; also after a space at the end of a line
     alice:s3cret-key-of-alice
     bob:sha256:<64 hex digits of sha256(key)>   requests_per_min=120 tokens_per_min=500000
+    carol:another-key cache_group=team-a
+    dave:yet-another-key cache_group=team-a
+
+Each key has its own namespace in the engine's prefix cache: a state one key sent is
+never reported as cached to another (api/tenancy.py). Keys that name the same
+`cache_group` opt in to share one namespace (one team's keys, a service's replicas).
 
 Only names ever reach logs and metric labels. A key is matched by comparing SHA-256
 digests with hmac.compare_digest against every entry (no early exit), so neither the time
@@ -15,6 +21,7 @@ SIGHUP; a file that does not parse keeps the previous keys (and says why in the 
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import hmac
 import logging
@@ -32,6 +39,7 @@ log = logging.getLogger(__name__)
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 _HEX = re.compile(r"^[0-9a-fA-F]{64}$")
 _LIMITS = ("requests_per_min", "tokens_per_min")
+_OPTIONS = "requests_per_min=N, tokens_per_min=N or cache_group=NAME"
 
 
 @dataclass(frozen=True)
@@ -40,6 +48,8 @@ class KeyEntry:
     digest: bytes  # sha256 of the key
     requests_per_min: int | None = None  # None: the server default (--key-requests-per-min)
     tokens_per_min: int | None = None
+    cache_group: str | None = None  # keys of one group share a prefix-cache namespace
+    cache_namespace: str = ""  # the namespace's salt (api/tenancy.py), set by the KeyRing
 
 
 def digest_of(key: str) -> bytes:
@@ -71,19 +81,49 @@ def parse_keys_file(text: str, source: str = "keys file") -> list[KeyEntry]:
         else:
             digest = digest_of(secret)
         limits: dict[str, int] = {}
+        group: str | None = None
         for option in options:
             k, _, v = option.partition("=")
+            if k == "cache_group":
+                if not _NAME.match(v):
+                    raise ConfigError(f"{where}: cache_group must be 1-64 of A-Z a-z 0-9 _ . -")
+                group = v
+                continue
             if k not in _LIMITS or not v.isdigit():
-                raise ConfigError(f"{where}: unknown option {k!r} (expected requests_per_min=N or tokens_per_min=N)")
+                raise ConfigError(f"{where}: unknown option {k!r} (expected {_OPTIONS})")
             limits[k] = int(v)
         if any(e.name == name for e in entries):
             raise ConfigError(f"{where}: key name {name!r} appears twice")
-        entries.append(KeyEntry(name, digest, **limits))
+        entries.append(
+            KeyEntry(
+                name,
+                digest,
+                requests_per_min=limits.get("requests_per_min"),
+                tokens_per_min=limits.get("tokens_per_min"),
+                cache_group=group,
+            )
+        )
     return entries
 
 
 def flag_entries(keys: Iterable[str]) -> list[KeyEntry]:
     return [KeyEntry(f"key{i}", digest_of(k)) for i, k in enumerate(keys, 1)]
+
+
+def with_namespaces(entries: Iterable[KeyEntry]) -> tuple[KeyEntry, ...]:
+    """`entries` with their cache namespaces: each key its own, a cache_group's keys one."""
+    from openjev.api.tenancy import namespace_id, salt
+
+    entries = tuple(entries)
+    members: dict[str, list[bytes]] = {}
+    for e in entries:
+        members.setdefault(namespace_id(e.name, e.cache_group), []).append(e.digest)
+    salts = {ns: salt(ns, digests) for ns, digests in members.items()}
+    if entries:
+        log.info(
+            "%d API keys in %d prefix-cache namespaces (keys share one only by cache_group)", len(entries), len(salts)
+        )
+    return tuple(dataclasses.replace(e, cache_namespace=salts[namespace_id(e.name, e.cache_group)]) for e in entries)
 
 
 class KeyRing:
@@ -92,7 +132,7 @@ class KeyRing:
     def __init__(self, flag_keys: Iterable[str] = (), path: str | None = None) -> None:
         self._flag_entries = flag_entries(flag_keys)
         self._path = path
-        self._entries: tuple[KeyEntry, ...] = tuple(self._flag_entries)
+        self._entries: tuple[KeyEntry, ...] = with_namespaces(self._flag_entries)
         if path is not None:
             self._entries = self._load()  # a broken file at startup is a ConfigError: exit 2
 
@@ -116,7 +156,7 @@ class KeyRing:
         clash = [e.name for e in self._flag_entries if e.name in names]
         if clash:
             raise ConfigError(f"{self._path}: names {clash} are taken by --api-key keys")
-        return tuple(self._flag_entries + from_file)
+        return with_namespaces(self._flag_entries + from_file)
 
     def reload(self) -> bool:
         """Re-read the file (SIGHUP). Keeps the old keys if it does not parse; True if swapped."""

@@ -12,6 +12,7 @@ from starlette.datastructures import Headers, MutableHeaders
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from openjev.api import disclosure
 from openjev.errors import MalformedBody, OpenjevError, PayloadTooLarge, UnsupportedEncoding
 
 REQUEST_ID_HEADER = "x-typesafe-request-id"
@@ -71,6 +72,7 @@ class BodyMiddleware:
             body, encoding = await self._read(scope, receive)
             body = self._decode(body, encoding)
         except OpenjevError as exc:
+            disclosure.remember(scope, exc)  # the decoder's text goes to the access log only
             await error_response(exc, request_id_of(scope))(scope, receive, send)
             return
         headers = [
@@ -122,7 +124,7 @@ class BodyMiddleware:
             try:
                 out = d.decompress(body, limit + 1)
             except zlib.error as e:
-                raise MalformedBody(f"body is not valid gzip: {e}") from None
+                raise MalformedBody("body is not valid gzip", detail=str(e)) from None
             if len(out) > limit:
                 raise too_large
             if not d.eof:
@@ -131,7 +133,7 @@ class BodyMiddleware:
         try:
             out = zstandard.ZstdDecompressor().stream_reader(io.BytesIO(body)).read(limit + 1)
         except zstandard.ZstdError as e:
-            raise MalformedBody(f"body is not valid zstd: {e}") from None
+            raise MalformedBody("body is not valid zstd", detail=str(e)) from None
         if len(out) > limit:
             raise too_large
         return out

@@ -24,6 +24,7 @@ from starlette.datastructures import Headers
 from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from openjev.api import disclosure
 from openjev.api.admission import GatedEngine, current_key, stats_of
 from openjev.api.keys import KeyEntry, KeyLimits, KeyRing
 from openjev.api.logs import ACCESS
@@ -136,6 +137,8 @@ class OpsMiddleware:
             finally:
                 current_key.reset(token)
         except OpenjevError as exc:
+            exc = disclosure.public(exc)
+            disclosure.remember(scope, exc)
             await error_response(exc, request_id_of(scope))(scope, receive, send_tracked)
         except Exception as exc:  # a bug: answer JSON, log without the message (it may quote input)
             log.error(
@@ -250,6 +253,9 @@ class OpsMiddleware:
             level = logging.DEBUG  # probes every few seconds would drown the requests
         else:
             level = logging.WARNING if status >= 500 and status != 503 else logging.INFO
+        detail = disclosure.detail_of(scope)
+        if detail:
+            fields["error_detail"] = detail  # what the client was not told (errors.py)
         if self.bodies and status >= 400 and sent["error_body"]:
             fields["response_body"] = b"".join(sent["error_body"])[:4096].decode("utf-8", "replace")
         access_log.log(level, "request", extra={"fields": fields})

@@ -80,15 +80,22 @@ def _build(branches: Sequence[Branch], indices: list[int], start: int) -> TrieNo
 
 @dataclass(frozen=True)
 class Plan:
+    """`cache_namespace`: an engine may serve this plan's tokens from a cache only where
+    they were computed for a plan of the same namespace (tenants do not see each other's
+    states through cache hits). "" is the namespace of a server without keys."""
+
     branches: tuple[Branch, ...]
     root: TrieNode
+    cache_namespace: str = ""
 
     @classmethod
-    def from_branches(cls, branches: Sequence[Branch]) -> Plan:
+    def from_branches(cls, branches: Sequence[Branch], *, cache_namespace: str = "") -> Plan:
         if not branches:
             raise ValueError("a plan has at least one branch")
         branches = tuple(branches)
-        return cls(branches=branches, root=_build(branches, list(range(len(branches))), 0))
+        return cls(
+            branches=branches, root=_build(branches, list(range(len(branches))), 0), cache_namespace=cache_namespace
+        )
 
     @property
     def shared_prefix_len(self) -> int:

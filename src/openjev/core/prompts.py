@@ -108,4 +108,5 @@ class PromptCompiler:
                 ids = [self._tok.encode(prefix + middle + t) for t in tails]
                 break
         branches = [Branch(tuple(b), r.label_ids) for b, r in zip(ids, readings, strict=True)]
-        return CompiledRequest(plan=Plan.from_branches(branches), spans=tuple(spans))
+        plan = Plan.from_branches(branches, cache_namespace=request.cache_namespace)
+        return CompiledRequest(plan=plan, spans=tuple(spans))

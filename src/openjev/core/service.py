@@ -142,9 +142,10 @@ class DecisionService:
         what the engine raises.
         """
         if self._in_flight >= self._limits.max_in_flight:
-            raise Overloaded(
-                f"{self._in_flight} evaluations in flight (limit {self._limits.max_in_flight}); retry later",
+            raise Overloaded(  # how busy others keep the server is theirs to know: numbers to the log
+                "the server is full; retry after Retry-After",
                 retry_after_s=self._limits.retry_after_s,
+                detail=f"{self._in_flight} evaluations in flight (limit {self._limits.max_in_flight})",
             )
         self._in_flight += 1
         try:
@@ -180,7 +181,7 @@ class DecisionService:
             try:
                 combined = readout.combine(question, logprobs)
             except ValueError as e:
-                raise EngineError(f"unusable label log-probs from the engine: {e}") from None
+                raise EngineError("unusable label log-probs from the engine", detail=str(e)) from None
             fit = cal.fit_for(spec, question_type(question)) if cal is not None else None
             answers.append((qid, self._answer(question, combined, fit)))
         timings = {"prepare": (t1 - t0) * 1000, **result.timings_ms, "engine": (t2 - t1) * 1000}

@@ -58,10 +58,15 @@ Question = NoulQuestion | ChoiceQuestion | ScoreQuestion
 
 @dataclass(frozen=True)
 class DecisionRequest:
-    """Questions keep the caller's order and ids; ids never reach the model."""
+    """Questions keep the caller's order and ids; ids never reach the model.
+
+    `cache_namespace`: whose cache this request may read and fill ("" is the one shared
+    namespace of a server without keys); the API edge sets it from the caller's key.
+    """
 
     state: State
     questions: tuple[tuple[str, Question], ...]
+    cache_namespace: str = ""
 
 
 # ---- answers

@@ -54,7 +54,7 @@ class TorchRunner:
                     self._base, rows, cache_kw=self._cache_kw, pad_id=self._pad_id, bool_mask=self._bool_mask
                 )
         except torch.OutOfMemoryError as e:
-            raise EngineError(f"the engine ran out of memory: {e}") from None
+            raise EngineError("the engine ran out of memory; retry later", detail=str(e)) from None
 
     def read(
         self, hidden: torch.Tensor, picks: Sequence[tuple[int, int]], label_ids: Sequence[Sequence[int]]

@@ -1,5 +1,9 @@
 """A byte-bounded LRU of prefix KV, keyed by token ids, with longest-prefix lookup.
 
+Entries live in namespaces (Plan.cache_namespace): a lookup sees only its own namespace's
+entries, so one tenant never reuses, or learns of, another's state. "" is the namespace
+of a server without keys. The byte bound is shared by all namespaces (one LRU).
+
 Values are duck-typed (`nbytes`, `prefix(m)`, `contiguous()`; the in-process engine stores
 KVChains), so the policy is testable without a model. Any prefix of a stored sequence is
 usable (causal attention), so lookups match partially: a request that shares only the
@@ -35,7 +39,7 @@ def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
 class PrefixCache:
     def __init__(self, max_bytes: int) -> None:
         self.max_bytes = max_bytes
-        self._entries: OrderedDict[tuple[int, ...], Any] = OrderedDict()
+        self._entries: OrderedDict[tuple[str, tuple[int, ...]], Any] = OrderedDict()
         self._bytes = 0
         self.hits = 0
         self.lookups = 0
@@ -47,13 +51,16 @@ class PrefixCache:
     def __len__(self) -> int:
         return len(self._entries)
 
-    def lookup(self, tokens: Sequence[int]) -> tuple[int, Any | None]:
-        """(m, value.prefix(m)) for the entry sharing the longest prefix with `tokens`; (0, None) if none."""
+    def lookup(self, tokens: Sequence[int], namespace: str = "") -> tuple[int, Any | None]:
+        """(m, value.prefix(m)) for the entry of `namespace` sharing the longest prefix with
+        `tokens`; (0, None) if none."""
         self.lookups += 1
         tokens = tuple(tokens)
         best_key, best = None, 0
         for key in self._entries:
-            m = common_prefix_len(key, tokens)
+            if key[0] != namespace:
+                continue
+            m = common_prefix_len(key[1], tokens)
             if m > best:
                 best_key, best = key, m
         if best_key is None:
@@ -62,23 +69,27 @@ class PrefixCache:
         self._entries.move_to_end(best_key)
         return best, self._entries[best_key].prefix(best)
 
-    def insert(self, tokens: Sequence[int], value: Any) -> bool:
-        """Keep `value` (the KV of exactly `tokens`); False if disabled or larger than the bound."""
+    def insert(self, tokens: Sequence[int], value: Any, namespace: str = "") -> bool:
+        """Keep `value` (the KV of exactly `tokens`) in `namespace`; False if disabled or
+        larger than the bound."""
         tokens = tuple(tokens)
         if not tokens or value.nbytes > self.max_bytes:
             return False
         for key in list(self._entries):
-            if len(key) >= len(tokens) and key[: len(tokens)] == tokens:
+            ns, seq = key
+            if ns != namespace:
+                continue
+            if len(seq) >= len(tokens) and seq[: len(tokens)] == tokens:
                 self._entries.move_to_end(key)  # already covered by a longer entry
                 return True
-            if len(key) < len(tokens) and tokens[: len(key)] == key:
+            if len(seq) < len(tokens) and tokens[: len(seq)] == seq:
                 self._drop(key)  # superseded: the new entry covers it
         value = value.contiguous()
-        self._entries[tokens] = value
+        self._entries[(namespace, tokens)] = value
         self._bytes += value.nbytes
         while self._bytes > self.max_bytes:
             self._drop(next(iter(self._entries)))
         return True
 
-    def _drop(self, key: tuple[int, ...]) -> None:
+    def _drop(self, key: tuple[str, tuple[int, ...]]) -> None:
         self._bytes -= self._entries.pop(key).nbytes

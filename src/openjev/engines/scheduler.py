@@ -242,7 +242,7 @@ class Scheduler:
             except Exception as exc:
                 log.exception("scheduler failure")
                 for job in [*self._jobs, *arrivals]:
-                    job.fail(EngineError(f"the engine failed: {exc}"))
+                    job.fail(EngineError("the engine failed", detail=f"{type(exc).__name__}: {exc}"))
                 self._jobs = []
 
     def _admit(self, job: Job) -> None:
@@ -252,7 +252,8 @@ class Scheduler:
         packed = job.packed = pack(job.plan)
         job.state = JobState.RUNNING
         job.results = [None] * len(job.plan.branches)
-        m, chain = self._cache.lookup(packed.tokens[: packed.root_len]) if packed.root_len else (0, None)
+        ns = job.plan.cache_namespace  # only the caller's own namespace may be served from cache
+        m, chain = self._cache.lookup(packed.tokens[: packed.root_len], ns) if packed.root_len else (0, None)
         m = min(m, packed.reads[0][1])  # a position that is read must be computed
         job.chain = chain.prefix(m) if chain is not None else KVChain()
         job.cursor = job.cached = m
@@ -325,7 +326,11 @@ class Scheduler:
             hidden, chunks = self._runner.forward([row for _, _, row in group])
         except Exception as exc:
             log.exception("forward failed")
-            error = exc if isinstance(exc, EngineError) else EngineError(f"the engine failed: {exc}")
+            error = (
+                exc
+                if isinstance(exc, EngineError)
+                else EngineError("the engine failed", detail=f"{type(exc).__name__}: {exc}")
+            )
             for job, _, _ in group:
                 job.fail(error)  # FAILED: dropped next round
             return
@@ -347,7 +352,7 @@ class Scheduler:
             p = job.packing
             if start < p.root_len <= job.cursor:
                 job.t_root = now
-                self._cache.insert(p.tokens[: p.root_len], job.chain.prefix(p.root_len))
+                self._cache.insert(p.tokens[: p.root_len], job.chain.prefix(p.root_len), job.plan.cache_namespace)
             while job.next_read < len(p.reads) and p.reads[job.next_read][1] < job.cursor:
                 branch, index = p.reads[job.next_read]
                 picks.append((r, index - start))

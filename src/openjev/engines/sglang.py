@@ -40,26 +40,26 @@ def parse_reply(body: Any, label_ids: Sequence[int]) -> tuple[tuple[float, ...],
     meta = body["meta_info"]
     finish = meta.get("finish_reason")
     if isinstance(finish, dict) and finish.get("type") == "abort":
-        raise EngineError(f"the engine aborted the request: {finish.get('message') or finish}")
+        raise EngineError("the engine aborted the request", detail=str(finish.get("message") or finish))
     completion = meta.get("completion_tokens")
     if completion is not None and completion != 1:
-        raise EngineError(f"the engine generated {completion} tokens; expected exactly 1")
+        raise EngineError("the engine's reply is unusable", detail=f"{completion} tokens generated, expected 1")
     steps = meta.get("output_token_ids_logprobs")
     if not isinstance(steps, list) or not steps or not isinstance(steps[0], list):
         raise EngineError("the engine's reply has no output_token_ids_logprobs (is token_ids_logprob supported?)")
     by_id: dict[int, float] = {}
     for entry in steps[0]:
         if not isinstance(entry, (list, tuple)) or len(entry) < 2:
-            raise EngineError(f"malformed log-prob entry {entry!r}")
+            raise EngineError("the engine's reply is unusable", detail=f"malformed log-prob entry {entry!r}")
         value, token = entry[0], entry[1]
         # orjson writes -inf as null
         by_id[int(token)] = -math.inf if value is None else float(value)
     missing = [t for t in label_ids if t not in by_id]
     if missing:
-        raise EngineError(f"the engine's reply lacks log-probs for label tokens {missing}")
+        raise EngineError("the engine's reply is unusable", detail=f"no log-probs for label tokens {missing}")
     values = tuple(by_id[t] for t in label_ids)
     if any(math.isnan(v) or v == math.inf for v in values):
-        raise EngineError(f"the engine returned non-finite log-probs {values}")
+        raise EngineError("the engine's reply is unusable", detail=f"non-finite log-probs {values}")
     if all(v == -math.inf for v in values):
         raise EngineError("the engine gave every label probability zero")
     prompt = meta.get("prompt_tokens")
@@ -142,20 +142,20 @@ class SGLangEngine:
 
         async def branch(i: int) -> None:
             b = plan.branches[i]
-            values, prompt, cached = await self._generate(b.input_ids, b.label_ids)
+            values, prompt, cached = await self._generate(b.input_ids, b.label_ids, plan.cache_namespace)
             results[i] = BranchResult(values)
             account(prompt, cached)
 
         async def prefix(tokens: Sequence[int]) -> None:
             # Any label id will do: the point is a selected-logprob request (sglang#34719).
-            _, prompt, cached = await self._generate(tokens, plan.branches[0].label_ids[:1])
+            _, prompt, cached = await self._generate(tokens, plan.branches[0].label_ids[:1], plan.cache_namespace)
             account(prompt, cached)
 
         try:
             await execute(strategy, plan, branch, prefix, stage_min_tokens=self._stage_min)
         except BaseExceptionGroup as group:
             raise _first_error(group) from None
-        self.recent.add(plan.root.tokens)
+        self.recent.add(plan.root.tokens, plan.cache_namespace)
         t2 = time.perf_counter()
         t1 = first_done[0] if first_done else t2
         computed = totals["prompt"] - totals["cached"] if totals["known"] else None
@@ -171,8 +171,8 @@ class SGLangEngine:
     generate_path = "/generate"
     abort_path = "/abort_request"
 
-    def _request_body(self, rid: str, input_ids: Sequence[int], label_ids: Sequence[int]) -> dict:
-        return {
+    def _request_body(self, rid: str, input_ids: Sequence[int], label_ids: Sequence[int], salt: str = "") -> dict:
+        body = {
             "input_ids": list(input_ids),
             "sampling_params": {"max_new_tokens": 1, "temperature": 0.0},
             "return_logprob": True,
@@ -181,6 +181,9 @@ class SGLangEngine:
             "return_text_in_logprobs": False,
             "rid": rid,
         }
+        if salt:  # the radix cache's namespace (GenerateReqInput.extra_key; api/tenancy.py)
+            body["extra_key"] = salt
+        return body
 
     def _abort_body(self, rid: str) -> dict:
         return {"rid": rid}
@@ -188,18 +191,21 @@ class SGLangEngine:
     def _parse(self, payload, label_ids: Sequence[int]):
         return parse_reply(payload, label_ids)
 
-    async def _generate(self, input_ids: Sequence[int], label_ids: Sequence[int]):
-        """(label log-probs, prompt tokens, cached tokens) of one branch."""
-        return await self._call(input_ids, label_ids)
+    async def _generate(self, input_ids: Sequence[int], label_ids: Sequence[int], salt: str = ""):
+        """(label log-probs, prompt tokens, cached tokens) of one branch, in the cache
+        namespace `salt` (Plan.cache_namespace)."""
+        return await self._call(input_ids, label_ids, salt)
 
-    async def _call(self, input_ids: Sequence[int], label_ids: Sequence[int]):
+    async def _call(self, input_ids: Sequence[int], label_ids: Sequence[int], salt: str = ""):
         """One call: capped by the server-wide slots, aborted server-side when cancelled or
         timed out, overload and outage mapped to retryable errors, the reply validated."""
         client, slots = self._http()
         rid = uuid.uuid4().hex
         async with slots:
             try:
-                response = await client.post(self.generate_path, json=self._request_body(rid, input_ids, label_ids))
+                response = await client.post(
+                    self.generate_path, json=self._request_body(rid, input_ids, label_ids, salt)
+                )
             except asyncio.CancelledError:
                 self._abort(rid)
                 raise
@@ -207,14 +213,17 @@ class SGLangEngine:
                 self._abort(rid)
                 raise EngineTimeout(f"the engine did not answer within {self._timeout.read:g} s") from None
             except httpx.TransportError as e:
-                raise EngineUnavailable(f"cannot reach the engine at {self.url}: {e}") from None
+                raise EngineUnavailable("cannot reach the engine", detail=f"{self.url}: {e!r}") from None
         if response.status_code in (429, 503):
-            retry = response.headers.get("retry-after")
+            retry = response.headers.get("retry-after", "").strip()
+            retry = retry if retry.isdigit() else ""  # a number of seconds, or nothing of the backend's
             raise EngineUnavailable(
                 f"the engine is busy ({response.status_code})", headers={"Retry-After": retry} if retry else None
             )
         if response.status_code >= 400:
-            raise EngineError(f"the engine answered {response.status_code}: {response.text[:300]}")
+            raise EngineError(
+                f"the engine answered {response.status_code}", detail=f"{self.url}: {response.text[:300]!r}"
+            )
         try:
             payload = response.json()
         except ValueError:
@@ -369,11 +378,12 @@ def load(settings):
     )
     engine.process = process
     model_path = str(info.get("model_path") or settings.model)
+    log.info("SGLang at %s serves %s; API keys' cache namespaces go to its radix cache as extra_key", url, model_path)
     name = settings.served_name or Path(model_path.rstrip("/")).name.lower()
     local = Path(settings.model) if settings.model and Path(settings.model).exists() else None
     card = ModelCard(
         name=name,
-        description=f"{model_path} served by SGLang at {url}",
+        description=f"{Path(model_path.rstrip('/')).name} served by SGLang",  # no paths, no URL
         release_date=file_date(local) if local else time.strftime("%Y-%m-%d"),
         fingerprint=weights_fingerprint(local) if local else "",
     )

@@ -32,11 +32,11 @@ class RecentPrefixes:
         self._seen: OrderedDict[int, None] = OrderedDict()
         self._size = size
 
-    def seen(self, tokens: Sequence[int]) -> bool:
-        return hash(tuple(tokens)) in self._seen
+    def seen(self, tokens: Sequence[int], namespace: str = "") -> bool:
+        return hash((namespace, tuple(tokens))) in self._seen
 
-    def add(self, tokens: Sequence[int]) -> None:
-        key = hash(tuple(tokens))
+    def add(self, tokens: Sequence[int], namespace: str = "") -> None:
+        key = hash((namespace, tuple(tokens)))
         self._seen[key] = None
         self._seen.move_to_end(key)
         while len(self._seen) > self._size:
@@ -49,7 +49,7 @@ def choose(strategy: str, plan: Plan, recent: RecentPrefixes, *, warmup_min_toke
         return strategy
     if len(plan.branches) == 1 or plan.shared_prefix_len < warmup_min_tokens:
         return "all"
-    if recent.seen(plan.root.tokens):
+    if recent.seen(plan.root.tokens, plan.cache_namespace):  # cached in this plan's namespace
         return "all"
     return "staged"
 

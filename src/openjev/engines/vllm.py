@@ -62,7 +62,7 @@ def parse_reply(body: Any, label_ids: Sequence[int]) -> tuple[tuple[float, ...],
         raise EngineError("the engine aborted the request")
     generated = choice.get("token_ids")
     if isinstance(generated, list) and len(generated) != 1:
-        raise EngineError(f"the engine generated {len(generated)} tokens; expected exactly 1")
+        raise EngineError("the engine's reply is unusable", detail=f"{len(generated)} tokens generated, expected 1")
     content = (choice.get("logprobs") or {}).get("content")
     if not isinstance(content, list) or not content or not isinstance(content[0], dict):
         raise EngineError("the engine's reply has no logprobs (is the server started with --max-logprobs 128?)")
@@ -70,16 +70,16 @@ def parse_reply(body: Any, label_ids: Sequence[int]) -> tuple[tuple[float, ...],
     by_id: dict[int, float] = {}
     for entry in (step, *(step.get("top_logprobs") or ())):
         if not isinstance(entry, dict) or "token_id" not in entry or "logprob" not in entry:
-            raise EngineError(f"malformed log-prob entry {entry!r}")
+            raise EngineError("the engine's reply is unusable", detail=f"malformed log-prob entry {entry!r}")
         value = entry["logprob"]
         # vLLM clamps -inf (and NaN) to -9999.0 in this shape
         by_id[int(entry["token_id"])] = -math.inf if value is None or value <= -9999.0 else float(value)
     missing = [t for t in label_ids if t not in by_id]
     if missing:
-        raise EngineError(f"the engine's reply lacks log-probs for label tokens {missing}")
+        raise EngineError("the engine's reply is unusable", detail=f"no log-probs for label tokens {missing}")
     values = tuple(by_id[t] for t in label_ids)
     if any(math.isnan(v) or v == math.inf or v > 1e-6 for v in values):
-        raise EngineError(f"the engine returned invalid log-probs {values}")
+        raise EngineError("the engine's reply is unusable", detail=f"invalid log-probs {values}")
     if all(v == -math.inf for v in values):
         raise EngineError("the engine gave every label probability zero")
     usage = body.get("usage") or {}
@@ -88,7 +88,7 @@ def parse_reply(body: Any, label_ids: Sequence[int]) -> tuple[tuple[float, ...],
     return values, (int(prompt) if prompt is not None else None), (int(cached) if cached is not None else None)
 
 
-def request_body(rid: str, input_ids: Sequence[int], label_ids: Sequence[int]) -> dict:
+def request_body(rid: str, input_ids: Sequence[int], label_ids: Sequence[int], salt: str = "") -> dict:
     """One prefill with the labels' raw log-probs at the last position.
 
     `allowed_token_ids` = the labels makes the sampled token a label: vLLM lists the sampled
@@ -97,7 +97,7 @@ def request_body(rid: str, input_ids: Sequence[int], label_ids: Sequence[int]) -
     raw logits before any logits processor (logprobs mode `raw_logprobs`, the default).
     """
     ids = list(label_ids)
-    return {
+    body: dict = {
         "request_id": rid,
         "token_ids": list(input_ids),
         "sampling_params": {
@@ -112,6 +112,9 @@ def request_body(rid: str, input_ids: Sequence[int], label_ids: Sequence[int]) -
         "output_mode": "tokens",
         "stream": False,
     }
+    if salt:  # the prefix cache's namespace (GenerateRequest.cache_salt; api/tenancy.py)
+        body["cache_salt"] = salt
+    return body
 
 
 class VLLMEngine(SGLangEngine):
@@ -128,7 +131,7 @@ class VLLMEngine(SGLangEngine):
         super().__init__(url, **kw)
         self.max_prompt_tokens = max_prompt_tokens  # the server's max_model_len - 1 (one token is generated)
 
-    async def _generate(self, input_ids: Sequence[int], label_ids: Sequence[int]):
+    async def _generate(self, input_ids: Sequence[int], label_ids: Sequence[int], salt: str = ""):
         if self.max_prompt_tokens is not None and len(input_ids) > self.max_prompt_tokens:
             raise TokensExceeded(
                 f"a branch of {len(input_ids)} tokens exceeds the vLLM server's context "
@@ -139,7 +142,7 @@ class VLLMEngine(SGLangEngine):
         cached: int | None = 0
         # More than 128 labels: the next call finds this call's prompt in vLLM's prefix cache.
         for start in range(0, len(label_ids), MAX_IDS_PER_CALL):
-            v, p, c = await self._call(input_ids, label_ids[start : start + MAX_IDS_PER_CALL])
+            v, p, c = await self._call(input_ids, label_ids[start : start + MAX_IDS_PER_CALL], salt)
             values.extend(v)
             prompt = None if prompt is None or p is None else prompt + p
             cached = None if cached is None or c is None else cached + c
@@ -148,8 +151,8 @@ class VLLMEngine(SGLangEngine):
     generate_path = GENERATE
     abort_path = ABORT
 
-    def _request_body(self, rid: str, input_ids: Sequence[int], label_ids: Sequence[int]) -> dict:
-        return request_body(rid, input_ids, label_ids)
+    def _request_body(self, rid: str, input_ids: Sequence[int], label_ids: Sequence[int], salt: str = "") -> dict:
+        return request_body(rid, input_ids, label_ids, salt)
 
     def _abort_body(self, rid: str) -> dict:
         return {"request_ids": [ID_PREFIX + rid]}
@@ -341,11 +344,12 @@ def load(settings):
     )
     engine.process = process
     model_path = str(info.get("model") or settings.model)
+    log.info("vLLM at %s serves %s; API keys' cache namespaces go to its prefix cache as cache_salt", url, model_path)
     name = settings.served_name or Path(model_path.rstrip("/")).name.lower()
     local = Path(settings.model) if settings.model and Path(settings.model).exists() else None
     card = ModelCard(
         name=name,
-        description=f"{model_path} served by vLLM at {url}",
+        description=f"{Path(model_path.rstrip('/')).name} served by vLLM",  # no paths, no URL
         release_date=file_date(local) if local else time.strftime("%Y-%m-%d"),
         fingerprint=weights_fingerprint(local) if local else "",
     )

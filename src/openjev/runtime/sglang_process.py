@@ -46,7 +46,7 @@ def wait_healthy(url: str, timeout_s: float, process: subprocess.Popen | None = 
         except httpx.HTTPError:
             pass
         if time.monotonic() >= deadline:
-            raise EngineUnavailable(f"no healthy {name} server at {url} within {timeout_s:g} s")
+            raise EngineUnavailable(f"no healthy {name} server within {timeout_s:g} s", detail=url)
         time.sleep(0.5)
 
 

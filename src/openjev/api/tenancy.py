@@ -1,0 +1,46 @@
+"""Cache namespaces: which callers may find each other's states in the engine's cache.
+
+A prefix cache shared by every caller tells one caller, through `x-openjev-cached-tokens`,
+`usage.x_cached_tokens` and its latency, how much of its state someone else sent lately.
+With API keys configured each key gets its own namespace; keys that name the same
+`cache_group` in the keys file share one (api/keys.py). Without keys (one tenant)
+everything shares the empty namespace, as before.
+
+The namespace travels as data: the route puts it on the DecisionRequest, the compiler on
+the Plan, and each engine honours it its own way (the in-process prefix cache keys its
+entries by it; SGLang gets it as `extra_key`, vLLM as `cache_salt`). It is an HMAC, not
+a name: a backend shared with other clients cannot guess it (vLLM asks for exactly that).
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import hashlib
+import hmac
+
+from openjev.api.admission import current_key
+from openjev.core.types import DecisionRequest
+
+
+def namespace_id(name: str, cache_group: str | None) -> str:
+    """Which namespace a key belongs to: its group's, else its own."""
+    return f"group:{cache_group}" if cache_group else f"key:{name}"
+
+
+def salt(ns_id: str, member_digests: list[bytes]) -> str:
+    """The namespace's token: HMAC-SHA256 of its id under a secret only this server's keys
+    give (the SHA-256 digests of its members' keys), urlsafe base64 without padding (43
+    characters, 256 bits). Replicas with the same keys compute the same salt; a group whose
+    membership changes gets a new one (its cache starts cold)."""
+    secret = hashlib.sha256(b"openjev cache namespace\0" + b"".join(sorted(member_digests))).digest()
+    mac = hmac.new(secret, ns_id.encode(), hashlib.sha256).digest()
+    return base64.urlsafe_b64encode(mac).rstrip(b"=").decode()
+
+
+def scoped(request: DecisionRequest) -> DecisionRequest:
+    """`request` in the calling key's cache namespace ("" without keys: nothing changes)."""
+    entry = current_key.get()
+    if entry is None or not entry.cache_namespace:
+        return request
+    return dataclasses.replace(request, cache_namespace=entry.cache_namespace)
