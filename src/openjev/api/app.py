@@ -19,7 +19,7 @@ from fastapi_offline import FastAPIOffline
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from openjev import __version__, calibrations
-from openjev.api import batch, convert, playground, schemas
+from openjev.api import batch, convert, playground, schemas, wire
 from openjev.api.auth import require_key
 from openjev.api.middleware import REQUEST_ID_HEADER, BodyMiddleware, RequestIdMiddleware, error_response, request_id_of
 from openjev.api.ops import Operations, OpsMiddleware
@@ -166,6 +166,7 @@ def create_app(
     app.add_middleware(BodyMiddleware, max_bytes=settings.max_body_bytes)
     app.add_middleware(OpsMiddleware, ops=ops)  # keys checked before the body is read
     app.add_middleware(RequestIdMiddleware)  # outermost of ours: ids on 413/415 too
+    wire.install(app)  # every JSON body parsed strictly (api/wire.py); 422s that cannot fail
 
     @app.exception_handler(OpenjevError)
     async def _openjev_error(request: Request, exc: OpenjevError) -> JSONResponse:

@@ -28,7 +28,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from openjev.api import convert, schemas
+from openjev.api import convert, schemas, wire
 from openjev.api.auth import require_key
 from openjev.api.overrides import decide_options
 from openjev.config import Settings
@@ -90,7 +90,9 @@ def _error_line(index: int, exc: OpenjevError) -> dict[str, Any]:
 
 
 def _validation_message(e: ValidationError) -> str:
-    return "; ".join(f"{'.'.join(str(p) for p in err['loc']) or 'body'}: {err['msg']}" for err in e.errors())
+    """The item's errors in one line, every part bounded and encodable (wire.safe_errors)."""
+    errors = wire.safe_errors(e.errors())
+    return "; ".join(f"{'.'.join(str(p) for p in err['loc']) or 'body'}: {err['msg']}" for err in errors)
 
 
 class _ItemInvalid(RequestError):
