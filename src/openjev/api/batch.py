@@ -28,7 +28,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from openjev.api import convert, schemas, wire
+from openjev.api import convert, documented, schemas, wire
 from openjev.api.auth import require_key
 from openjev.api.overrides import decide_options
 from openjev.config import Settings
@@ -111,12 +111,14 @@ def install(
         "/v1/systemone/batch",
         dependencies=[Depends(require_key)],
         summary="Many decisions in one call (NDJSON in completion order, or a JSON array with Accept: application/json)",
+        openapi_extra={"parameters": documented.READOUT_HEADERS},
         responses={
+            **documented.BODY_ERRORS,
             200: {
                 "content": {NDJSON: {}, "application/json": {}},
                 "description": "one line per item ({index, model, answers, usage} or {index, status, "
                 "error}), then {summary}; or the items as one JSON array in item order",
-            }
+            },
         },
     )
     async def batch(body: BatchRequest, request: Request):

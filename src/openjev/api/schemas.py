@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, RootModel, field_validator, model_validator
 
 from openjev.config import MAX_CHOICE_OPTIONS, MAX_SCORE_LEVELS, MIN_CHOICE_OPTIONS, MIN_SCORE_LEVELS
 
@@ -208,6 +208,30 @@ class ErrorDetail(BaseModel):
 
 class ErrorBody(BaseModel):
     detail: ErrorDetail
+
+
+class ValidationIssue(BaseModel):
+    loc: list[str | int] = Field(description="where: body, then keys and indexes (long parts truncated), or header")
+    msg: str = Field(description="what is wrong and what to fix")
+    type: str
+    input: Any = Field(None, description="a bounded preview of the value refused (may be absent)")
+    ctx: dict[str, Any] | None = None
+
+
+class ValidationErrorBody(BaseModel):
+    detail: list[ValidationIssue]
+
+
+class UnprocessableBody(RootModel[ValidationErrorBody | ErrorBody]):
+    """422: validation errors (detail[]) or a budget/feature refusal (detail{error_type, message})."""
+
+
+class HealthBody(BaseModel):
+    status: str = Field(description="ok, loading, failed or draining")
+    model: str | None = None
+    load_seconds: float | None = None
+    in_flight: int | None = None
+    error: str | None = Field(None, description="why loading failed")
 
 
 class CalibrationInfo(BaseModel):
