@@ -324,3 +324,25 @@ async def test_validation_errors_echo_bounded_previews(api):
     (err,) = detail_of(r)
     assert err["input"]["state"] == {"a": {"b": "…"}}
     assert err["input"]["state"] is not None and len(r.content) < 2000
+
+
+async def test_large_bodies_get_the_same_rules():
+    """Bodies over 64 KiB are parsed off the event loop (api/wire.py): same answers."""
+    async with running_app(max_branch_tokens=200_000, max_request_tokens=200_000) as (client, engine):
+        await _large_bodies(client, engine)
+
+
+async def _large_bodies(client, engine):
+    rows = ",".join(f'{{"id": {i}, "text": "row {i}"}}' for i in range(5000))
+    for state, kind in (
+        (f'{{"rows": [{rows}], "x": NaN}}', "json_invalid_number"),
+        (f'{{"rows": [{rows}, {{"id": 1, "id": 2}}]}}', "json_duplicate_key"),
+        (f'{{"rows": [{rows}], "s": "\\udbff"}}', "string_lone_surrogate"),
+    ):
+        raw = body(state=state).encode()
+        assert len(raw) > 64 * 1024
+        r = await client.post("/v1/systemone", content=raw, headers=JSON)
+        assert r.status_code == 422 and detail_of(r)[0]["type"] == kind, r.text
+    r = await client.post("/v1/systemone", content=body(state=f'{{"rows": [{rows}]}}').encode(), headers=JSON)
+    assert r.status_code == 200, r.text
+    assert len(engine.plans) == 1

@@ -23,6 +23,7 @@ cannot fail.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import math
@@ -42,9 +43,11 @@ from openjev.errors import UnsupportedMediaType
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_DEPTH = 64
+THREAD_FROM_BYTES = 64 * 1024  # larger bodies are parsed in a worker thread
 MAX_ERRORS = 10  # problems reported per body; the first ones say what to fix
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
+_ESCAPED_SURROGATE = re.compile(r"\\u[dD][89a-fA-F]")  # the only way a surrogate gets into decoded UTF-8
 _INT_DIGITS = sys.get_int_max_str_digits() or 4300
 
 
@@ -67,30 +70,46 @@ class _Repeated(dict):
     repeated: list[str]
 
 
-def _pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    obj = dict(pairs)
-    if len(obj) == len(pairs):
-        return obj
-    out = _Repeated(obj)
-    seen: set[str] = set()
-    out.repeated = [k for k, _ in pairs if k in seen or seen.add(k)]  # type: ignore[func-returns-value]
-    return out
+def _decoder(suspect: list[bool]) -> json.JSONDecoder:
+    """A stdlib decoder whose hooks leave a _Bad or a _Repeated where the value is refused,
+    and set `suspect` so that only such bodies pay for the walk that names the places."""
+
+    def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
+        obj = dict(items)
+        if len(obj) == len(items):
+            return obj
+        suspect.append(True)
+        out = _Repeated(obj)
+        seen: set[str] = set()
+        out.repeated = [k for k, _ in items if k in seen or seen.add(k)]  # type: ignore[func-returns-value]
+        return out
+
+    def constant(name: str) -> _Bad:
+        suspect.append(True)
+        return _Bad(name, "non_finite")
+
+    def number(text: str) -> float | _Bad:
+        value = float(text)
+        if math.isfinite(value):
+            return value
+        suspect.append(True)
+        return _Bad(text, "non_finite")
+
+    def integer(text: str) -> int | _Bad:
+        if len(text) <= _INT_DIGITS:
+            return int(text)
+        suspect.append(True)
+        return _Bad(text, "int_too_long")
+
+    return json.JSONDecoder(object_pairs_hook=pairs, parse_constant=constant, parse_float=number, parse_int=integer)
 
 
-def _constant(name: str) -> _Bad:
-    return _Bad(name, "non_finite")
-
-
-def _float(text: str) -> float | _Bad:
-    value = float(text)
-    return value if math.isfinite(value) else _Bad(text, "non_finite")
-
-
-def _int(text: str) -> int | _Bad:
-    return int(text) if len(text.lstrip("-")) <= _INT_DIGITS else _Bad(text, "int_too_long")
-
-
-_DECODER = json.JSONDecoder(object_pairs_hook=_pairs, parse_constant=_constant, parse_float=_float, parse_int=_int)
+def _deeper_than(value: Any, max_depth: int, depth: int = 1) -> bool:
+    """Whether containers nest deeper than `max_depth` (`value` at `depth`); containers only."""
+    if depth > max_depth:
+        return True
+    items = value.values() if isinstance(value, dict) else value
+    return any(isinstance(item, dict | list) and _deeper_than(item, max_depth, depth + 1) for item in items)
 
 
 def show(text: str, limit: int = 60) -> str:
@@ -182,8 +201,9 @@ def parse_json(body: bytes, *, max_depth: int = DEFAULT_MAX_DEPTH) -> Any:
                 )
             ]
         ) from None
+    suspect: list[bool] = []
     try:
-        value = _DECODER.decode(text)
+        value = _decoder(suspect).decode(text)
     except json.JSONDecodeError as e:
         raise RequestValidationError(
             [
@@ -206,6 +226,12 @@ def parse_json(body: bytes, *, max_depth: int = DEFAULT_MAX_DEPTH) -> Any:
                 )
             ]
         ) from None
+    if not (
+        suspect
+        or _ESCAPED_SURROGATE.search(text)
+        or (isinstance(value, dict | list) and _deeper_than(value, max_depth))
+    ):
+        return value  # the common case: nothing to name, no walk
     errors: list[dict[str, Any]] = []
     _walk(value, (), max_depth, errors)
     if errors:
@@ -247,7 +273,11 @@ class WireRoute(APIRoute):
                 check_media_type(request.headers.get("content-type"))
                 settings = getattr(request.app.state, "settings", None)
                 depth = getattr(settings, "max_json_depth", DEFAULT_MAX_DEPTH)
-                request._json = parse_json(body, max_depth=depth)  # what Request.json() returns
+                if len(body) <= THREAD_FROM_BYTES:
+                    value = parse_json(body, max_depth=depth)
+                else:  # tens of ms for a body near the 2 MiB limit: off the event loop
+                    value = await asyncio.to_thread(parse_json, body, max_depth=depth)
+                request._json = value  # what Request.json() returns
             return await handler(request)
 
         return parse_then_handle
