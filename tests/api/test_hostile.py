@@ -346,3 +346,23 @@ async def _large_bodies(client, engine):
     r = await client.post("/v1/systemone", content=body(state=f'{{"rows": [{rows}]}}').encode(), headers=JSON)
     assert r.status_code == 200, r.text
     assert len(engine.plans) == 1
+
+
+def test_convert_refuses_what_the_wire_keeps_out():
+    """Defence in depth: values that never pass api/wire.py are still a 4xx in convert,
+    not a RecursionError, a TypeError or the text "NaN"."""
+    from openjev.api import convert
+    from openjev.errors import InvalidInput
+
+    deep: list = []
+    for _ in range(5000):
+        deep = [deep]
+    for value in (deep, {"x": float("nan")}, [float("inf")], {"x": object()}):
+        with pytest.raises(InvalidInput) as e:
+            convert.text_of(value)
+        assert e.value.status == 422
+    for state in ([{"role": ["user"], "content": "hi"}], [{"role": "tool", "content": "hi"}]):
+        with pytest.raises(InvalidInput, match="role"):
+            convert.state_of(state)
+    assert convert.state_of([{"role": "user", "content": "hi"}]).turns[0].role == "user"
+    assert convert.state_of([{"role": "user", "content": "hi", "x": 1}]).turns[0].content.startswith("[{")
