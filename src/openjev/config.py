@@ -110,6 +110,9 @@ class Settings:
     # limits (checked before any engine work)
     max_questions: int = _opt(64, "questions per request")
     max_body_bytes: int = _opt(2 * 1024 * 1024, "request body bytes, after decoding")
+    max_json_depth: int = _opt(
+        64, "nesting depth of arrays and objects in a request body (the whole body); deeper: 422"
+    )
     max_branch_tokens: int = _opt(32_768, "tokens of one branch (state + one question)")
     max_request_tokens: int = _opt(262_144, "distinct tokens of one request (state once + every question)")
     max_in_flight: int = _opt(16, "evaluations in flight; beyond it: 529 with Retry-After")
@@ -161,6 +164,7 @@ class Settings:
             "max_score_levels": MAX_SCORE_LEVELS,
             "min_score_levels": MIN_SCORE_LEVELS,
             "max_body_bytes": self.max_body_bytes,
+            "max_json_depth": self.max_json_depth,
             "max_branch_tokens": self.max_branch_tokens,
             "max_request_tokens": self.max_request_tokens,
             "max_in_flight": self.max_in_flight,
@@ -178,6 +182,7 @@ class Settings:
             "port",
             "max_questions",
             "max_body_bytes",
+            "max_json_depth",
             "max_branch_tokens",
             "max_request_tokens",
             "max_in_flight",

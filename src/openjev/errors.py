@@ -69,6 +69,21 @@ class UnsupportedEncoding(RequestError):
     error_type = "unsupported_encoding"
 
 
+class UnsupportedMediaType(RequestError):
+    """A body that is not declared JSON (Content-Type), or JSON declared in another charset."""
+
+    status = 415
+    error_type = "unsupported_media_type"
+
+
+class InvalidInput(RequestError):
+    """Well-formed JSON whose content cannot be read as the contract asks (checked after the
+    wire schema; most such cases are 422 `detail[]` validation errors before this)."""
+
+    status = 422
+    error_type = "invalid_request"
+
+
 class MalformedBody(RequestError):
     """A body whose declared encoding does not decode (corrupt gzip/zstd)."""
 

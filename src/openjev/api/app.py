@@ -19,7 +19,7 @@ from fastapi_offline import FastAPIOffline
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from openjev import __version__, calibrations
-from openjev.api import batch, convert, disclosure, playground, schemas, tenancy
+from openjev.api import batch, convert, disclosure, documented, playground, schemas, tenancy, wire
 from openjev.api.auth import require_key
 from openjev.api.middleware import REQUEST_ID_HEADER, BodyMiddleware, RequestIdMiddleware, error_response, request_id_of
 from openjev.api.ops import Operations, OpsMiddleware
@@ -44,21 +44,6 @@ An open server for the Jev SystemOne decision API. Each question is answered by 
 the model: one prefill per branch and the probabilities of the answer labels at the last
 position. No text is generated.
 """
-
-_ERRORS = {
-    status: {"model": schemas.ErrorBody, "description": text}
-    for status, text in (
-        (401, "missing or wrong API key (authentication_error)"),
-        (404, "unknown model (not_found)"),
-        (413, "request body too large"),
-        (415, "unsupported Content-Encoding"),
-        (422, "validation error (detail[]) or token budget exceeded (tokens_exceeded)"),
-        (429, "this API key is over its requests/min or tokens/min; see Retry-After"),
-        (503, "model still loading, the engine is down, or the server is draining (SIGTERM)"),
-        (504, "the engine missed its deadline (timeout)"),
-        (529, "too many evaluations or tokens in flight; see Retry-After"),
-    )
-}
 
 
 @dataclass
@@ -166,6 +151,7 @@ def create_app(
     app.add_middleware(BodyMiddleware, max_bytes=settings.max_body_bytes)
     app.add_middleware(OpsMiddleware, ops=ops)  # keys checked before the body is read
     app.add_middleware(RequestIdMiddleware)  # outermost of ours: ids on 413/415 too
+    wire.install(app)  # every JSON body parsed strictly (api/wire.py); 422s that cannot fail
 
     @app.exception_handler(OpenjevError)
     async def _openjev_error(request: Request, exc: OpenjevError) -> JSONResponse:
@@ -219,7 +205,8 @@ def create_app(
             systemone,
             methods=["POST"],
             response_model=schemas.SystemOneResponse,
-            responses=_ERRORS,
+            responses=documented.DECISION_ERRORS,
+            openapi_extra={"parameters": documented.READOUT_HEADERS},
             dependencies=[Depends(require_key)],
             summary="Answer typed questions about a state"
             + ("" if path == SYSTEMONE_ROUTES[0] else f" (alias of {SYSTEMONE_ROUTES[0]})"),
@@ -227,7 +214,12 @@ def create_app(
     batch.install(app, settings, runtime.ready, _unless_disconnected)
     playground.install(app)
 
-    @app.get("/v1/models", response_model=schemas.ModelsResponse, dependencies=[Depends(require_key)])
+    @app.get(
+        "/v1/models",
+        response_model=schemas.ModelsResponse,
+        dependencies=[Depends(require_key)],
+        responses=documented.READ_ERRORS,
+    )
     async def models() -> dict[str, Any]:
         service, card = runtime.ready()
         cal = service.calibration
@@ -253,11 +245,20 @@ def create_app(
             "data": [{"id": card.name, "object": "model", "owned_by": "openjev"}],
         }
 
-    @app.get("/v1/limits", dependencies=[Depends(require_key)], summary="The limits this server enforces")
+    @app.get(
+        "/v1/limits",
+        dependencies=[Depends(require_key)],
+        summary="The limits this server enforces",
+        responses={**documented.UNAUTHORIZED, **documented.RATE_LIMITED},
+    )
     async def limits() -> dict[str, Any]:
         return settings.limits()
 
-    @app.get("/health", summary="200 once the model is loaded, 503 before (or if loading failed)")
+    @app.get(
+        "/health",
+        summary="200 once the model is loaded, 503 before (or if loading failed)",
+        responses=documented.HEALTH,
+    )
     async def health() -> JSONResponse:
         if runtime.loaded is not None and runtime.service is not None:
             return JSONResponse(

@@ -28,7 +28,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from openjev.api import convert, schemas, tenancy
+from openjev.api import convert, documented, schemas, tenancy, wire
 from openjev.api.auth import require_key
 from openjev.api.middleware import request_id_of
 from openjev.api.overrides import decide_options
@@ -112,7 +112,9 @@ def _error_line(item: _Item, exc: OpenjevError) -> dict[str, Any]:
 
 
 def _validation_message(e: ValidationError) -> str:
-    return "; ".join(f"{'.'.join(str(p) for p in err['loc']) or 'body'}: {err['msg']}" for err in e.errors())
+    """The item's errors in one line, every part bounded and encodable (wire.safe_errors)."""
+    errors = wire.safe_errors(e.errors())
+    return "; ".join(f"{'.'.join(str(p) for p in err['loc']) or 'body'}: {err['msg']}" for err in errors)
 
 
 class _ItemInvalid(RequestError):
@@ -131,12 +133,14 @@ def install(
         "/v1/systemone/batch",
         dependencies=[Depends(require_key)],
         summary="Many decisions in one call (NDJSON in completion order, or a JSON array with Accept: application/json)",
+        openapi_extra={"parameters": documented.READOUT_HEADERS},
         responses={
+            **documented.BODY_ERRORS,
             200: {
                 "content": {NDJSON: {}, "application/json": {}},
                 "description": "one line per item ({index, model, answers, usage} or {index, status, "
                 "error}), then {summary}; or the items as one JSON array in item order",
-            }
+            },
         },
     )
     async def batch(body: BatchRequest, request: Request):

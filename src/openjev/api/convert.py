@@ -7,32 +7,33 @@ from typing import Any
 
 from openjev.api import schemas
 from openjev.core import types as core
-from openjev.errors import ModelNotFound, Unsupported
-
-CHAT_ROLES = frozenset({"system", "user", "assistant"})
+from openjev.errors import InvalidInput, ModelNotFound, Unsupported
 
 
 def text_of(value: Any) -> str:
-    """Text as the model sees it: strings as they are, anything else as compact JSON."""
+    """Text as the model sees it: strings as they are, anything else as compact JSON.
+    Requests reach here through api/wire.py (finite numbers, bounded depth, no lone
+    surrogates); anything else that cannot be written is a 422, never a 500."""
     if isinstance(value, str):
         return value
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    try:
+        return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    except RecursionError:
+        raise InvalidInput("a value nests too deeply to be shown to the model") from None
+    except (ValueError, TypeError) as e:
+        raise InvalidInput(f"a value cannot be shown to the model as JSON: {e}") from None
 
 
 def _chat_turns(value: Any) -> tuple[core.Turn, ...] | None:
-    """Turns if `value` is chat-shaped ([{role, content}, ...] or {"messages": [...]}), else None."""
-    if isinstance(value, dict) and set(value) == {"messages"}:
-        value = value["messages"]
-    if not isinstance(value, list) or not value:
+    """Turns if `value` is chat-shaped (schemas.chat_items), else None. The schema refused
+    chat-shaped states with other roles or null content (schemas.chat_problem)."""
+    items = schemas.chat_items(value)
+    if items is None:
         return None
-    turns = []
-    for item in value:
-        if not (isinstance(item, dict) and set(item) == {"role", "content"} and item["role"] in CHAT_ROLES):
-            return None
-        if item["content"] is None:
-            return None
-        turns.append(core.Turn(item["role"], text_of(item["content"])))
-    return tuple(turns)
+    problem = schemas.chat_problem(value)
+    if problem:
+        raise InvalidInput(problem)
+    return tuple(core.Turn(item["role"], text_of(item["content"])) for item in items)
 
 
 def state_of(value: Any) -> core.State:
@@ -76,7 +77,8 @@ def resolve_model(requested: str, served: str) -> str:
     `jev-*` alias; anything else is not found."""
     if requested == served or requested == "jev" or requested.startswith("jev-"):
         return served
-    raise ModelNotFound(f"model {requested!r} is not served here; use {served!r} or a jev-* alias such as jev-latest")
+    shown = repr(requested[:80]) + (f" ({len(requested) - 80} more characters)" if len(requested) > 80 else "")
+    raise ModelNotFound(f"model {shown} is not served here; use {served!r} or a jev-* alias such as jev-latest")
 
 
 def answer_to_wire(answer: core.Answer) -> dict[str, Any]:

@@ -8,12 +8,49 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, RootModel, field_validator, model_validator
 
 from openjev.config import MAX_CHOICE_OPTIONS, MAX_SCORE_LEVELS, MIN_CHOICE_OPTIONS, MIN_SCORE_LEVELS
 
 # Instructions, descriptions and the state may be text or structured JSON.
 Description = str | dict[str, Any] | list[Any]
+
+CHAT_ROLES = ("system", "user", "assistant")
+
+
+def chat_items(value: Any) -> list[dict[str, Any]] | None:
+    """The turns of a chat-shaped state, else None. Chat-shaped: a non-empty array (alone or
+    as `{"messages": [...]}`) whose every item is an object with exactly the keys `role` and
+    `content`. Whether those turns are valid is `chat_problem`'s question."""
+    if isinstance(value, dict) and set(value) == {"messages"}:
+        value = value["messages"]
+    if not isinstance(value, list) or not value:
+        return None
+    if all(isinstance(item, dict) and set(item) == {"role", "content"} for item in value):
+        return value
+    return None
+
+
+def chat_problem(value: Any) -> str | None:
+    """What is wrong with a chat-shaped state (None if nothing, or if it is not chat-shaped):
+    every role one of CHAT_ROLES, every content non-null."""
+    items = chat_items(value)
+    where = "state.messages" if isinstance(value, dict) else "state"
+    for i, item in enumerate(items or ()):
+        role = item["role"]
+        if not isinstance(role, str) or role not in CHAT_ROLES:
+            shown = repr(role[:40]) if isinstance(role, str) else f"a JSON {type(role).__name__}"
+            return (
+                f"{where}[{i}].role is {shown}: a chat-shaped state's roles are {', '.join(CHAT_ROLES)}; "
+                'to send other turns as data, wrap the list in an object (e.g. {"transcript": [...]})'
+            )
+        if item["content"] is None:
+            return f"{where}[{i}].content is null: every chat turn needs content (text or JSON)"
+    return None
+
+
+def _blank(value: Any) -> bool:
+    return (isinstance(value, str) and not value.strip()) or (isinstance(value, dict | list) and not value)
 
 
 class _Strict(BaseModel):
@@ -45,14 +82,24 @@ class ChoiceQuestion(_Strict):
         ...,
         min_length=MIN_CHOICE_OPTIONS,
         max_length=MAX_CHOICE_OPTIONS,
-        description="option name -> description (null: the name alone speaks); names are returned byte for byte",
+        description="option name -> description (null: the name alone speaks); names are returned byte for byte. "
+        "Names must contain a non-space character and differ by more than surrounding spaces.",
+        json_schema_extra={"propertyNames": {"minLength": 1, "pattern": "\\S"}},
     )
 
     @field_validator("criteria")
     @classmethod
     def _names(cls, v: dict[str, Any]) -> dict[str, Any]:
-        if any(name == "" for name in v):
-            raise ValueError("option names must be non-empty")
+        if any(not name.strip() for name in v):
+            raise ValueError("option names must contain a non-space character")
+        seen: dict[str, str] = {}
+        for name in v:
+            other = seen.setdefault(name.strip(), name)
+            if other != name:
+                raise ValueError(
+                    f"options {other[:40]!r} and {name[:40]!r} differ only in surrounding spaces; "
+                    "the model cannot tell them apart: remove one or rename it"
+                )
         return v
 
 
@@ -63,8 +110,17 @@ class ScoreQuestion(_Strict):
         ...,
         min_length=MIN_SCORE_LEVELS,
         max_length=MAX_SCORE_LEVELS,
-        description="level descriptions, lowest first (the map form {'0': ...} is not accepted)",
+        description="level descriptions, lowest first (the map form {'0': ...} is not accepted); "
+        "no level may be empty (an empty string, object or array)",
     )
+
+    @field_validator("criteria")
+    @classmethod
+    def _levels(cls, v: list[Any]) -> list[Any]:
+        empty = [i for i, level in enumerate(v) if _blank(level)]
+        if empty:
+            raise ValueError(f"score level {empty[0]} is empty; every level needs a description the model can read")
+        return v
 
 
 Question = Annotated[NoulQuestion | ChoiceQuestion | ScoreQuestion, Field(discriminator="type")]
@@ -78,9 +134,15 @@ class SystemOneRequest(BaseModel):
         ...,
         validation_alias=AliasChoices("state", "document"),
         description="what every question refers to: text, a JSON object or array, or chat turns "
-        "([{role, content}] or {messages: [...]})",
+        "([{role, content}] or {messages: [...]}). An array whose every item is exactly {role, content} is "
+        "chat: each role must be system, user or assistant and each content non-null (else 422).",
     )
-    questions: dict[str, Question] = Field(..., min_length=1, description="caller id -> question")
+    questions: dict[str, Question] = Field(
+        ...,
+        min_length=1,
+        description="caller id (any non-empty string, unique) -> question",
+        json_schema_extra={"propertyNames": {"minLength": 1}},
+    )
     assets: dict[str, Any] | None = Field(None, description="images (Jev 1.14); not served by text models")
 
     @field_validator("questions")
@@ -88,6 +150,14 @@ class SystemOneRequest(BaseModel):
     def _ids(cls, v: dict[str, Any]) -> dict[str, Any]:
         if any(qid == "" for qid in v):
             raise ValueError("question ids must be non-empty strings")
+        return v
+
+    @field_validator("state")
+    @classmethod
+    def _chat(cls, v: Any) -> Any:
+        problem = chat_problem(v)
+        if problem:
+            raise ValueError(problem)
         return v
 
 
@@ -138,6 +208,30 @@ class ErrorDetail(BaseModel):
 
 class ErrorBody(BaseModel):
     detail: ErrorDetail
+
+
+class ValidationIssue(BaseModel):
+    loc: list[str | int] = Field(description="where: body, then keys and indexes (long parts truncated), or header")
+    msg: str = Field(description="what is wrong and what to fix")
+    type: str
+    input: Any = Field(None, description="a bounded preview of the value refused (may be absent)")
+    ctx: dict[str, Any] | None = None
+
+
+class ValidationErrorBody(BaseModel):
+    detail: list[ValidationIssue]
+
+
+class UnprocessableBody(RootModel[ValidationErrorBody | ErrorBody]):
+    """422: validation errors (detail[]) or a budget/feature refusal (detail{error_type, message})."""
+
+
+class HealthBody(BaseModel):
+    status: str = Field(description="ok, loading, failed or draining")
+    model: str | None = None
+    load_seconds: float | None = None
+    in_flight: int | None = None
+    error: str | None = Field(None, description="why loading failed")
 
 
 class CalibrationInfo(BaseModel):

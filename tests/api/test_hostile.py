@@ -1,0 +1,368 @@
+"""Hostile input: bodies built to break the parser, the 422 handler, the converter or the
+server's memory. Every one must be a 4xx whose message says what to fix, on every route
+that takes a decision body, without reaching the engine, and the server must answer a
+valid request afterwards. (README: Input rules; api/wire.py is where the wire becomes safe.)
+
+Bodies are raw bytes: json.dumps cannot write most of them (NaN is written, but lone
+surrogates, repeated keys and invalid UTF-8 are not what a client library would send)."""
+
+from __future__ import annotations
+
+import gzip
+import json
+
+import pytest
+import zstandard
+
+from tests.api.conftest import running_app
+from tests.api.test_systemone import VALID
+
+SINGLE_ROUTES = ("/v1/systemone", "/v1/decisions", "/api/alpha/decisions")
+ROUTES = (*SINGLE_ROUTES, "/v1/systemone/batch")
+JSON = {"content-type": "application/json"}
+NOUL = '{"type": "noul", "instructions": "Refund?"}'
+
+
+def body(*, model='"jev-latest"', state='"I was charged twice."', questions=None, extra="") -> str:
+    """A /v1/systemone body as JSON text, each part given as raw JSON text."""
+    questions = questions or '{"refund": ' + NOUL + "}"
+    return f'{{"model": {model}, "state": {state}, "questions": {questions}{extra}}}'
+
+
+def on_route(route: str, item: str) -> bytes:
+    """The body for `route`: the item itself, or the batch envelope around it."""
+    text = f'{{"requests": [{item}]}}' if route.endswith("/batch") else item
+    return text.encode("utf-8", "surrogatepass")
+
+
+async def still_serves(client) -> None:
+    r = await client.post("/v1/systemone", json=VALID)
+    assert r.status_code == 200, r.text
+
+
+def detail_of(r) -> list[dict]:
+    detail = r.json()["detail"]
+    assert isinstance(detail, list) and detail, r.text
+    for err in detail:
+        assert {"loc", "msg", "type"} <= set(err)
+    return detail
+
+
+# ---- refused by the wire (api/wire.py): 422 detail[] naming the place, on every route
+
+SURROGATE = '"\\ud800"'
+WIRE_CASES = {
+    # a lone surrogate where a 422 echoes it (was a 500: the handler could not encode it) ...
+    "surrogate-question-id": (
+        body(questions='{"\\udc00 id": {"type": "bogus"}}'),
+        "string_lone_surrogate",
+        ["questions", "\\udc00 id"],
+    ),
+    "surrogate-instructions-echoed": (
+        body(questions='{"q": {"type": "bogus", "instructions": ' + SURROGATE + "}}"),
+        "string_lone_surrogate",
+        ["questions", "q", "instructions"],
+    ),
+    "surrogate-option-name": (
+        body(questions='{"q": {"type": "choice", "criteria": {"\\ud83d": null}}}'),
+        "string_lone_surrogate",
+        ["questions", "q", "criteria", "\\ud83d"],
+    ),
+    "surrogate-state-echoed": (
+        body(state=SURROGATE, questions="{}"),
+        "string_lone_surrogate",
+        ["state"],
+    ),
+    # ... and inside otherwise valid objects (was read by the model)
+    "surrogate-state": (body(state=SURROGATE), "string_lone_surrogate", ["state"]),
+    "surrogate-state-key": (body(state='{"\\udfff": 1}'), "string_lone_surrogate", ["state", "\\udfff"]),
+    # NaN and infinities where a 422 echoes them (was a 500) ...
+    "nan-model": (body(model="NaN"), "json_invalid_number", ["model"]),
+    "infinity-state": (body(state="Infinity"), "json_invalid_number", ["state"]),
+    "overflow-instructions": (
+        body(questions='{"q": {"type": "noul", "instructions": 1e999}}'),
+        "json_invalid_number",
+        ["questions", "q", "instructions"],
+    ),
+    "nan-score-level": (
+        body(questions='{"q": {"type": "score", "criteria": ["low", NaN]}}'),
+        "json_invalid_number",
+        ["questions", "q", "criteria", 1],
+    ),
+    "nan-unknown-field": (body(extra=', "x_trace": -Infinity'), "json_invalid_number", ["x_trace"]),
+    # ... and inside otherwise valid objects (was answered 200, the model read "NaN")
+    "nan-in-state-object": (body(state='{"x": NaN}'), "json_invalid_number", ["state", "x"]),
+    "overflow-in-option-description": (
+        body(questions='{"q": {"type": "choice", "criteria": {"a": {"weight": -1e400}, "b": null}}}'),
+        "json_invalid_number",
+        ["questions", "q", "criteria", "a", "weight"],
+    ),
+    # an integer Python will not turn into text (was a 400 that named nothing)
+    "int-5000-digits": (body(state='{"n": ' + "9" * 5000 + "}"), "json_invalid_number", ["state", "n"]),
+    # repeated keys: the last one silently won
+    "duplicate-question-id": (
+        body(questions='{"q": ' + NOUL + ', "q": {"type": "noul", "instructions": "Other?"}}'),
+        "json_duplicate_key",
+        ["questions", "q"],
+    ),
+    "duplicate-option": (
+        body(questions='{"q": {"type": "choice", "criteria": {"a": null, "b": null, "a": "again"}}}'),
+        "json_duplicate_key",
+        ["questions", "q", "criteria", "a"],
+    ),
+    "duplicate-top-level": (body(extra=', "state": "second"'), "json_duplicate_key", ["state"]),
+    # nesting past the bound (64): a few levels past it, and far past it (was a 500 near
+    # 960 levels, a bare "There was an error parsing the body" from about 966)
+    "nested-65": (body(state="[" * 64 + "]" * 64), "json_too_deep", ["state"]),
+    "nested-960-model": (body(model="[" * 960 + "]" * 960), "json_too_deep", ["model"]),
+    "nested-960-instructions": (
+        body(questions='{"q": {"type": "noul", "instructions": ' + "{}" + "}}").replace(
+            "{}", '{"a":' * 960 + "1" + "}" * 960
+        ),
+        "json_too_deep",
+        ["questions", "q", "instructions"],
+    ),
+    "nested-100k": (body(state="[" * 100_000 + "]" * 100_000), "json_too_deep", []),
+}
+
+
+@pytest.mark.parametrize("route", ROUTES)
+@pytest.mark.parametrize("case", list(WIRE_CASES))
+async def test_the_wire_refuses_what_json_should_not_carry(api, route, case):
+    client, engine = api
+    text, kind, where = WIRE_CASES[case]
+    r = await client.post(route, content=on_route(route, text), headers=JSON)
+    assert r.status_code == 422, r.text
+    errors = detail_of(r)
+    assert errors[0]["type"] == kind, r.text
+    prefix = ["body", "requests", 0] if route.endswith("/batch") else ["body"]
+    loc = errors[0]["loc"]
+    if kind == "json_too_deep" and loc == ["body"]:
+        pass  # too deep for the parser itself to descend (depends on the stack): the body is named
+    else:
+        assert where, r.text
+        assert loc[: len(prefix) + len(where)] == prefix + where, r.text
+    assert len(r.content) < 4000  # nothing echoed whole
+    assert engine.plans == []
+    await still_serves(client)
+
+
+async def test_nesting_up_to_the_bound_is_read_and_the_bound_is_published():
+    async with running_app(max_json_depth=8) as (client, engine):
+        assert (await client.get("/v1/limits")).json()["max_json_depth"] == 8
+        # the body is level 1, the state's outer array level 2: 7 arrays reach level 8
+        ok = await client.post("/v1/systemone", content=body(state="[" * 7 + "1" + "]" * 7).encode(), headers=JSON)
+        assert ok.status_code == 200, ok.text
+        deep = await client.post("/v1/systemone", content=body(state="[" * 8 + "]" * 8).encode(), headers=JSON)
+        assert deep.status_code == 422 and "at most 8 levels" in deep.json()["detail"][0]["msg"]
+        assert len(engine.plans) == 1
+
+
+@pytest.mark.parametrize("route", ROUTES)
+async def test_invalid_utf8_is_a_422_naming_the_byte(api, route):
+    """Latin-1 sent as JSON (was a 400 "There was an error parsing the body")."""
+    client, engine = api
+    raw = on_route(route, body(state='"caf\xe9"')).replace(b"\xc3\xa9", b"\xe9")
+    r = await client.post(route, content=raw, headers=JSON)
+    assert r.status_code == 422, r.text
+    (err,) = detail_of(r)
+    assert err["type"] == "utf8_invalid" and "not valid UTF-8" in err["msg"] and "0xe9" in err["msg"]
+    assert raw[err["loc"][1]] == 0xE9
+    assert engine.plans == []
+    await still_serves(client)
+
+
+@pytest.mark.parametrize("route", ROUTES)
+@pytest.mark.parametrize("content_type", [None, "text/plain", "application/x-www-form-urlencoded"])
+@pytest.mark.parametrize("raw", [b"\xff\xfe not utf-8", json.dumps(VALID).encode()])
+async def test_a_body_not_declared_json_is_a_415(api, route, content_type, raw):
+    """Invalid UTF-8 as text/plain or without Content-Type was a 500 (the 422 handler could
+    not decode the body it echoed); valid JSON without a JSON type was a 422 that did not
+    say why. jevcompat and typesafe-sdk both send application/json."""
+    client, engine = api
+    r = await client.post(route, content=raw, headers={"content-type": content_type} if content_type else {})
+    assert r.status_code == 415, r.text
+    detail = r.json()["detail"]
+    assert detail["error_type"] == "unsupported_media_type" and "application/json" in detail["message"]
+    assert engine.plans == []
+    await still_serves(client)
+
+
+async def test_json_types_and_charsets(api):
+    client, _ = api
+    raw = json.dumps(VALID).encode()
+    for ok in ("application/json", "application/json; charset=utf-8", "application/vnd.jev+json", "Application/JSON"):
+        assert (await client.post("/v1/systemone", content=raw, headers={"content-type": ok})).status_code == 200, ok
+    r = await client.post("/v1/systemone", content=raw, headers={"content-type": "application/json; charset=latin-1"})
+    assert r.status_code == 415 and "UTF-8" in r.json()["detail"]["message"]
+
+
+# ---- refused by the schema: the silent ambiguities, now 422 with a reason
+
+SCHEMA_CASES = {
+    "options-differ-by-spaces": (
+        {"q": {"type": "choice", "criteria": {"billing": None, " billing ": None}}},
+        "differ only in surrounding spaces",
+    ),
+    "blank-option-name": ({"q": {"type": "choice", "criteria": {"  ": "blank", "b": None}}}, "non-space character"),
+    "empty-score-level": ({"q": {"type": "score", "criteria": ["low", "", "high"]}}, "score level 1 is empty"),
+    "blank-score-level": ({"q": {"type": "score", "criteria": ["low", " \n", "high"]}}, "score level 1 is empty"),
+    "empty-object-level": ({"q": {"type": "score", "criteria": [{}, "high"]}}, "score level 0 is empty"),
+}
+CHAT_CASES = {
+    "role-tool": ([{"role": "user", "content": "hi"}, {"role": "tool", "content": "{}"}], "state[1].role is 'tool'"),
+    "role-list": ([{"role": ["user"], "content": "hi"}], "state[0].role is a JSON list"),  # was a 500
+    "role-object": ({"messages": [{"role": {"r": 1}, "content": "hi"}]}, "state.messages[0].role is a JSON dict"),
+    "content-null": ([{"role": "user", "content": None}], "state[0].content is null"),
+}
+
+
+@pytest.mark.parametrize("case", [*SCHEMA_CASES, *CHAT_CASES])
+async def test_likely_mistakes_are_422_with_the_reason(api, case):
+    client, engine = api
+    if case in SCHEMA_CASES:
+        questions, says = SCHEMA_CASES[case]
+        payload = {**VALID, "questions": questions}
+    else:
+        state, says = CHAT_CASES[case]
+        payload = {**VALID, "state": state}
+    for route in SINGLE_ROUTES:
+        r = await client.post(route, json=payload)
+        assert r.status_code == 422, r.text
+        assert says in detail_of(r)[0]["msg"], r.text
+    r = await client.post(
+        "/v1/systemone/batch", json={"requests": [payload, VALID]}, headers={"Accept": "application/json"}
+    )
+    bad, good = r.json()
+    assert bad["status"] == 422 and says in bad["error"]["message"] and "answers" in good
+    assert len(engine.plans) == 1  # only the valid item
+    await still_serves(client)
+
+
+async def test_chat_roles_that_are_chat_still_become_turns(api):
+    client, _ = api
+    state = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": {"ticket": 1}}]
+    r = await client.post("/v1/systemone", json={**VALID, "state": state})
+    assert r.status_code == 200, r.text
+    # not chat-shaped (an extra key): the list is data, shown as JSON text
+    data = [{"role": "tool", "content": "x", "at": 3}]
+    assert (await client.post("/v1/systemone", json={**VALID, "state": data})).status_code == 200
+
+
+# ---- size: bombs, many options, huge ids
+
+
+@pytest.mark.parametrize("encoding", ["gzip", "zstd"])
+@pytest.mark.parametrize("route", ROUTES)
+async def test_compression_bombs_are_413_before_parsing(route, encoding):
+    async with running_app(max_body_bytes=1 << 20) as (client, engine):
+        huge = on_route(route, body(state='"' + "a" * (64 << 20) + '"'))  # 64 MiB decoded
+        data = gzip.compress(huge, 9) if encoding == "gzip" else zstandard.ZstdCompressor(level=19).compress(huge)
+        assert len(data) < 300_000
+        r = await client.post(route, content=data, headers={**JSON, "content-encoding": encoding})
+        assert r.status_code == 413, r.text
+        assert "exceeds the limit" in r.json()["detail"]["message"]
+        assert engine.plans == []
+        await still_serves(client)
+
+
+@pytest.mark.parametrize("route", ROUTES)
+async def test_ten_thousand_options_are_refused_without_echoing_them(api, route):
+    client, engine = api
+    options = {f"option {i}": f"description {i}" for i in range(10_000)}
+    item = json.dumps({**VALID, "questions": {"q": {"type": "choice", "criteria": options}}})
+    r = await client.post(route, content=on_route(route, item), headers=JSON)
+    if route.endswith("/batch"):
+        (line, _summary) = [json.loads(x) for x in r.text.splitlines()]
+        assert line["status"] == 422 and "at most 255" in line["error"]["message"]
+    else:
+        assert r.status_code == 422
+        (err,) = detail_of(r)
+        assert err["type"] == "too_long" and "at most 255" in err["msg"]
+        assert err["input"]["…"] == "9990 more keys"  # a preview, not the 10,000 options
+    assert len(r.content) < 4000
+    assert engine.plans == []
+    await still_serves(client)
+
+
+@pytest.mark.parametrize("route", ROUTES)
+async def test_a_1mb_question_id_is_not_echoed_whole(api, route):
+    client, engine = api
+    qid = "q" * (1 << 20)
+    bad = json.dumps({**VALID, "questions": {qid: {"type": "bogus"}}})
+    r = await client.post(route, content=on_route(route, bad), headers=JSON)
+    if route.endswith("/batch"):
+        line = json.loads(r.text.splitlines()[0])
+        assert line["status"] == 422 and "more characters" in line["error"]["message"]
+    else:
+        assert r.status_code == 422
+        loc = detail_of(r)[0]["loc"]
+        assert loc[:2] == ["body", "questions"] and loc[2].startswith("qqq") and "more characters" in loc[2]
+    assert len(r.content) < 4000
+    assert engine.plans == []
+    # a valid 1 MB id is the caller's business: answered, returned unchanged
+    good = json.dumps({**VALID, "questions": {qid: {"type": "noul", "instructions": "Refund?"}}})
+    r = await client.post("/v1/systemone", content=good, headers=JSON)
+    assert r.status_code == 200 and list(r.json()["answers"]) == [qid]
+
+
+async def test_a_huge_model_name_is_not_echoed_whole(api):
+    client, _ = api
+    r = await client.post("/v1/systemone", json={**VALID, "model": "m" * 1_000_000})
+    assert r.status_code == 404 and len(r.content) < 1000
+    assert "more characters" in r.json()["detail"]["message"]
+
+
+async def test_validation_errors_echo_bounded_previews(api):
+    """The 422 handler's `input` is a preview: long strings cut, 10 items per container, 3 levels."""
+    client, _ = api
+    r = await client.post("/v1/systemone", json={"state": "s" * 100_000, "questions": {}, "x": list(range(100))})
+    assert r.status_code == 422
+    (err,) = detail_of(r)
+    assert err["loc"] == ["body", "questions"]
+    r = await client.post("/v1/systemone", json={"state": {"a": {"b": {"c": {"d": 1}}}}})
+    (err,) = detail_of(r)
+    assert err["input"]["state"] == {"a": {"b": "…"}}
+    assert err["input"]["state"] is not None and len(r.content) < 2000
+
+
+async def test_large_bodies_get_the_same_rules():
+    """Bodies over 64 KiB are parsed off the event loop (api/wire.py): same answers."""
+    async with running_app(max_branch_tokens=200_000, max_request_tokens=200_000) as (client, engine):
+        await _large_bodies(client, engine)
+
+
+async def _large_bodies(client, engine):
+    rows = ",".join(f'{{"id": {i}, "text": "row {i}"}}' for i in range(5000))
+    for state, kind in (
+        (f'{{"rows": [{rows}], "x": NaN}}', "json_invalid_number"),
+        (f'{{"rows": [{rows}, {{"id": 1, "id": 2}}]}}', "json_duplicate_key"),
+        (f'{{"rows": [{rows}], "s": "\\udbff"}}', "string_lone_surrogate"),
+    ):
+        raw = body(state=state).encode()
+        assert len(raw) > 64 * 1024
+        r = await client.post("/v1/systemone", content=raw, headers=JSON)
+        assert r.status_code == 422 and detail_of(r)[0]["type"] == kind, r.text
+    r = await client.post("/v1/systemone", content=body(state=f'{{"rows": [{rows}]}}').encode(), headers=JSON)
+    assert r.status_code == 200, r.text
+    assert len(engine.plans) == 1
+
+
+def test_convert_refuses_what_the_wire_keeps_out():
+    """Defence in depth: values that never pass api/wire.py are still a 4xx in convert,
+    not a RecursionError, a TypeError or the text "NaN"."""
+    from openjev.api import convert
+    from openjev.errors import InvalidInput
+
+    deep: list = []
+    for _ in range(5000):
+        deep = [deep]
+    for value in (deep, {"x": float("nan")}, [float("inf")], {"x": object()}):
+        with pytest.raises(InvalidInput) as e:
+            convert.text_of(value)
+        assert e.value.status == 422
+    for state in ([{"role": ["user"], "content": "hi"}], [{"role": "tool", "content": "hi"}]):
+        with pytest.raises(InvalidInput, match="role"):
+            convert.state_of(state)
+    assert convert.state_of([{"role": "user", "content": "hi"}]).turns[0].role == "user"
+    assert convert.state_of([{"role": "user", "content": "hi", "x": 1}]).turns[0].content.startswith("[{")
