@@ -58,8 +58,9 @@ def _settings(args: argparse.Namespace, passthrough: Sequence[str] = ()) -> Sett
     flags for the engine server we start (appended to --sglang-arg, or --vllm-arg with --engine vllm)."""
     overrides = {f.name: getattr(args, f.name, None) for f in dataclasses.fields(Settings)}
     for f in dataclasses.fields(Settings):
-        if str(f.type).startswith("tuple") and overrides.get(f.name) is not None:
-            overrides[f.name] = tuple(overrides[f.name])
+        given = overrides.get(f.name)
+        if str(f.type).startswith("tuple") and given is not None:
+            overrides[f.name] = tuple(given)
     settings = load_settings(overrides)
     if passthrough:  # to the child of whichever engine starts one
         name = "vllm_args" if settings.engine == "vllm" else "sglang_args"
