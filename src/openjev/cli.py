@@ -60,6 +60,8 @@ def _settings(args: argparse.Namespace, passthrough: Sequence[str] = ()) -> Sett
     for f in dataclasses.fields(Settings):
         given = overrides.get(f.name)
         if str(f.type).startswith("tuple") and given is not None:
+            if f.metadata.get("comma"):  # `--allowed-hosts a,b` as well as repeated flags
+                given = [part.strip() for value in given for part in value.split(",") if part.strip()]
             overrides[f.name] = tuple(given)
     settings = load_settings(overrides)
     if passthrough:  # to the child of whichever engine starts one
@@ -69,11 +71,10 @@ def _settings(args: argparse.Namespace, passthrough: Sequence[str] = ()) -> Sett
 
 
 def serve(settings: Settings) -> int:
-    import uvicorn
-
     from openjev import calibrations
     from openjev.api import logs
     from openjev.api.app import create_app
+    from openjev.api.connections import uvicorn_config
     from openjev.engines import preflight_engine
     from openjev.runtime.drain import DrainingServer
 
@@ -96,10 +97,9 @@ def serve(settings: Settings) -> int:
     signal.signal(signal.SIGHUP, lambda sig, frame: ops.keys.reload())
     # The drain (SIGTERM) has already let in-flight requests finish when uvicorn's own
     # shutdown starts; what is left for it is closing idle keep-alive connections.
-    config = uvicorn.Config(
+    config = uvicorn_config(  # with the connection limits (api/connections.py)
         app,
-        host=settings.host,
-        port=settings.port,
+        settings,
         log_level=settings.log_level,
         log_config=None,
         access_log=False,
