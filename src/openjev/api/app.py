@@ -7,12 +7,14 @@ error shapes), api/routes.py (decisions, models, limits, health)."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from fastapi import FastAPI
 from fastapi_offline import FastAPIOffline
 
 from openjev import __version__
 from openjev.api import handlers, routes
+from openjev.api.hosts import HostMiddleware, HostPolicy
 from openjev.api.middleware import BodyMiddleware, RequestIdMiddleware
 from openjev.api.ops import Operations, OpsMiddleware
 from openjev.api.routes import SYSTEMONE_ROUTES
@@ -38,17 +40,20 @@ def create_app(
     kept for /health and passed to `on_fatal` (the CLI exits non-zero on it)."""
     runtime = Runtime(settings)
     ops = Operations(settings, runtime)  # keys, limits, metrics, drain (api/ops.py)
-    app = FastAPIOffline(
-        title="openjev",
-        version=__version__,
-        description=DESCRIPTION,
-        lifespan=lifespan(runtime, ops, loader, on_fatal),
-    )
+    meta: dict[str, Any] = {"title": "openjev", "version": __version__, "description": DESCRIPTION}
+    run = lifespan(runtime, ops, loader, on_fatal)
+    if settings.docs == "off":  # `openjev schema` (app.openapi()) works either way
+        app = FastAPI(**meta, lifespan=run, openapi_url=None, docs_url=None, redoc_url=None)
+    else:  # docs with their assets served from the package; `auth` is checked in api/ops.py
+        app = FastAPIOffline(**meta, lifespan=run)
     app.state.settings = settings
     app.state.runtime = runtime
     app.state.ops = ops
-    app.add_middleware(BodyMiddleware, max_bytes=settings.max_body_bytes)
+    app.add_middleware(BodyMiddleware, max_bytes=settings.max_body_bytes, timeout_s=settings.body_timeout_s)
     app.add_middleware(OpsMiddleware, ops=ops)  # keys checked before the body is read
+    hosts = HostPolicy.of(settings)
+    if hosts is not None:  # DNS rebinding: before the key and the body
+        app.add_middleware(HostMiddleware, policy=hosts)
     app.add_middleware(RequestIdMiddleware)  # outermost of ours: ids on 413/415 too
     handlers.install(app)
     routes.install(app, settings, runtime)

@@ -54,6 +54,10 @@ ROUTES = (
 )
 
 
+# The API docs: behind the API's key with --docs auth (their static assets are not).
+DOCS_ROUTES = ("/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json")
+
+
 def route_of(path: str) -> str:
     return path if path in ROUTES else "other"
 
@@ -156,7 +160,12 @@ class OpsMiddleware:
     def _authenticate(self, scope: Scope, path: str) -> KeyEntry | None:
         """The caller's key where one is needed (raises 401/429); None where none is."""
         keys = self.ops.keys
-        guarded = path.startswith("/v1/") or path in DECISION_ROUTES or (path == "/metrics" and not _loopback(scope))
+        guarded = (
+            path.startswith("/v1/")
+            or path in DECISION_ROUTES
+            or (path == "/metrics" and not _loopback(scope))
+            or (path in DOCS_ROUTES and self.ops.settings.docs == "auth")
+        )
         if not keys.enabled or not guarded:
             return None
         header = Headers(scope=scope).get("authorization", "")
