@@ -40,6 +40,7 @@ log = logging.getLogger(__name__)
 # and how much of it, so that the client reads our answer instead of a reset.
 LINGER_S = 2.0
 LINGER_BYTES = 1 << 20
+WARN_EVERY_S = 10.0  # at most one log line per this many seconds about refused connections
 
 
 @dataclass(frozen=True)
@@ -56,7 +57,8 @@ class ConnectionLimits:
 
 def http_protocol(limits: ConnectionLimits) -> type[H11Protocol]:
     """The protocol class for `uvicorn.Config(http=...)`; one class (and refusal count) per server."""
-    return type("BoundedH11Protocol", (BoundedH11Protocol,), {"limits": limits, "refusing": 0})
+    state = {"limits": limits, "refusing": 0, "refused_total": 0, "warned_at": float("-inf")}
+    return type("BoundedH11Protocol", (BoundedH11Protocol,), state)
 
 
 def raw_response(status: int, error_type: str, message: str, headers: tuple[tuple[str, str], ...] = ()) -> bytes:
@@ -119,6 +121,8 @@ class _Transport:
 class BoundedH11Protocol(H11Protocol):
     limits: ConnectionLimits  # set per server by http_protocol()
     refusing: int  # connections being refused right now (lingering), per server
+    refused_total: int
+    warned_at: float
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -156,7 +160,15 @@ class BoundedH11Protocol(H11Protocol):
             return
         cls.refusing += 1
         self.counted_refusal = True
-        log.warning("connection refused: %d connections open (--max-connections)", len(self.connections))
+        cls.refused_total += 1
+        now = self.loop.time()
+        if now - cls.warned_at >= WARN_EVERY_S:  # a flood must not flood the log too
+            cls.warned_at = now
+            log.warning(
+                "connections refused: %d connections open (--max-connections), %d refused so far",
+                len(self.connections),
+                cls.refused_total,
+            )
         self.raw.write(
             raw_response(
                 503,
@@ -225,7 +237,7 @@ class BoundedH11Protocol(H11Protocol):
             self.closing = True
             self.raw.close()
             return
-        log.info("request head not complete within %g s: 408, connection closed", self.limits.head_timeout_s)
+        log.debug("request head not complete within %g s: 408, connection closed", self.limits.head_timeout_s)
         self.raw.write(
             raw_response(408, "timeout", f"the request head did not arrive within {self.limits.head_timeout_s:g} s")
         )
