@@ -72,7 +72,8 @@ class BodyMiddleware:
             return
         try:
             try:
-                body, encoding = await asyncio.wait_for(self._read(scope, receive), self.timeout_s)
+                async with asyncio.timeout(self.timeout_s):  # no extra task, unlike wait_for
+                    body, encoding = await self._read(scope, receive)
             except TimeoutError:
                 raise RequestTimeout(f"the request body did not arrive within {self.timeout_s:g} s") from None
             body = self._decode(body, encoding)

@@ -30,6 +30,7 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
     for status, text in (
         (401, "missing or wrong API key (authentication_error)"),
         (404, "unknown model (not_found)"),
+        (408, "the request body did not arrive within --body-timeout-s (timeout); the connection is closed"),
         (413, "request body too large"),
         (415, "unsupported Content-Encoding"),
         (422, "validation error (detail[]) or token budget exceeded (tokens_exceeded)"),
