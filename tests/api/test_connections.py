@@ -81,12 +81,20 @@ def parse(raw: bytes) -> tuple[int, dict[str, str], dict]:
     return status, headers, json.loads(body) if body else {}
 
 
+def metric(url: str, name: str, client: httpx.Client | None = None) -> float:
+    text = client.get("/metrics").text if client is not None else httpx.get(url + "/metrics").text
+    for line in text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    raise AssertionError(f"{name} not in /metrics")
+
+
 GET_HEALTH = b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
 BODY = json.dumps({"model": "jev-latest", "state": "s", "questions": {"q": {"type": "noul", "instructions": "?"}}})
 
 
 def test_a_half_sent_head_is_answered_408_and_closed_within_the_head_timeout():
-    with serving(head_timeout_s=0.5) as (_, port):
+    with serving(head_timeout_s=0.5) as (url, port):
         s = connect(port)
         s.sendall(b"POST /v1/systemone HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-")
         raw, took = read_until_closed(s)
@@ -94,6 +102,7 @@ def test_a_half_sent_head_is_answered_408_and_closed_within_the_head_timeout():
         assert status == 408 and body["detail"]["error_type"] == "timeout"
         assert headers["x-typesafe-request-id"].startswith("req_") and headers["connection"] == "close"
         assert 0.4 < took < 4.0, took
+        assert metric(url, "openjev_connections_head_timeouts_total") == 1
 
 
 def test_a_connection_that_sends_nothing_is_closed_without_an_answer():
@@ -163,6 +172,8 @@ def test_connections_beyond_the_bound_are_refused_at_once_while_served_clients_g
             status, headers, body = parse(raw)
             assert status == 503 and headers["retry-after"] == "1" and took < 2.0, (status, took)
             assert body["detail"]["error_type"] == "overloaded"
+            assert metric(url, "openjev_connections_refused_total", client) == 1  # over the open connection
+            assert metric(url, "openjev_connections_open", client) == 4
             assert time.monotonic() - t0 < 2.5
             assert client.get("/health").status_code == 200  # the served client is still served
             time.sleep(1.5)  # the idle ones are dropped at the head timeout: room again
@@ -188,6 +199,7 @@ def test_an_oversized_head_is_answered_431_not_reset(size):
         s.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nx-big: " + b"a" * size + b"\r\n\r\n")
         raw, _ = read_until_closed(s)
         assert parse(raw)[0] == 431
+        assert metric(url, "openjev_connections_heads_too_large_total") == 2
         # and the server goes on
         assert httpx.get(url + "/health").status_code == 200
 

@@ -55,10 +55,14 @@ class ConnectionLimits:
         return cls(settings.max_connections, settings.head_timeout_s, settings.max_head_bytes)
 
 
-def http_protocol(limits: ConnectionLimits) -> type[H11Protocol]:
+def http_protocol(limits: ConnectionLimits) -> type[BoundedH11Protocol]:
     """The protocol class for `uvicorn.Config(http=...)`; one class (and refusal count) per server."""
-    state = {"limits": limits, "refusing": 0, "refused_total": 0, "warned_at": float("-inf")}
+    state = {"limits": limits, "refusing": 0, "warned_at": float("-inf"), "counts": dict.fromkeys(COUNTS, 0)}
     return type("BoundedH11Protocol", (BoundedH11Protocol,), state)
+
+
+# Per server, since start (exposed as openjev_connections_<name>_total; open as a gauge).
+COUNTS = ("refused", "head_timeouts", "heads_too_large")
 
 
 def raw_response(status: int, error_type: str, message: str, headers: tuple[tuple[str, str], ...] = ()) -> bytes:
@@ -121,8 +125,14 @@ class _Transport:
 class BoundedH11Protocol(H11Protocol):
     limits: ConnectionLimits  # set per server by http_protocol()
     refusing: int  # connections being refused right now (lingering), per server
-    refused_total: int
     warned_at: float
+    counts: dict[str, int]
+    open_connections = 0
+
+    @classmethod
+    def stats(cls) -> dict[str, float]:
+        """For /metrics (api/ops.py reads it at scrape time)."""
+        return {"connections_open": cls.open_connections, **{f"connections_{k}": v for k, v in cls.counts.items()}}
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -137,6 +147,7 @@ class BoundedH11Protocol(H11Protocol):
         self.linger_timer: asyncio.TimerHandle | None = None
         self.dropped = 0
         self.counted_refusal = False
+        self.counted_open = False
 
     # ---- connection
 
@@ -147,6 +158,8 @@ class BoundedH11Protocol(H11Protocol):
             self._refuse(proxy)
             return
         super().connection_made(proxy)
+        type(self).open_connections += 1
+        self.counted_open = True
         self._arm_head_timer()
 
     def _refuse(self, proxy: Any) -> None:
@@ -160,14 +173,14 @@ class BoundedH11Protocol(H11Protocol):
             return
         cls.refusing += 1
         self.counted_refusal = True
-        cls.refused_total += 1
+        cls.counts["refused"] += 1
         now = self.loop.time()
         if now - cls.warned_at >= WARN_EVERY_S:  # a flood must not flood the log too
             cls.warned_at = now
             log.warning(
                 "connections refused: %d connections open (--max-connections), %d refused so far",
                 len(self.connections),
-                cls.refused_total,
+                cls.counts["refused"],
             )
         self.raw.write(
             raw_response(
@@ -180,6 +193,9 @@ class BoundedH11Protocol(H11Protocol):
         self.linger_close()
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if self.counted_open:
+            type(self).open_connections -= 1
+            self.counted_open = False
         self._cancel_head_timer()
         if self.linger_timer is not None:
             self.linger_timer.cancel()
@@ -233,6 +249,7 @@ class BoundedH11Protocol(H11Protocol):
         self.head_timer = None
         if self.closing or not self.awaiting_head or self.raw is None or self.raw.is_closing():
             return
+        self.counts["head_timeouts"] += 1
         if not self.conn.trailing_data[0]:  # nothing sent: nothing to answer, nothing unread
             self.closing = True
             self.raw.close()
@@ -254,6 +271,7 @@ class BoundedH11Protocol(H11Protocol):
         error = self.h11.error
         assert self.raw is not None
         if error is not None and error.error_status_hint == 431:
+            self.counts["heads_too_large"] += 1
             response = raw_response(
                 431,
                 "invalid_request",
@@ -290,10 +308,14 @@ class BoundedH11Protocol(H11Protocol):
 def uvicorn_config(app: Any, settings: Any, **options: Any) -> uvicorn.Config:
     """uvicorn's Config for `app` under `settings`' connection limits (the CLI's server, the
     in-process one of `openjev eval`, and the tests' all go through here)."""
+    protocol = http_protocol(ConnectionLimits.of(settings))
+    ops = getattr(getattr(app, "state", None), "ops", None)
+    if ops is not None:  # /metrics reads the counts at scrape time
+        ops.connection_stats = protocol.stats
     return uvicorn.Config(
         app,
         host=options.pop("host", settings.host),
         port=options.pop("port", settings.port),
-        http=http_protocol(ConnectionLimits.of(settings)),
+        http=protocol,
         **options,
     )

@@ -18,6 +18,7 @@ import ipaddress
 import json
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 from starlette.datastructures import Headers
@@ -83,6 +84,8 @@ class Operations:
         self.drain = Drain(settings.drain_timeout)
         self.metrics = Metrics(self._probe)
         self.gate: GatedEngine | None = None
+        # Set by the server's protocol (api/connections.py) when it serves this app.
+        self.connection_stats: Callable[[], dict[str, float]] | None = None
 
     def gated(self, engine):
         """The engine the service calls: gated by tokens in flight and per-key tokens/min."""
@@ -101,6 +104,8 @@ class Operations:
         out: dict[str, float] = {"draining": float(self.drain.draining), "ready": float(service is not None)}
         if service is not None:
             out["evaluations_in_flight"] = service.in_flight
+        if self.connection_stats is not None:
+            out.update(self.connection_stats())
         if self.gate is not None:
             out.update(self.gate.stats())
         elif getattr(self.runtime, "loaded", None) is not None:
