@@ -74,7 +74,7 @@ def serve(settings: Settings) -> int:
     from openjev import calibrations
     from openjev.api import logs
     from openjev.api.app import create_app
-    from openjev.api.connections import uvicorn_config
+    from openjev.api.connections import fit_open_files, uvicorn_config
     from openjev.engines import preflight_engine
     from openjev.runtime.drain import DrainingServer
 
@@ -83,6 +83,7 @@ def serve(settings: Settings) -> int:
     logs.configure(settings.log_level, settings.log_format, with_messages=settings.log_request_bodies)
     if settings.log_format == "json":  # progress bars on stderr would break one-object-per-line
         os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    fit_open_files(settings.max_connections)
     failed: list[BaseException] = []
     server: DrainingServer | None = None
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -256,3 +258,16 @@ def test_a_body_refused_before_it_is_read_is_answered_not_reset():
     with serving() as (url, _):
         r = httpx.post(url + "/v1/systemone", content=b"x" * (3 << 20), headers={"content-type": "application/json"})
         assert r.status_code == 413 and r.headers["x-typesafe-request-id"].startswith("req_")
+
+
+def test_the_open_file_limit_is_raised_to_fit_max_connections():
+    code = (
+        "import resource; from openjev.api.connections import fit_open_files\n"
+        "fit_open_files(1024); print(resource.getrlimit(resource.RLIMIT_NOFILE)[0])"
+    )
+    run = subprocess.run(
+        ["bash", "-c", f"ulimit -S -n 300 && {sys.executable} -c '{code}'"], capture_output=True, text=True, timeout=60
+    )
+    hard = subprocess.run(["bash", "-c", "ulimit -H -n"], capture_output=True, text=True).stdout.strip()
+    expected = 1024 + 256 if hard == "unlimited" else min(1024 + 256, int(hard))
+    assert int(run.stdout.strip()) == expected, run.stderr

@@ -319,3 +319,29 @@ def uvicorn_config(app: Any, settings: Any, **options: Any) -> uvicorn.Config:
         http=protocol,
         **options,
     )
+
+
+def fit_open_files(max_connections: int, spare: int = 256) -> None:
+    """Raise the soft open-file limit so that --max-connections can be reached (plus `spare`
+    for weights, logs and engine calls): past the limit accept() fails and uvicorn stops
+    accepting for a while, refusing everyone. Warns where the hard limit is lower."""
+    try:
+        import resource
+    except ImportError:  # not POSIX
+        return
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    need = max_connections + spare
+    if soft == resource.RLIM_INFINITY or soft >= need:
+        return
+    target = need if hard == resource.RLIM_INFINITY else min(need, hard)
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    except (ValueError, OSError):
+        target = soft
+    if target < need:
+        log.warning(
+            "open-file limit %d is below --max-connections %d + %d: lower --max-connections or raise ulimit -n",
+            target,
+            max_connections,
+            spare,
+        )
