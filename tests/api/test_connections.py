@@ -28,10 +28,10 @@ from tests.net import free_port
 
 
 @contextmanager
-def serving(**overrides) -> Iterator[tuple[str, int]]:
+def serving(engine: FakeEngine | None = None, **overrides) -> Iterator[tuple[str, int]]:
     """A real server on 127.0.0.1 (whatever `host` the settings name); yields (url, port)."""
     settings = load_settings(overrides, environ={})
-    app = create_app(settings, loader=fake_loader(FakeEngine()))
+    app = create_app(settings, loader=fake_loader(engine or FakeEngine()))
     port = free_port()
     server = uvicorn.Server(uvicorn_config(app, settings, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
@@ -124,6 +124,17 @@ def test_the_head_timeout_applies_to_every_request_of_a_keep_alive_connection():
         s.sendall(b"GET /health HTTP/1.1\r\nHo")  # then half a head
         raw, took = read_until_closed(s)
         assert parse(raw)[0] == 408 and took < 4.0, took
+
+
+def test_requests_slower_than_the_head_and_body_timeouts_are_served_on_a_kept_alive_connection():
+    """The limits bound the client's sending, never the server's work."""
+    engine = FakeEngine()
+    engine.delay_s = 1.5
+    with serving(engine, head_timeout_s=0.5, body_timeout_s=0.5) as (url, _):
+        with httpx.Client(base_url=url, timeout=30) as client:
+            for _ in range(2):
+                r = client.post("/v1/systemone", content=BODY, headers={"content-type": "application/json"})
+                assert r.status_code == 200
 
 
 def test_a_trickled_body_is_answered_408_within_the_body_timeout():

@@ -57,7 +57,13 @@ class ConnectionLimits:
 
 def http_protocol(limits: ConnectionLimits) -> type[BoundedH11Protocol]:
     """The protocol class for `uvicorn.Config(http=...)`; one class (and refusal count) per server."""
-    state = {"limits": limits, "refusing": 0, "warned_at": float("-inf"), "counts": dict.fromkeys(COUNTS, 0)}
+    state = {
+        "limits": limits,
+        "refusing": 0,
+        "open_connections": 0,
+        "warned_at": float("-inf"),
+        "counts": dict.fromkeys(COUNTS, 0),
+    }
     return type("BoundedH11Protocol", (BoundedH11Protocol,), state)
 
 
@@ -140,7 +146,6 @@ class BoundedH11Protocol(H11Protocol):
         self.conn = self.h11
         self.raw: asyncio.Transport | None = None
         self.closing = False
-        self.refused = False
         self.awaiting_head = True
         self.shutting_down = False
         self.head_timer: asyncio.TimerHandle | None = None
@@ -166,14 +171,13 @@ class BoundedH11Protocol(H11Protocol):
         assert self.raw is not None
         cls = type(self)
         self.transport = proxy  # what connection_lost closes; the refused one is never counted
-        self.refused = True
+        cls.counts["refused"] += 1
         if cls.refusing >= self.limits.max_connections:  # a flood: no answer, no linger
             self.closing = True
             self.raw.close()
             return
         cls.refusing += 1
         self.counted_refusal = True
-        cls.counts["refused"] += 1
         now = self.loop.time()
         if now - cls.warned_at >= WARN_EVERY_S:  # a flood must not flood the log too
             cls.warned_at = now
