@@ -282,3 +282,13 @@ def test_the_open_file_limit_is_raised_to_fit_max_connections():
     hard = subprocess.run(["bash", "-c", "ulimit -H -n"], capture_output=True, text=True).stdout.strip()
     expected = 1024 + 256 if hard == "unlimited" else min(1024 + 256, int(hard))
     assert int(run.stdout.strip()) == expected, run.stderr
+
+
+def test_a_request_http_cannot_parse_is_a_json_400_that_does_not_echo_it():
+    with serving() as (url, port):
+        s = connect(port)
+        s.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nbad header <secret>\r\n\r\n")
+        status, headers, body = parse(read_until_closed(s)[0])
+        assert status == 400 and body["detail"] == {"error_type": "invalid_request", "message": "invalid HTTP request"}
+        assert headers["x-typesafe-request-id"].startswith("req_")
+        assert httpx.get(url + "/health").status_code == 200
