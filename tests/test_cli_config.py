@@ -61,3 +61,63 @@ def test_schema_prints_openapi_without_loading_ml_frameworks():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     spec = json.loads(out)
     assert spec["openapi"].startswith("3.") and "/v1/systemone" in spec["paths"]
+
+
+@pytest.mark.parametrize(
+    "flags,why",
+    [
+        (["--temperature", "nan"], "temperature must be a finite number"),
+        (["--temperature", "inf"], "temperature must be a finite number"),
+        (["--temperature", "1e-9"], "temperature must be between"),
+        (["--engine-timeout-s", "nan"], "engine_timeout_s must be a finite number"),
+        (["--engine-timeout-s=-inf"], "engine_timeout_s must be a finite number"),
+        (["--batch-window-ms", "nan"], "batch_window_ms must be a finite number"),
+        (["--port", "70000"], "port must be a port number"),
+        (["--sglang-port", "0"], "sglang_port must be a port number"),
+        (["--head-timeout-s", "0"], "head_timeout_s must be positive"),
+        (["--body-timeout-s", "inf"], "body_timeout_s must be a finite number"),
+        (["--max-connections", "0"], "max_connections must be positive"),
+        (["--max-head-bytes", "100"], "max_head_bytes must be at least 1024"),
+        (["--max-rotations", "1000", "--rotations", "4"], "max_rotations must be at most 255"),
+        (["--retry-after-s", "100000"], "retry_after_s must be at most"),
+        (["--docs", "open"], "docs must be public, auth or off"),
+        (["--allowed-hosts", "a b"], "allowed_hosts"),
+        (["--log-level", "loud"], "log_level must be"),
+    ],
+)
+def test_serve_refuses_nonsense_settings_before_anything_loads(flags, why):
+    """Exit 2 with the reason, at once: no model loads, nothing listens (a server started
+    with --temperature nan used to be healthy and answer every request 0.5 or 500)."""
+    code = (
+        "import sys; from openjev.cli import main; rc = main(sys.argv[1:])\n"
+        "assert 'torch' not in sys.modules and 'uvicorn' not in sys.modules, 'loaded something'\n"
+        "sys.exit(rc)"
+    )
+    env = {k: v for k, v in __import__("os").environ.items() if not k.startswith("OPENJEV_")}
+    run = subprocess.run(
+        [sys.executable, "-c", code, "serve", *flags], capture_output=True, text=True, timeout=60, env=env
+    )
+    assert run.returncode == 2, run.stderr
+    assert why in run.stderr and run.stderr.startswith("openjev: ")
+
+
+@pytest.mark.parametrize("name", ["OPENJEV_TEMPERATURE", "OPENJEV_ENGINE_TIMEOUT_S", "OPENJEV_HEAD_TIMEOUT_S"])
+@pytest.mark.parametrize("raw", ["nan", "inf", "-inf"])
+def test_non_finite_numbers_from_the_environment_are_refused(name, raw):
+    with pytest.raises(ConfigError, match="finite"):
+        load_settings({}, environ={name: raw})
+
+
+def test_allowed_hosts_take_commas_and_repeats_and_the_environment():
+    args = build_parser().parse_args(["serve", "--allowed-hosts", "a.example,b.example", "--allowed-hosts", "*.c"])
+    assert _settings(args).allowed_hosts == ("a.example", "b.example", "*.c")
+    assert load_settings({}, environ={"OPENJEV_ALLOWED_HOSTS": "x, y"}).allowed_hosts == ("x", "y")
+
+
+def test_connection_limits_are_shown_in_limits():
+    limits = load_settings({}, environ={}).limits()
+    assert {"max_connections", "head_timeout_s", "body_timeout_s", "max_head_bytes"} <= set(limits)
+
+
+def test_the_defaults_are_valid():
+    assert load_settings({}, environ={}).validate()

@@ -58,8 +58,11 @@ def _settings(args: argparse.Namespace, passthrough: Sequence[str] = ()) -> Sett
     flags for the engine server we start (appended to --sglang-arg, or --vllm-arg with --engine vllm)."""
     overrides = {f.name: getattr(args, f.name, None) for f in dataclasses.fields(Settings)}
     for f in dataclasses.fields(Settings):
-        if str(f.type).startswith("tuple") and overrides.get(f.name) is not None:
-            overrides[f.name] = tuple(overrides[f.name])
+        given = overrides.get(f.name)
+        if str(f.type).startswith("tuple") and given is not None:
+            if f.metadata.get("comma"):  # `--allowed-hosts a,b` as well as repeated flags
+                given = [part.strip() for value in given for part in value.split(",") if part.strip()]
+            overrides[f.name] = tuple(given)
     settings = load_settings(overrides)
     if passthrough:  # to the child of whichever engine starts one
         name = "vllm_args" if settings.engine == "vllm" else "sglang_args"
@@ -68,11 +71,10 @@ def _settings(args: argparse.Namespace, passthrough: Sequence[str] = ()) -> Sett
 
 
 def serve(settings: Settings) -> int:
-    import uvicorn
-
     from openjev import calibrations
     from openjev.api import logs
     from openjev.api.app import create_app
+    from openjev.api.connections import fit_open_files, uvicorn_config
     from openjev.engines import preflight_engine
     from openjev.runtime.drain import DrainingServer
 
@@ -81,6 +83,7 @@ def serve(settings: Settings) -> int:
     logs.configure(settings.log_level, settings.log_format, with_messages=settings.log_request_bodies)
     if settings.log_format == "json":  # progress bars on stderr would break one-object-per-line
         os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    fit_open_files(settings.max_connections)
     failed: list[BaseException] = []
     server: DrainingServer | None = None
 
@@ -95,10 +98,9 @@ def serve(settings: Settings) -> int:
     signal.signal(signal.SIGHUP, lambda sig, frame: ops.keys.reload())
     # The drain (SIGTERM) has already let in-flight requests finish when uvicorn's own
     # shutdown starts; what is left for it is closing idle keep-alive connections.
-    config = uvicorn.Config(
+    config = uvicorn_config(  # with the connection limits (api/connections.py)
         app,
-        host=settings.host,
-        port=settings.port,
+        settings,
         log_level=settings.log_level,
         log_config=None,
         access_log=False,

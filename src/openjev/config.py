@@ -8,6 +8,8 @@ environment, then the default below. Settings are read once, at startup.
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -33,6 +35,28 @@ class Settings:
     # where to listen
     host: str = _opt("127.0.0.1", "interface to listen on")
     port: int = _opt(8000, "port to listen on")
+    allowed_hosts: tuple[str, ...] = _opt(
+        (),
+        "Host header names accepted besides the loopback ones (comma-separated or repeated; `*.example.com` "
+        "for subdomains, `*` for any); none: only loopback names on a loopback --host, any name otherwise",
+        flag="allowed-hosts",
+        metavar="HOST[,HOST]",
+        comma=True,
+    )
+    docs: str = _opt(
+        "auth",
+        "API docs (/docs, /redoc, /openapi.json): public, off, or auth (the API's bearer key when keys are "
+        "configured, open when none are, like the API)",
+    )
+    # connections (api/connections.py: checked before a request reaches the app)
+    max_connections: int = _opt(
+        1024, "open HTTP connections at once; beyond it a new connection is answered 503 and closed"
+    )
+    head_timeout_s: float = _opt(
+        10.0, "time for a request's head (request line and headers) to arrive; beyond it: 408 and close"
+    )
+    body_timeout_s: float = _opt(60.0, "time for a request's whole body to arrive once its head has; beyond it: 408")
+    max_head_bytes: int = _opt(65_536, "bytes of a request's head (request line and headers); beyond it: 431")
     # what answers
     engine: str = _opt("transformers", "engine implementation: transformers (in-process), sglang, vllm")
     model: str | None = _opt(
@@ -175,11 +199,28 @@ class Settings:
             "key_tokens_per_min": self.key_tokens_per_min,
             "max_batch_items": self.max_batch_items,
             "max_batch_tokens": self.max_batch_tokens,
+            "max_connections": self.max_connections,
+            "head_timeout_s": self.head_timeout_s,
+            "body_timeout_s": self.body_timeout_s,
+            "max_head_bytes": self.max_head_bytes,
         }
 
+    @property
+    def loopback_bind(self) -> bool:
+        """Listening on a loopback interface only (the default): reachable from this machine alone."""
+        return is_loopback_name(self.host)
+
     def validate(self) -> Settings:
+        """Every setting checked at start, before anything loads: a value that cannot work is a
+        ConfigError (the CLI exits 2 with it), never a server that answers every request wrong."""
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, float) and not math.isfinite(value):
+                raise ConfigError(f"{f.name} must be a finite number, got {value!r}")
+        for name in ("port", "sglang_port", "vllm_port"):
+            if not 1 <= getattr(self, name) <= 65535:
+                raise ConfigError(f"{name} must be a port number (1-65535), got {getattr(self, name)!r}")
         positive = (
-            "port",
             "max_questions",
             "max_body_bytes",
             "max_json_depth",
@@ -197,6 +238,11 @@ class Settings:
             "rotation_max_options",
             "max_batch_items",
             "max_batch_tokens",
+            "slice_ms",
+            "warmup_min_tokens",
+            "max_connections",
+            "head_timeout_s",
+            "body_timeout_s",
         )
         for name in positive:
             if getattr(self, name) <= 0:
@@ -212,19 +258,64 @@ class Settings:
         ):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must not be negative, got {getattr(self, name)!r}")
-        if self.slice_ms <= 0:
-            raise ConfigError(f"slice_ms must be positive, got {self.slice_ms!r}")
+        # Upper bounds: beyond them a value is a typo, and some would overflow a timer or a tensor.
+        for name, top in (
+            ("temperature", 1000.0),
+            ("engine_timeout_s", _DAY),
+            ("startup_timeout_s", _DAY),
+            ("drain_timeout_s", _DAY),
+            ("max_queue_wait_s", _DAY),
+            ("head_timeout_s", 3600.0),
+            ("body_timeout_s", _DAY),
+            ("retry_after_s", 3600),
+            ("batch_window_ms", 60_000.0),
+            ("slice_ms", 3_600_000.0),
+            ("max_rotations", MAX_CHOICE_OPTIONS),
+            ("rotation_max_options", MAX_CHOICE_OPTIONS),
+            ("max_body_bytes", 1 << 30),
+            ("max_head_bytes", 1 << 24),
+            ("max_connections", 1 << 20),
+        ):
+            if getattr(self, name) > top:
+                raise ConfigError(f"{name} must be at most {top}, got {getattr(self, name)!r}")
+        if self.temperature < 1e-3:
+            raise ConfigError(f"temperature must be between 0.001 and 1000, got {self.temperature!r}")
+        if self.max_head_bytes < 1024:
+            raise ConfigError(f"max_head_bytes must be at least 1024, got {self.max_head_bytes!r}")
         if self.log_format not in ("text", "json"):
             raise ConfigError(f"log_format must be text or json, got {self.log_format!r}")
-        if self.temperature <= 0:
-            raise ConfigError(f"temperature must be positive, got {self.temperature!r}")
+        if self.log_level.lower() not in ("debug", "info", "warning", "error", "critical"):
+            raise ConfigError(f"log_level must be debug, info, warning, error or critical, got {self.log_level!r}")
         if self.readout not in ("letters", "yesno"):
             raise ConfigError(f"readout must be letters or yesno, got {self.readout!r}")
+        if self.docs not in ("public", "auth", "off"):
+            raise ConfigError(f"docs must be public, auth or off, got {self.docs!r}")
+        for name in self.allowed_hosts:
+            if not name or any(c.isspace() or c in "/@" for c in name) or ("*" in name and not _wildcard(name)):
+                raise ConfigError(f"allowed_hosts: {name!r} is not a host name, `*.domain` or `*`")
         if self.rotations > self.max_rotations:
             raise ConfigError(f"rotations ({self.rotations}) exceeds max_rotations ({self.max_rotations})")
         if self.max_questions > 4096:
             raise ConfigError("max_questions above 4096 is not supported")
         return self
+
+
+_DAY = 86_400.0
+LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
+
+
+def _wildcard(name: str) -> bool:
+    return name == "*" or (name.startswith("*.") and "*" not in name[2:] and len(name) > 2)
+
+
+def is_loopback_name(host: str) -> bool:
+    host = host.strip("[]").lower().rstrip(".")
+    if host == "localhost" or host.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 # The contract's fixed ranges (jev-contract.md); not settings: clients rely on them.

@@ -91,6 +91,18 @@ class MalformedBody(RequestError):
     error_type = "invalid_request"
 
 
+class RequestTimeout(RequestError):
+    """The client did not send its request in time (a slow or stalled client); the
+    connection is closed after the answer. SDKs retry 408."""
+
+    status = 408
+    error_type = "timeout"
+    retryable = True
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, headers={"Connection": "close"})
+
+
 class TokensExceeded(RequestError):
     """A token budget (per branch or per request) is exceeded; checked before engine work."""
 

@@ -31,7 +31,7 @@ async def running_app(engine: FakeEngine | None = None, *, gate=None, fail=None,
     app = create_app(load_settings(settings, environ={}), loader=fake_loader(engine, gate, fail), on_fatal=on_fatal)
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+        async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as client:
             if wait:
                 for _ in range(200):
                     if (await client.get("/health")).status_code == 200:

@@ -36,7 +36,10 @@ CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance,
 
 # Small limits so that generated bodies reach every refusal (413, 422 budgets) as well as 200.
 APP = create_app(
-    load_settings({"max_body_bytes": 64 * 1024, "max_questions": 8, "max_request_tokens": 4096}, environ={}),
+    load_settings(
+        {"max_body_bytes": 64 * 1024, "max_questions": 8, "max_request_tokens": 4096, "allowed_hosts": ("testserver",)},
+        environ={},
+    ),
     loader=fake_loader(FakeEngine()),
 )
 schema = schemathesis.openapi.from_asgi("/openapi.json", APP)  # starts the app's lifespan (the fake loads)

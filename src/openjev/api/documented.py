@@ -1,7 +1,9 @@
 """What each route can answer besides 200, as the OpenAPI document states it: every status
 with its real body (the contract's two error shapes), so that clients and the fuzz tests
 (tests/api/test_fuzz.py, schemathesis) can hold the server to it. Keep in step with
-errors.py (statuses of OpenjevError), api/wire.py (415, 422) and api/ops.py (401, 429, 503).
+errors.py (statuses of OpenjevError), api/wire.py (415, 422), api/ops.py (401, 429, 503),
+api/hosts.py (400) and api/connections.py (408, 431; its 503 for a connection beyond
+--max-connections is answered before any route is known, like the 400 for unparseable HTTP).
 """
 
 from __future__ import annotations
@@ -25,9 +27,21 @@ RATE_LIMITED: Responses = {
 }
 NOT_READY: Responses = {503: _error("the model is still loading, or loading failed; see Retry-After")}
 
+# Below the routes, on any of them (the connection is closed after each).
+CONNECTION_ERRORS: Responses = {
+    400: _error("a Host this server does not answer (--allowed-hosts), or a request HTTP cannot parse"),
+    408: _error("the request head did not arrive within --head-timeout-s (timeout)"),
+    431: _error("the request head is larger than --max-head-bytes"),
+}
+
 # POST routes that take a body: what the wire, the schema, the budgets and the engine refuse.
 BODY_ERRORS: Responses = {
-    400: _error("a Content-Encoding body that does not decode (corrupt gzip or zstd), or a body cut short"),
+    **CONNECTION_ERRORS,
+    400: _error(
+        "a Content-Encoding body that does not decode (corrupt gzip or zstd), a body cut short, "
+        "a Host this server does not answer, or a request HTTP cannot parse"
+    ),
+    408: _error("the request head or body did not arrive within --head-timeout-s / --body-timeout-s (timeout)"),
     **UNAUTHORIZED,
     413: _error("request body too large, before or after decoding (payload_too_large)"),
     415: _error(
@@ -53,9 +67,10 @@ DECISION_ERRORS: Responses = {
     404: _error("unknown model (not_found): use jev-latest, a jev-* alias or the served name"),
 }
 
-READ_ERRORS: Responses = {**UNAUTHORIZED, **RATE_LIMITED, **NOT_READY}
+READ_ERRORS: Responses = {**CONNECTION_ERRORS, **UNAUTHORIZED, **RATE_LIMITED, **NOT_READY}
 
 HEALTH: Responses = {
+    **CONNECTION_ERRORS,
     200: {"description": "the model is loaded", "model": schemas.HealthBody},
     503: {
         "description": "loading, loading failed (with the error), or draining (with Retry-After)",

@@ -46,6 +46,7 @@ class _Live:
             "prefix_cache_hit_ratio": "prefix-cache lookups that matched at least one token, since start",
             "draining": "1 after SIGTERM, while in-flight requests finish",
             "ready": "1 once the model is loaded and the server answers decisions",
+            "connections_open": "HTTP connections open (--max-connections bounds them)",
         }
         for name, help_text in gauges.items():
             if name in values:
@@ -54,6 +55,9 @@ class _Live:
             "prefix_cache_lookups": "prefix-cache lookups (one per request admitted to the in-process engine)",
             "prefix_cache_hits": "prefix-cache lookups that matched at least one token",
             "engine_forwards": "model forwards run by the in-process engine",
+            "connections_refused": "connections refused with 503 at --max-connections, before any request",
+            "connections_head_timeouts": "connections closed at --head-timeout-s (408 for a partial head)",
+            "connections_heads_too_large": "requests refused with 431 (head over --max-head-bytes)",
         }
         for name, help_text in counters.items():
             if name in values:

@@ -3,6 +3,7 @@ decoded before anything parses them."""
 
 from __future__ import annotations
 
+import asyncio
 import io
 import uuid
 import zlib
@@ -13,7 +14,7 @@ from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from openjev.api import disclosure
-from openjev.errors import MalformedBody, OpenjevError, PayloadTooLarge, UnsupportedEncoding
+from openjev.errors import MalformedBody, OpenjevError, PayloadTooLarge, RequestTimeout, UnsupportedEncoding
 
 REQUEST_ID_HEADER = "x-typesafe-request-id"
 
@@ -57,19 +58,25 @@ class RequestIdMiddleware:
 
 class BodyMiddleware:
     """Reads request bodies up to `max_bytes`, before any parsing, chunked or not (413 beyond),
-    decodes gzip and zstd Content-Encoding with the same limit on the decoded bytes, and hands
-    the application the plain body."""
+    within `timeout_s` (408 and the connection closed beyond: a client trickling its body
+    must not hold a connection and a task for ever), decodes gzip and zstd Content-Encoding
+    with the same limit on the decoded bytes, and hands the application the plain body."""
 
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+    def __init__(self, app: ASGIApp, max_bytes: int, timeout_s: float | None = None) -> None:
         self.app = app
         self.max_bytes = max_bytes
+        self.timeout_s = timeout_s
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["method"] not in ("POST", "PUT", "PATCH"):
             await self.app(scope, receive, send)
             return
         try:
-            body, encoding = await self._read(scope, receive)
+            try:
+                async with asyncio.timeout(self.timeout_s):  # no extra task, unlike wait_for
+                    body, encoding = await self._read(scope, receive)
+            except TimeoutError:
+                raise RequestTimeout(f"the request body did not arrive within {self.timeout_s:g} s") from None
             body = self._decode(body, encoding)
         except OpenjevError as exc:
             disclosure.remember(scope, exc)  # the decoder's text goes to the access log only

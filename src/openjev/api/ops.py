@@ -18,6 +18,7 @@ import ipaddress
 import json
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 from starlette.datastructures import Headers
@@ -55,6 +56,10 @@ ROUTES = (
 )
 
 
+# The API docs: behind the API's key with --docs auth (their static assets are not).
+DOCS_ROUTES = ("/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json")
+
+
 def route_of(path: str) -> str:
     return path if path in ROUTES else "other"
 
@@ -80,6 +85,8 @@ class Operations:
         self.drain = Drain(settings.drain_timeout)
         self.metrics = Metrics(self._probe)
         self.gate: GatedEngine | None = None
+        # Set by the server's protocol (api/connections.py) when it serves this app.
+        self.connection_stats: Callable[[], dict[str, float]] | None = None
 
     def gated(self, engine):
         """The engine the service calls: gated by tokens in flight and per-key tokens/min."""
@@ -98,6 +105,8 @@ class Operations:
         out: dict[str, float] = {"draining": float(self.drain.draining), "ready": float(service is not None)}
         if service is not None:
             out["evaluations_in_flight"] = service.in_flight
+        if self.connection_stats is not None:
+            out.update(self.connection_stats())
         if self.gate is not None:
             out.update(self.gate.stats())
         elif getattr(self.runtime, "loaded", None) is not None:
@@ -159,7 +168,12 @@ class OpsMiddleware:
     def _authenticate(self, scope: Scope, path: str) -> KeyEntry | None:
         """The caller's key where one is needed (raises 401/429); None where none is."""
         keys = self.ops.keys
-        guarded = path.startswith("/v1/") or path in DECISION_ROUTES or (path == "/metrics" and not _loopback(scope))
+        guarded = (
+            path.startswith("/v1/")
+            or path in DECISION_ROUTES
+            or (path == "/metrics" and not _loopback(scope))
+            or (path in DOCS_ROUTES and self.ops.settings.docs == "auth")
+        )
         if not keys.enabled or not guarded:
             return None
         header = Headers(scope=scope).get("authorization", "")

@@ -1,0 +1,112 @@
+"""Slow clients against a running server: how long half-sent heads, silent connections and
+trickled bodies are held, whether connections beyond the bound are refused at once, and
+whether a normal client is still served meanwhile. One JSON line.
+
+    openjev serve --port 8000 &            # or any build to compare (e.g. an older commit)
+    .venv/bin/python bench/bench_connections.py --url http://127.0.0.1:8000 [--clients 200] [--hold-s 60]
+
+Each slow client is a raw socket: `head` sends half a request head and waits, `silent`
+connects and sends nothing, `body` sends a head announcing 1000 bytes and then one byte per
+second. A connection is counted closed when the server closes it (or answers and closes);
+one still open after --hold-s is reported as held for at least that long.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import time
+from urllib.parse import urlsplit
+
+
+async def slow_client(host: str, port: int, kind: str, hold_s: float) -> tuple[str, float, bytes]:
+    t0 = time.monotonic()
+    try:
+        reader, writer = await asyncio.open_connection(host, port)
+    except OSError as e:
+        return kind, time.monotonic() - t0, f"connect failed: {e}".encode()
+    if kind == "head":
+        writer.write(b"POST /v1/systemone HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-")
+    elif kind == "body":
+        writer.write(b"POST /v1/systemone HTTP/1.1\r\nHost: 127.0.0.1\r\ncontent-length: 1000\r\n\r\n{")
+    got = b""
+    deadline = t0 + hold_s
+    try:
+        while time.monotonic() < deadline:
+            try:
+                chunk = await asyncio.wait_for(reader.read(65536), 1.0)
+            except TimeoutError:
+                if kind == "body":
+                    writer.write(b" ")
+                continue
+            if not chunk:
+                break
+            got += chunk
+        else:
+            return kind, hold_s, b"still open"
+    except (ConnectionError, OSError) as e:
+        got += f" [{type(e).__name__}]".encode()
+    finally:
+        writer.close()
+    return kind, time.monotonic() - t0, got.split(b"\r\n", 1)[0]
+
+
+async def normal_client(host: str, port: int, stop: asyncio.Event) -> list[float | str]:
+    """A new connection and GET /health every half second while the slow clients hold on."""
+    out: list[float | str] = []
+    while not stop.is_set():
+        t0 = time.monotonic()
+        try:
+            reader, writer = await asyncio.open_connection(host, port)
+            writer.write(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+            line = await asyncio.wait_for(reader.readline(), 10)
+            writer.close()
+            out.append(round(time.monotonic() - t0, 3) if b" 200 " in line else line.decode().strip())
+        except (OSError, TimeoutError) as e:
+            out.append(type(e).__name__)
+        await asyncio.sleep(0.5)
+    return out
+
+
+async def main(url: str, clients: int, hold_s: float) -> dict:
+    parts = urlsplit(url)
+    host, port = parts.hostname or "127.0.0.1", parts.port or 80
+    stop = asyncio.Event()
+    normal = asyncio.create_task(normal_client(host, port, stop))
+    kinds = ["head", "silent", "body"]
+    results = await asyncio.gather(*(slow_client(host, port, kinds[i % 3], hold_s) for i in range(clients)))
+    stop.set()
+    served = await normal
+    report: dict = {"url": url, "clients": clients, "hold_s": hold_s}
+    for kind in kinds:
+        times = [t for k, t, _ in results if k == kind]
+        answers: dict[str, int] = {}
+        for k, _, first in results:
+            if k == kind:
+                answers[first.decode("latin-1")[:40] or "(closed, no answer)"] = (
+                    answers.get(first.decode("latin-1")[:40] or "(closed, no answer)", 0) + 1
+                )
+        report[kind] = {
+            "held_s_median": round(statistics.median(times), 2),
+            "held_s_max": round(max(times), 2),
+            "answers": answers,
+        }
+    ok = [x for x in served if isinstance(x, float)]
+    report["normal_client"] = {
+        "requests": len(served),
+        "served": len(ok),
+        "p50_s": round(statistics.median(ok), 3) if ok else None,
+        "failures": sorted({str(x) for x in served if not isinstance(x, float)}),
+    }
+    return report
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--url", default="http://127.0.0.1:8000")
+    parser.add_argument("--clients", type=int, default=200)
+    parser.add_argument("--hold-s", type=float, default=60.0)
+    args = parser.parse_args()
+    print(json.dumps(asyncio.run(main(args.url, args.clients, args.hold_s))))

@@ -1,0 +1,49 @@
+"""Exception handlers: every error the routes raise leaves in the contract's shape,
+`{"detail": {"error_type", "message"}}` (validation errors keep FastAPI's `detail[]`)."""
+
+from __future__ import annotations
+
+import logging
+from typing import cast
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from openjev.api import disclosure
+from openjev.api.middleware import REQUEST_ID_HEADER, error_response, request_id_of
+from openjev.errors import OpenjevError
+
+log = logging.getLogger(__name__)
+
+
+async def _openjev_error(request: Request, exc: Exception) -> JSONResponse:
+    public = disclosure.public(cast(OpenjevError, exc))  # registered for OpenjevError only
+    disclosure.remember(request.scope, public)  # the detail goes to the access log only
+    return error_response(public)
+
+
+async def _http_error(request: Request, exc: Exception) -> JSONResponse:
+    exc = cast(StarletteHTTPException, exc)  # registered for StarletteHTTPException only
+    kind = "not_found" if exc.status_code == 404 else "invalid_request" if exc.status_code < 500 else "unknown"
+    return JSONResponse(
+        {"detail": {"error_type": kind, "message": str(exc.detail)}},
+        status_code=exc.status_code,
+        headers=getattr(exc, "headers", None),
+    )
+
+
+async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+    # Runs outside our middleware (Starlette's ServerErrorMiddleware), so add the id here.
+    log.exception("unexpected error")
+    return JSONResponse(
+        {"detail": {"error_type": "unknown", "message": "internal error"}},
+        status_code=500,
+        headers={REQUEST_ID_HEADER: request_id_of(request.scope) or ""},
+    )
+
+
+def install(app: FastAPI) -> None:
+    app.add_exception_handler(OpenjevError, _openjev_error)
+    app.add_exception_handler(StarletteHTTPException, _http_error)
+    app.add_exception_handler(Exception, _unexpected)
