@@ -233,14 +233,20 @@ async def test_cancelling_a_request_aborts_whatever_is_in_flight():
 # ---- tokenizer agreement
 
 
-def _probe_server(shift: int, bos: bool = False):
+def _probe_server(shift: int, bos: bool = False, seen: list | None = None, reply=None):
+    """A server whose tokenizer is one id per character (+ `shift`); records what it is sent
+    in `seen`. `reply(ids)` replaces its answer's body."""
     import json as _json
 
     def handle(request):
         body = _json.loads(request.content)
-        ids = [ord(c) + shift for c in body["text"]]  # the "server's" tokenizer: one id per character
+        if seen is not None:
+            seen.append((request.url.path, body))
+        ids = [ord(c) + shift for c in body["text"]]  # it tokenizes the text it was sent
         if bos:
             ids = [1, *ids]
+        if reply is not None:
+            return httpx.Response(200, json=reply(ids))
         return httpx.Response(200, json={"meta_info": {"input_token_logprobs": [[None, t, None] for t in ids]}})
 
     return httpx.Client(transport=httpx.MockTransport(handle))
@@ -254,11 +260,16 @@ class CharTokenizer:
         return [ord(c) for c in text]
 
 
-def test_tokenizer_agreement_accepts_the_same_tokenizer_with_or_without_bos():
+@pytest.mark.parametrize("bos", [False, True])
+def test_tokenizer_agreement_accepts_the_same_tokenizer_with_or_without_bos(bos):
     from openjev.engines.sglang import verify_tokenizer
 
-    verify_tokenizer("http://s", CharTokenizer(), client=_probe_server(0))
-    verify_tokenizer("http://s", CharTokenizer(), client=_probe_server(0, bos=True))
+    seen: list = []
+    # True: the server's ids were read and compared (a probe that could not be read is False)
+    assert verify_tokenizer("http://s", CharTokenizer(), client=_probe_server(0, bos=bos, seen=seen)) is True
+    [(path, body)] = seen
+    assert path == "/generate" and body["logprob_start_len"] == 0  # the server lists every input token
+    assert "Prüfe: naïve café" in body["text"] and body["text"].endswith("Answer:")  # a rendered prompt, as text
 
 
 def test_tokenizer_mismatch_is_refused():
@@ -330,3 +341,77 @@ async def test_auto_remembers_prefixes_per_namespace():
     finally:
         await engine.close()
     assert engine.strategies_used == {"staged": 2, "all": 1}
+
+
+def test_a_server_that_cannot_list_its_tokens_is_not_verified_and_says_so(caplog):
+    from openjev.engines.sglang import verify_tokenizer
+
+    no_ids = _probe_server(0, reply=lambda ids: {"meta_info": {}})  # e.g. --skip-tokenizer-init
+    assert verify_tokenizer("http://s", CharTokenizer(), client=no_ids) is False
+    assert "could not verify" in caplog.text
+
+
+# ---- health probe (GET /health of openjev asks it)
+
+
+def _raises(error: type[httpx.TransportError]):
+    def answer(request):
+        raise error("what the transport saw", request=request)
+
+    return answer
+
+
+@pytest.mark.parametrize(
+    "answer,expected",
+    [
+        (lambda request: httpx.Response(200, json={}), None),
+        (lambda request: httpx.Response(503), "answered 503"),
+        (_raises(httpx.ConnectError), "cannot be reached"),  # refused: the server is gone
+        (_raises(httpx.ReadTimeout), "did not answer"),  # accepted, never answered: it stalls
+    ],
+)
+async def test_probe_says_whether_the_server_answers_its_health(answer, expected):
+    seen = []
+
+    def handle(request):
+        seen.append(request.url.path)
+        return answer(request)
+
+    engine = SGLangEngine("http://sglang.test", transport=httpx.MockTransport(handle))
+    try:
+        problem = await engine.probe()
+    finally:
+        await engine.close()
+    assert seen == ["/health"]
+    if expected is None:
+        assert problem is None
+    else:
+        assert expected in problem and "sglang.test" not in problem  # /health is public: no address
+
+
+async def test_an_unreachable_engine_is_503_with_retry_after():
+    def refuse(request):
+        raise httpx.RemoteProtocolError("Server disconnected without sending a response", request=request)
+
+    engine = SGLangEngine("http://sglang.test", transport=httpx.MockTransport(refuse), retry_after_s=3)
+    with pytest.raises(EngineUnavailable) as info:
+        await _run(engine, _plan())
+    assert info.value.status == 503 and info.value.headers["Retry-After"] == "3"
+
+
+async def test_a_recent_reply_answers_the_probe_without_asking_health():
+    fake = FakeSGLang()
+    paths = []
+
+    async def handle(request):
+        paths.append(request.url.path)
+        return await fake.handle(request)
+
+    engine = SGLangEngine("http://sglang.test", transport=httpx.MockTransport(handle), probe_timeout_s=30)
+    try:
+        assert await engine.probe() is None  # nothing answered yet: asks /health
+        await engine.run(_plan(1))
+        assert await engine.probe() is None  # answered just now: does not ask
+    finally:
+        await engine.close()
+    assert paths == ["/health", "/generate"]

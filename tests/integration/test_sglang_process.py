@@ -2,6 +2,7 @@
 The child is tests/fake_sglang_server.py (a named fake); SGLang-JAX runs in `make test-sglang`."""
 
 import asyncio
+import logging
 import os
 import signal
 import subprocess
@@ -16,6 +17,7 @@ from openjev.config import load_settings
 from openjev.core.plan import Branch, Plan
 from openjev.engines.sglang import load, preflight
 from openjev.errors import ConfigError
+from tests.fakes import fake_logprobs
 from tests.integration.conftest import start_server, stop_server
 from tests.net import free_port
 
@@ -66,16 +68,24 @@ def test_radix_cache_off_is_fine_for_all(tokenizer_folder):
     preflight(_settings(tokenizer_folder, sglang_args=("--disable-radix-cache",), strategy="all"))
 
 
-def test_child_is_started_checked_supervised_and_stopped(tokenizer_folder):
+def test_child_is_started_checked_supervised_and_stopped(tokenizer_folder, caplog):
     settings = _settings(tokenizer_folder, sglang_args=("--disable-radix-cache",), strategy="all")
-    loaded = load(settings)
+    with caplog.at_level(logging.INFO, logger="openjev.engines.remote"):
+        loaded = load(settings)
     engine = loaded.engine
     child = engine.process.process
     try:
         assert loaded.card.name == Path(tokenizer_folder).name.lower()
+        # checked: the child's tokenizer was asked for the probe's ids and they were compared
+        assert "the engine's tokenizer equals ours" in caplog.text, caplog.text
         plan = Plan.from_branches([Branch((1, 2, 3), (5, 6)), Branch((1, 2, 4), (5, 6))])
-        result = asyncio.run(engine.run(plan))
-        assert len(result.branches) == 2
+
+        async def run_and_probe():
+            return await engine.run(plan), await loaded.probe()
+
+        result, problem = asyncio.run(run_and_probe())
+        assert [r.logprobs for r in result.branches] == [fake_logprobs(b.input_ids, 2) for b in plan.branches]
+        assert problem is None  # its /health answers
         died = []
         loaded.supervise(died.append)
         os.killpg(child.pid, signal.SIGKILL)  # the child dies under us

@@ -73,7 +73,8 @@ HEALTH: Responses = {
     **CONNECTION_ERRORS,
     200: {"description": "the model is loaded", "model": schemas.HealthBody},
     503: {
-        "description": "loading, loading failed (with the error), or draining (with Retry-After)",
+        "description": "loading, loading failed (with the error), draining (with Retry-After), or the engine "
+        "server does not answer (engine_unavailable, with the reason)",
         "model": schemas.HealthBody,
     },
 }

@@ -116,11 +116,15 @@ def install_models(app: FastAPI, settings: Settings, runtime: Runtime) -> None:
 def install_health(app: FastAPI, runtime: Runtime) -> None:
     @app.get(
         "/health",
-        summary="200 once the model is loaded, 503 before (or if loading failed)",
+        summary="200 once the model is loaded and its engine server answers; 503 before, if loading failed, "
+        "or while the engine server does not answer",
         responses=documented.HEALTH,
     )
     async def health() -> JSONResponse:
         if runtime.loaded is not None and runtime.service is not None:
+            problem = await runtime.loaded.probe() if runtime.loaded.probe is not None else None
+            if problem is not None:  # an engine server that died or stalls: not ready
+                return JSONResponse({"status": "engine_unavailable", "error": problem}, status_code=503)
             return JSONResponse(
                 {
                     "status": "ok",

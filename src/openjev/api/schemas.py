@@ -227,11 +227,11 @@ class UnprocessableBody(RootModel[ValidationErrorBody | ErrorBody]):
 
 
 class HealthBody(BaseModel):
-    status: str = Field(description="ok, loading, failed or draining")
+    status: str = Field(description="ok, loading, failed, draining or engine_unavailable")
     model: str | None = None
     load_seconds: float | None = None
     in_flight: int | None = None
-    error: str | None = Field(None, description="why loading failed")
+    error: str | None = Field(None, description="why loading failed, or why the engine server does not answer")
 
 
 class CalibrationInfo(BaseModel):

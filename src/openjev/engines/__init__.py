@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from openjev.config import Settings
@@ -31,6 +31,9 @@ class LoadedEngine:
     # Starts watching what the engine depends on (a child server); calls its argument with
     # the reason if that dies. None where there is nothing to watch.
     supervise: Callable[[Callable[[BaseException], None]], None] | None = None
+    # Asks whatever the engine reaches over the network whether it answers now: None if it
+    # does, else why not (GET /health reports it). None where the engine is in-process.
+    probe: Callable[[], Awaitable[str | None]] | None = None
 
 
 @dataclass(frozen=True)

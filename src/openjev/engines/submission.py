@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import asyncio
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Any
 
 from openjev.core.plan import Plan, TrieNode
 
@@ -57,8 +58,8 @@ def choose(strategy: str, plan: Plan, recent: RecentPrefixes, *, warmup_min_toke
 async def execute(
     strategy: str,
     plan: Plan,
-    branch: Callable[[int], Awaitable[None]],
-    prefix: Callable[[Sequence[int]], Awaitable[None]],
+    branch: Callable[[int], Coroutine[Any, Any, None]],
+    prefix: Callable[[Sequence[int]], Coroutine[Any, Any, None]],
     *,
     stage_min_tokens: int,
 ) -> None:
@@ -79,7 +80,9 @@ async def execute(
         raise ValueError(f"unknown strategy {strategy!r}")
 
 
-async def _staged(node: TrieNode, seed: int | None, branch, stage_min_tokens: int) -> None:
+async def _staged(
+    node: TrieNode, seed: int | None, branch: Callable[[int], Coroutine[Any, Any, None]], stage_min_tokens: int
+) -> None:
     """Precondition: the path down to `node` is cached iff `seed` (a branch below it) is done."""
     if seed is None:
         seed = node.branch_indices()[0]
@@ -96,7 +99,7 @@ async def _staged(node: TrieNode, seed: int | None, branch, stage_min_tokens: in
     await _together(work)
 
 
-async def _together(aws: list[Awaitable[None]]) -> None:
+async def _together(aws: list[Coroutine[Any, Any, None]]) -> None:
     if not aws:
         return
     async with asyncio.TaskGroup() as group:

@@ -23,16 +23,18 @@ from __future__ import annotations
 
 import logging
 import math
-import time
 import uuid
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import httpx
 
-from openjev.engines.sglang import SGLangEngine
-from openjev.errors import ConfigError, EngineError, EngineUnavailable, ModelUnsuitable, TokensExceeded
+from openjev.config import Settings
+from openjev.core.ports import ChatTokenizer
+from openjev.engines import LoadedEngine, remote
+from openjev.engines.http_engine import SGLangEngine
+from openjev.engines.http_protocol import Reply
+from openjev.errors import ConfigError, EngineError, EngineUnavailable, TokensExceeded
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +52,7 @@ REQUIRED_CHILD_FLAGS = (
 )
 
 
-def parse_reply(body: Any, label_ids: Sequence[int]) -> tuple[tuple[float, ...], int | None, int | None]:
+def parse_reply(body: Any, label_ids: Sequence[int]) -> Reply:
     """(label log-probs aligned with `label_ids`, prompt_tokens, cached_tokens) from a
     /inference/v1/generate reply (output_mode "tokens"); EngineError for anything unusable."""
     if not isinstance(body, dict) or not isinstance(body.get("choices"), list) or len(body["choices"]) != 1:
@@ -127,11 +129,11 @@ class VLLMEngine(SGLangEngine):
     # at once; `staged` and `warmup` stay available and only add round trips here.
     shares_prefix_within_a_batch = True
 
-    def __init__(self, url: str, *, max_prompt_tokens: int | None = None, **kw) -> None:
+    def __init__(self, url: str, *, max_prompt_tokens: int | None = None, **kw: Any) -> None:
         super().__init__(url, **kw)
         self.max_prompt_tokens = max_prompt_tokens  # the server's max_model_len - 1 (one token is generated)
 
-    async def _generate(self, input_ids: Sequence[int], label_ids: Sequence[int], salt: str = ""):
+    async def _generate(self, input_ids: Sequence[int], label_ids: Sequence[int], salt: str = "") -> Reply:
         if self.max_prompt_tokens is not None and len(input_ids) > self.max_prompt_tokens:
             raise TokensExceeded(
                 f"a branch of {len(input_ids)} tokens exceeds the vLLM server's context "
@@ -157,7 +159,7 @@ class VLLMEngine(SGLangEngine):
     def _abort_body(self, rid: str) -> dict:
         return {"request_ids": [ID_PREFIX + rid]}
 
-    def _parse(self, payload, label_ids: Sequence[int]):
+    def _parse(self, payload: Any, label_ids: Sequence[int]) -> Reply:
         return parse_reply(payload, label_ids)
 
 
@@ -220,38 +222,19 @@ def check_server(
     return info
 
 
-def verify_tokenizer(url: str, tokenizer, client: httpx.Client | None = None, timeout_s: float = 60.0) -> None:
-    """Refuse a server whose tokenizer differs from ours (it would read other tokens than we
-    planned): a real rendered prompt, tokenized by its `/tokenize`."""
-    from openjev.core.types import Turn
+def verify_tokenizer(
+    url: str, tokenizer: ChatTokenizer, client: httpx.Client | None = None, timeout_s: float = 60.0
+) -> bool:
+    """remote.verify_tokenizer over vLLM's `/tokenize`."""
 
-    probe = (
-        tokenizer.render(
-            [Turn("user", "Prüfe: naïve café, 12,345.67 — tabs\tand\nnewlines 🙂 ok?")], add_generation_prompt=True
-        )
-        + "Answer:"
-    )
-    ours = tokenizer.encode(probe)
-    try:
+    def server_ids(text: str) -> list[int]:
         r = (client or httpx).post(
-            url + "/tokenize", json={"prompt": probe, "add_special_tokens": False}, timeout=timeout_s
+            url + "/tokenize", json={"prompt": text, "add_special_tokens": False}, timeout=timeout_s
         )
         r.raise_for_status()
-        theirs = [int(t) for t in r.json()["tokens"]]
-    except (httpx.HTTPError, KeyError, TypeError, ValueError) as e:
-        log.warning(
-            "could not verify that the engine's tokenizer equals ours (%s); "
-            "a server started with --skip-tokenizer-init cannot be checked",
-            e,
-        )
-        return
-    if theirs[-len(ours) :] == ours and len(theirs) - len(ours) <= 1:  # the server may prepend a BOS
-        return
-    at = next((i for i, (a, b) in enumerate(zip(ours, theirs, strict=False)) if a != b), min(len(ours), len(theirs)))
-    raise ModelUnsuitable(
-        f"the engine's tokenizer differs from ours (first difference at token {at} of the probe: "
-        f"ours {ours[at : at + 3]}, the engine's {theirs[at : at + 3]}); serve the same model on both sides"
-    )
+        return [int(t) for t in r.json()["tokens"]]
+
+    return remote.verify_tokenizer(tokenizer, server_ids)
 
 
 def child_args(extra: Sequence[str]) -> tuple[str, ...]:
@@ -266,97 +249,49 @@ def child_args(extra: Sequence[str]) -> tuple[str, ...]:
 # ---- wiring: settings -> a ready engine
 
 
-def preflight(settings) -> None:
-    """Settings that cannot work are refused before the server listens."""
-    from openjev.engines.submission import STRATEGIES
+def kind(settings: Settings) -> remote.ServerKind:
+    return remote.ServerKind(
+        engine="vllm",
+        name="vLLM",
+        python=settings.vllm_python,
+        python_flag="--vllm-python",
+        port=settings.vllm_port,
+        module=settings.vllm_module,
+        model_flag="--model",
+        child_args=child_args(settings.vllm_args),
+        namespaces="API keys' cache namespaces go to its prefix cache as cache_salt",
+    )
 
-    if settings.strategy not in STRATEGIES:
-        raise ConfigError(f"--strategy {settings.strategy!r}: expected one of {', '.join(STRATEGIES)}")
-    if bool(settings.connect) == bool(settings.vllm_python):
-        raise ConfigError("--engine vllm needs exactly one of --connect URL or --vllm-python PATH")
-    if settings.vllm_python and not settings.model:
-        raise ConfigError("--vllm-python needs --model (the model the child server loads)")
+
+def preflight(settings: Settings) -> None:
+    """Settings that cannot work are refused before the server listens."""
+    remote.preflight(settings, kind(settings))
     if "--no-enable-prefix-caching" in settings.vllm_args and settings.strategy != "all":
         raise ConfigError(
             f"--no-enable-prefix-caching turns off the prefix cache that the {settings.strategy!r} "
             "strategy relies on; remove it or use --strategy all"
         )
-    _tokenizer_folder(settings)
 
 
-def _tokenizer_folder(settings) -> str:
-    folder = settings.tokenizer or settings.model
-    if not folder or not Path(folder).is_dir():
-        raise ConfigError(
-            "the vllm engine tokenizes here: pass --model (or --tokenizer) as a local model folder "
-            "with the same tokenizer as the server's model"
-        )
-    return folder
-
-
-def load(settings):
-    """Start or reach the server, check it, and return the engine (blocking)."""
-    from transformers import AutoTokenizer
-
+def check(url: str, tokenizer: ChatTokenizer) -> dict[str, Any]:
+    """check_server with every label the compiler can use, then the tokenizer."""
     from openjev.config import MAX_CHOICE_OPTIONS
     from openjev.core.prompts import PromptCompiler
-    from openjev.engines import LoadedEngine, ModelCard
-    from openjev.engines.hf_model import file_date, weights_fingerprint
-    from openjev.engines.hf_tokenizer import HFChatTokenizer
-    from openjev.runtime.sglang_process import SGLangProcess, wait_healthy
 
-    t0 = time.perf_counter()
+    labels = PromptCompiler(tokenizer, max_labels=MAX_CHOICE_OPTIONS).labels
+    info = check_server(url, labels.ids)
+    verify_tokenizer(url, tokenizer)
+    return info
+
+
+def load(settings: Settings) -> LoadedEngine:
+    """Start or reach the server, check it, and return the engine (blocking)."""
     preflight(settings)
-    tokenizer = HFChatTokenizer(AutoTokenizer.from_pretrained(_tokenizer_folder(settings), local_files_only=True))
-    process = None
-    if settings.vllm_python:
-        process = SGLangProcess(
-            python=settings.vllm_python,
-            model=settings.model,
-            port=settings.vllm_port,
-            module=settings.vllm_module,
-            model_flag="--model",
-            name="vLLM",
-            python_flag="--vllm-python",
-            extra_args=child_args(settings.vllm_args),
+
+    def make(url: str, info: dict[str, Any]) -> VLLMEngine:
+        max_len = info.get("max_model_len")
+        return VLLMEngine(
+            url, max_prompt_tokens=int(max_len) - 1 if max_len else None, **remote.engine_options(settings)
         )
-        process.start()
-        url = process.url
-    else:
-        url = settings.connect.rstrip("/")
-    try:
-        wait_healthy(url, settings.startup_timeout_s, process.process if process else None, name="vLLM")
-        labels = PromptCompiler(tokenizer, max_labels=MAX_CHOICE_OPTIONS).labels
-        info = check_server(url, labels.ids)
-        verify_tokenizer(url, tokenizer)
-    except BaseException:
-        if process is not None:
-            process.stop()
-        raise
-    max_len = info.get("max_model_len")
-    engine = VLLMEngine(
-        url,
-        strategy=settings.strategy,
-        max_calls=settings.max_engine_calls,
-        call_timeout_s=settings.engine_timeout_s,
-        warmup_min_tokens=settings.warmup_min_tokens,
-        max_prompt_tokens=int(max_len) - 1 if max_len else None,
-    )
-    engine.process = process
-    model_path = str(info.get("model") or settings.model)
-    log.info("vLLM at %s serves %s; API keys' cache namespaces go to its prefix cache as cache_salt", url, model_path)
-    name = settings.served_name or Path(model_path.rstrip("/")).name.lower()
-    local = Path(settings.model) if settings.model and Path(settings.model).exists() else None
-    card = ModelCard(
-        name=name,
-        description=f"{Path(model_path.rstrip('/')).name} served by vLLM",  # no paths, no URL
-        release_date=file_date(local) if local else time.strftime("%Y-%m-%d"),
-        fingerprint=weights_fingerprint(local) if local else "",
-    )
-    return LoadedEngine(
-        engine=engine,
-        tokenizer=tokenizer,
-        card=card,
-        load_seconds=time.perf_counter() - t0,
-        supervise=process.watch if process is not None else None,
-    )
+
+    return remote.load(settings, kind(settings), check=check, make=make)

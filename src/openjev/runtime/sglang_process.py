@@ -109,8 +109,12 @@ class SGLangProcess:
     def watch(self, on_exit: Callable[[BaseException], None]) -> None:
         """Call `on_exit` (from a daemon thread) if the child exits before `stop`."""
 
+        process = self.process
+        if process is None:
+            raise RuntimeError("watch() before start()")
+
         def loop() -> None:
-            code = self.process.wait()
+            code = process.wait()
             if not self._stopping:
                 on_exit(EngineUnavailable(f"the {self.name} server exited with code {code}"))
 

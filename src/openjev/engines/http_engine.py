@@ -1,0 +1,245 @@
+"""The engine port over an SGLang-protocol HTTP server (SGLang, SGLang-JAX; vllm.py
+subclasses it for vLLM's token route, overriding the protocol hooks).
+
+Submission order (submission.py) makes the server's radix cache compute each shared prefix
+once. Calls in flight are capped for the whole server; a failing branch cancels its
+siblings, and whatever is still running when a request is cancelled (deadline, client
+gone) is aborted on the server with `/abort_request`. A server that cannot be reached
+(refused, reset, killed mid-call) is a retryable 503 with Retry-After; one that accepts
+and never answers is cut off by the request's deadline (504) and its calls aborted.
+
+The wire shapes are http_protocol.py's; the start-up wiring is remote.py's and sglang.py's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+import uuid
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import httpx
+
+from openjev.core.plan import Plan
+from openjev.core.ports import BranchResult, PlanResult
+from openjev.engines import http_protocol
+from openjev.engines.submission import RecentPrefixes, choose, execute
+from openjev.errors import EngineError, EngineTimeout, EngineUnavailable, OpenjevError
+
+if TYPE_CHECKING:
+    from openjev.runtime.sglang_process import SGLangProcess
+
+log = logging.getLogger(__name__)
+
+
+class SGLangEngine:
+    """Engine port over a running SGLang-protocol server at `url`."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        strategy: str = "auto",
+        max_calls: int = 64,
+        call_timeout_s: float = 120.0,
+        warmup_min_tokens: int = 256,
+        stage_min_tokens: int = 32,
+        retry_after_s: int = 1,
+        probe_timeout_s: float = 5.0,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        self.url = url.rstrip("/")
+        self.strategy = strategy
+        self._max_calls = max_calls
+        self._timeout = httpx.Timeout(call_timeout_s, connect=10.0)
+        self._warmup_min = warmup_min_tokens
+        self._stage_min = stage_min_tokens
+        self._transport = transport
+        self._retry_after = {"Retry-After": str(max(1, int(retry_after_s)))}
+        self._probe_timeout_s = probe_timeout_s
+        self._last_reply = -math.inf  # time.monotonic() of the server's last answer to a call
+        self._client: httpx.AsyncClient | None = None
+        self._slots: asyncio.Semaphore | None = None
+        self.recent = RecentPrefixes()
+        self.strategies_used: dict[str, int] = {}
+        self._aborts: set[asyncio.Task] = set()  # fire-and-forget aborts, kept alive until done
+        self.process: SGLangProcess | None = None  # the child server, when we started it (stopped on close)
+
+    def _http(self) -> tuple[httpx.AsyncClient, asyncio.Semaphore]:
+        # Created on first use, inside the serving event loop.
+        if self._client is None or self._slots is None:
+            self._client = httpx.AsyncClient(
+                base_url=self.url,
+                timeout=self._timeout,
+                transport=self._transport,
+                limits=httpx.Limits(max_connections=self._max_calls, max_keepalive_connections=self._max_calls),
+            )
+            self._slots = asyncio.Semaphore(self._max_calls)
+        return self._client, self._slots
+
+    async def close(self) -> None:
+        if self._aborts:
+            await asyncio.gather(*self._aborts, return_exceptions=True)
+        if self._client is not None:
+            await self._client.aclose()
+        if self.process is not None:
+            await asyncio.to_thread(self.process.stop)
+
+    # Whether the server lets requests admitted in the same scheduling step share a prefix
+    # (then `auto` never needs to stage). SGLang: no, its radix cache takes a prefix once
+    # the request that computed it is done.
+    shares_prefix_within_a_batch = False
+
+    async def probe(self) -> str | None:
+        """Whether the server answers now: None if it does, else why not (for our /health,
+        which is public: the reason names no address; the log has it). A reply to any call
+        within the last `probe_timeout_s` counts (a busy CPU server answers /health slowly);
+        otherwise GET /health must say 200 within `probe_timeout_s`."""
+        if time.monotonic() - self._last_reply < self._probe_timeout_s:
+            return None
+        client, _ = self._http()
+        try:
+            r = await client.get(self.health_path, timeout=self._probe_timeout_s)
+        except httpx.TimeoutException:
+            return f"the engine server did not answer within {self._probe_timeout_s:g} s"
+        except httpx.TransportError as e:
+            log.warning("engine health probe of %s failed: %r", self.url, e)
+            return "the engine server cannot be reached"
+        return None if r.status_code == 200 else f"the engine server's health check answered {r.status_code}"
+
+    async def run(self, plan: Plan) -> PlanResult:
+        if self.strategy == "auto" and self.shares_prefix_within_a_batch:
+            strategy = "all"
+        else:
+            strategy = choose(self.strategy, plan, self.recent, warmup_min_tokens=self._warmup_min)
+        self.strategies_used[strategy] = self.strategies_used.get(strategy, 0) + 1
+        results: list[BranchResult | None] = [None] * len(plan.branches)
+        totals = {"prompt": 0, "cached": 0, "known": True}
+        t0 = time.perf_counter()
+        first_done: list[float] = []
+
+        def account(prompt: int | None, cached: int | None) -> None:
+            if prompt is None or cached is None:
+                totals["known"] = False
+            else:
+                totals["prompt"] += prompt
+                totals["cached"] += cached
+            if not first_done:
+                first_done.append(time.perf_counter())
+
+        async def branch(i: int) -> None:
+            b = plan.branches[i]
+            values, prompt, cached = await self._generate(b.input_ids, b.label_ids, plan.cache_namespace)
+            results[i] = BranchResult(values)
+            account(prompt, cached)
+
+        async def prefix(tokens: Sequence[int]) -> None:
+            # Any label id will do: the point is a selected-logprob request (sglang#34719).
+            _, prompt, cached = await self._generate(tokens, plan.branches[0].label_ids[:1], plan.cache_namespace)
+            account(prompt, cached)
+
+        try:
+            await execute(strategy, plan, branch, prefix, stage_min_tokens=self._stage_min)
+        except BaseExceptionGroup as group:
+            raise _first_error(group) from None
+        self.recent.add(plan.root.tokens, plan.cache_namespace)
+        t2 = time.perf_counter()
+        t1 = first_done[0] if first_done else t2
+        computed = totals["prompt"] - totals["cached"] if totals["known"] else None
+        return PlanResult(
+            branches=tuple(results),  # type: ignore[arg-type]
+            computed_tokens=computed,
+            cached_tokens=totals["cached"] if totals["known"] else None,
+            timings_ms={"prefill": (t1 - t0) * 1000, "branches": (t2 - t1) * 1000},
+        )
+
+    # The wire protocol, in four parts a subclass for another server overrides (vllm.py):
+    # where a call goes, its body, how to abort it, how to read its reply.
+    generate_path = http_protocol.GENERATE
+    abort_path = http_protocol.ABORT
+    health_path = http_protocol.HEALTH
+
+    def _request_body(self, rid: str, input_ids: Sequence[int], label_ids: Sequence[int], salt: str = "") -> dict:
+        return http_protocol.request_body(rid, input_ids, label_ids, salt)
+
+    def _abort_body(self, rid: str) -> dict:
+        return http_protocol.abort_body(rid)
+
+    def _parse(self, payload: Any, label_ids: Sequence[int]) -> http_protocol.Reply:
+        return http_protocol.parse_reply(payload, label_ids)
+
+    async def _generate(
+        self, input_ids: Sequence[int], label_ids: Sequence[int], salt: str = ""
+    ) -> http_protocol.Reply:
+        """(label log-probs, prompt tokens, cached tokens) of one branch, in the cache
+        namespace `salt` (Plan.cache_namespace)."""
+        return await self._call(input_ids, label_ids, salt)
+
+    async def _call(self, input_ids: Sequence[int], label_ids: Sequence[int], salt: str = "") -> http_protocol.Reply:
+        """One call: capped by the server-wide slots, aborted server-side when cancelled or
+        timed out, overload and outage mapped to retryable errors, the reply validated."""
+        client, slots = self._http()
+        rid = uuid.uuid4().hex
+        async with slots:
+            try:
+                response = await client.post(
+                    self.generate_path, json=self._request_body(rid, input_ids, label_ids, salt)
+                )
+            except asyncio.CancelledError:
+                self._abort(rid)
+                raise
+            except httpx.TimeoutException:
+                self._abort(rid)
+                raise EngineTimeout(f"the engine did not answer within {self._timeout.read:g} s") from None
+            except httpx.TransportError as e:
+                # Refused, reset, or closed mid-call (the server died): nothing to abort.
+                raise EngineUnavailable(
+                    "cannot reach the engine", detail=f"{self.url}: {e!r}", headers=self._retry_after
+                ) from None
+        self._last_reply = time.monotonic()
+        if response.status_code in (429, 503):
+            retry = response.headers.get("retry-after", "").strip()
+            retry = retry if retry.isdigit() else ""  # a number of seconds, or nothing of the backend's
+            raise EngineUnavailable(
+                f"the engine is busy ({response.status_code})", headers={"Retry-After": retry} if retry else None
+            )
+        if response.status_code >= 400:
+            raise EngineError(
+                f"the engine answered {response.status_code}", detail=f"{self.url}: {response.text[:300]!r}"
+            )
+        try:
+            payload = response.json()
+        except ValueError:
+            raise EngineError("the engine's reply is not JSON") from None
+        return self._parse(payload, label_ids)
+
+    def _abort(self, rid: str) -> None:
+        """Ask the server to drop `rid` (fire and forget: the caller is already leaving)."""
+        client = self._client
+        if client is None:
+            return
+
+        async def abort() -> None:
+            try:
+                await client.post(self.abort_path, json=self._abort_body(rid), timeout=5.0)
+            except httpx.HTTPError as e:
+                log.warning("abort of %s failed: %s", rid, e)
+
+        task = asyncio.get_running_loop().create_task(abort())
+        self._aborts.add(task)
+        task.add_done_callback(self._aborts.discard)
+
+
+def _first_error(group: BaseExceptionGroup) -> BaseException:
+    """The error to report for a failed request: ours if any, else the first."""
+    flat: list[BaseException] = []
+
+    def walk(g: BaseExceptionGroup) -> None:
+        for e in g.exceptions:
+            walk(e) if isinstance(e, BaseExceptionGroup) else flat.append(e)
+
+    walk(group)
+    return next((e for e in flat if isinstance(e, OpenjevError)), flat[0])

@@ -1,0 +1,205 @@
+"""Engine faults against a real SGLang-JAX server behind a real `openjev serve --connect`.
+
+The server is stopped (SIGSTOP: it accepts connections and never answers), killed (SIGKILL
+of its whole process group, mid-request) and started again on the same port; openjev is
+never restarted. What a client sees is asserted, with bounds on how long each answer took:
+
+- stalled: every request is answered 504 at the deadline (--engine-timeout-s), none later,
+  /health says the engine does not answer, and after SIGCONT both recover;
+- killed mid-request: every in-flight request is answered with a retryable 503 within
+  seconds, new requests too, and /health says the engine is unreachable;
+- back on the same port: openjev uses it again (200), /health is 200.
+
+The tests run in file order and share one server and one openjev (their states depend on
+each other; that is the scenario). `make test-sglang` runs them with the rest of tests/sglang.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import httpx
+import pytest
+
+from tests.sglang import server as sgl
+
+pytestmark = [
+    pytest.mark.model,
+    pytest.mark.skipif(
+        os.environ.get("OPENJEV_SGLANG_JAX") != "1", reason="the SGLang-JAX suite runs with `make test-sglang`"
+    ),
+]
+
+from tests.integration.conftest import start_server, stop_server  # noqa: E402
+from tests.tickets import TEXT  # noqa: E402
+
+DEADLINE_S = 10.0  # openjev's --engine-timeout-s: a stalled engine is answered 504 after this
+MARGIN_S = 3.0  # what an answer may take beyond the deadline (or beyond a kill)
+SIZING = {"max_running": 4, "context_length": 1024, "chunk": 512}
+RETRYABLE = {502, 503, 504}
+
+
+@dataclass
+class Answer:
+    status: int
+    seconds: float  # from sending the request to its answer
+    done_at: float  # time.monotonic() of the answer
+    headers: dict
+    body: str
+
+
+def ask(url: str, n: int, timeout_s: float = 120.0) -> Answer:
+    """One noul question on a state of its own (`n`), read once: a single branch."""
+    body = {
+        "state": TEXT.format(n=n),
+        "questions": {"refund": {"type": "noul", "instructions": "Does the customer ask for a refund?"}},
+    }
+    t0 = time.monotonic()
+    try:
+        r = httpx.post(
+            url + "/v1/systemone",
+            json=body,
+            headers={"x-openjev-rotations": "1", "x-openjev-calibration": "none"},
+            timeout=timeout_s,
+        )
+    except httpx.TimeoutException:  # the failure this suite exists to catch: a hung request
+        return Answer(0, time.monotonic() - t0, time.monotonic(), {}, "no answer (client timeout)")
+    t1 = time.monotonic()
+    return Answer(r.status_code, t1 - t0, t1, dict(r.headers), r.text[:300])
+
+
+def ask_many(url: str, ns: list[int], timeout_s: float = 120.0):
+    """Send every request at once; returns a future per request."""
+    pool = ThreadPoolExecutor(len(ns))
+    futures = [pool.submit(ask, url, n, timeout_s) for n in ns]
+    pool.shutdown(wait=False)
+    return futures
+
+
+def until_ok(url: str, n: int, within_s: float) -> tuple[Answer, list[Answer]]:
+    """Ask until a 200 (a cold server compiles each new shape for seconds, which can take a
+    first try past the deadline); (the 200, the retryable failures before it). Fails with
+    the last answer otherwise."""
+    end = time.monotonic() + within_s
+    failed: list[Answer] = []
+    while True:
+        answer = ask(url, n)
+        if answer.status == 200:
+            return answer, failed
+        assert answer.status in RETRYABLE, answer
+        failed.append(answer)
+        if time.monotonic() > end:
+            pytest.fail(f"no 200 within {within_s:g} s; last: {answer}")
+        time.sleep(1.0)
+
+
+def summary(answers: list[Answer]) -> list[tuple[int, float]]:
+    return [(a.status, round(a.seconds, 2)) for a in answers]
+
+
+def health(url: str) -> tuple[int, dict]:
+    r = httpx.get(url + "/health", timeout=30)
+    return r.status_code, r.json()
+
+
+@pytest.fixture(scope="module")
+def scene(tmp_path_factory):
+    """A SGLang-JAX server and an openjev --connect'ed to it. Yields a dict the tests share:
+    `sgl` is whichever server is current (a test replaces a killed one)."""
+    root = tmp_path_factory.mktemp("faults")
+    folder = sgl.served_folder(sgl.embedded_model_folder(), root / "model")
+    server = sgl.start(folder, root / "server-1.log", timeout_s=600, **SIZING)
+    api = None
+    state = {"sgl": server, "folder": folder, "root": root}
+    try:
+        api = start_server(
+            root,
+            "--engine",
+            "sglang",
+            "--connect",
+            server.url,
+            "--model",
+            str(sgl.embedded_model_folder()),
+            "--engine-timeout-s",
+            str(DEADLINE_S),
+            # Admission would refuse (529) what this CPU server, measured during the warm-up,
+            # cannot serve before half the deadline: these tests need requests in flight.
+            "--max-queue-wait-s",
+            "1000",
+        )
+        state["api"] = api
+        # Compile the shapes a one-branch request needs, cold and cached, so that later
+        # answers are about faults, not about JAX compiling.
+        until_ok(api.url, 1, 180)
+        until_ok(api.url, 1, 60)
+        yield state
+    finally:
+        if api is not None:
+            stop_server(api)
+        state["sgl"].process.stop(grace_s=2.0)
+
+
+def _group(server) -> int:
+    return server.process.process.pid
+
+
+def test_a_stalled_engine_is_answered_504_at_the_deadline_and_recovers(scene):
+    api, server = scene["api"], scene["sgl"]
+    os.killpg(_group(server), signal.SIGSTOP)  # accepts connections (the kernel does), never answers
+    try:
+        sent = time.monotonic()
+        answers = [f.result() for f in ask_many(api.url, [10, 11, 12])]
+        code, body = health(api.url)
+    finally:
+        os.killpg(_group(server), signal.SIGCONT)
+    print("stalled:", summary(answers), "health", code, body)
+    for a in answers:
+        assert a.status == 504, a
+        assert DEADLINE_S - 0.5 <= a.seconds <= DEADLINE_S + MARGIN_S, a
+    assert max(a.done_at for a in answers) - sent <= DEADLINE_S + MARGIN_S
+    assert code == 503 and body["status"] == "engine_unavailable", body
+
+    recovered, failed = until_ok(api.url, 1, 120)  # the cached request: no compile
+    code, body = health(api.url)
+    print("after SIGCONT: failed first", summary(failed), "then 200 in", round(recovered.seconds, 2), "s; health", code)
+    assert code == 200 and body["status"] == "ok", body
+
+
+def test_requests_in_flight_when_the_engine_is_killed_get_503_within_seconds(scene):
+    api, server = scene["api"], scene["sgl"]
+    futures = ask_many(api.url, [20, 21, 22])  # new states: seconds of prefill each
+    time.sleep(1.5)
+    assert not any(f.done() for f in futures), "answered before the kill: nothing was in flight"
+    killed = time.monotonic()
+    os.killpg(_group(server), signal.SIGKILL)
+    answers = [f.result() for f in futures]
+    print("killed:", [(a.status, round(a.done_at - killed, 2)) for a in answers])
+    for a in answers:
+        assert a.status == 503, a
+        assert a.headers.get("retry-after"), a
+        assert a.done_at - killed <= MARGIN_S, a
+
+    down = ask(api.url, 23)
+    code, body = health(api.url)
+    print("down:", down.status, round(down.seconds, 2), "health", code, body)
+    assert down.status == 503 and down.seconds <= MARGIN_S, down
+    assert code == 503 and body["status"] == "engine_unavailable", body
+
+
+def test_a_connected_engine_that_comes_back_is_used_again(scene):
+    old = scene["sgl"]
+    old.process.stop(grace_s=1.0)  # reap what is left of the killed group
+    port = int(old.url.rsplit(":", 1)[1])
+    t0 = time.monotonic()
+    scene["sgl"] = sgl.start(scene["folder"], scene["root"] / "server-2.log", timeout_s=600, port=port, **SIZING)
+    back = time.monotonic() - t0
+    answer, failed = until_ok(scene["api"].url, 30, 180)
+    code, body = health(scene["api"].url)
+    print(
+        f"restarted in {back:.1f} s; failed first", summary(failed), f"then 200 in {answer.seconds:.1f} s; health", code
+    )
+    assert code == 200 and body["status"] == "ok", body
