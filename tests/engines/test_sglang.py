@@ -415,3 +415,25 @@ async def test_a_recent_reply_answers_the_probe_without_asking_health():
     finally:
         await engine.close()
     assert paths == ["/health", "/generate"]
+
+
+async def test_a_call_that_cannot_reach_the_server_outweighs_a_recent_reply():
+    fake = FakeSGLang()
+    down = []
+
+    async def handle(request):
+        if down:
+            raise httpx.ConnectError("connection refused", request=request)
+        return await fake.handle(request)
+
+    engine = SGLangEngine("http://sglang.test", transport=httpx.MockTransport(handle), probe_timeout_s=30)
+    try:
+        await engine.run(_plan(1))
+        down.append(True)  # the server dies
+        with pytest.raises(EngineUnavailable):
+            await engine.run(_plan(1))
+        assert "cannot be reached" in await engine.probe()
+        down.clear()  # it is back
+        assert await engine.probe() is None
+    finally:
+        await engine.close()

@@ -109,6 +109,10 @@ def test_stop_terminates_the_process_group(tokenizer_folder):
 
 
 def test_serve_with_a_child_answers_and_exits_nonzero_when_the_child_dies(tmp_path, tokenizer_folder):
+    """The documented supervision: the child's death makes openjev exit 1; a request in
+    flight at that moment is answered (503, retryable), not dropped."""
+    from concurrent.futures import ThreadPoolExecutor
+
     port = free_port()
     server = start_server(
         tmp_path,
@@ -125,20 +129,30 @@ def test_serve_with_a_child_answers_and_exits_nonzero_when_the_child_dies(tmp_pa
         "--",
         "--disable-radix-cache",
         "--strategy-unused-flag",
-        env={"OPENJEV_STRATEGY": "all", "PYTHONPATH": str(ROOT)},
+        "--delay-s",
+        "1",
+        # this checkout's openjev (src) and its tests (the child's module), whatever is installed
+        env={"OPENJEV_STRATEGY": "all", "PYTHONPATH": os.pathsep.join((str(ROOT / "src"), str(ROOT)))},
     )
+    body = {"state": "charged twice", "questions": {"q": {"type": "noul", "instructions": "Refund?"}}}
+    headers = {"x-openjev-rotations": "1"}
     try:
-        r = httpx.post(
-            server.url + "/v1/systemone",
-            timeout=30,
-            json={"state": "charged twice", "questions": {"q": {"type": "noul", "instructions": "Refund?"}}},
-        )
+        r = httpx.post(server.url + "/v1/systemone", timeout=30, json=body, headers=headers)
         assert r.status_code == 200, r.text
         child = subprocess.run(
             ["pgrep", "-f", f"tests.fake_sglang_server.*--port {port}"], capture_output=True, text=True
         ).stdout.split()
         assert child
-        os.kill(int(child[0]), signal.SIGKILL)
+        with ThreadPoolExecutor(1) as pool:
+            pending = pool.submit(httpx.post, server.url + "/v1/systemone", timeout=30, json=body, headers=headers)
+            time.sleep(0.5)  # in the child's 1 s forward
+            assert not pending.done()
+            os.kill(int(child[0]), signal.SIGKILL)
+            killed = time.monotonic()
+            answer = pending.result()
+            assert answer.status_code == 503, answer.text
+            assert answer.headers.get("retry-after"), (answer.headers, answer.text)
+            assert time.monotonic() - killed < 5
         assert server.process.wait(30) == 1
         assert "SGLang server exited" in open(server.log_path).read()
     finally:

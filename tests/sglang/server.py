@@ -126,16 +126,21 @@ def start(
     max_running: int = 8,
     context_length: int = 2048,
     chunk: int = 1024,
+    jit_cache: Path | None = None,
 ) -> SglJaxServer:
     """Start sgl_jax serving `model_folder` (a served_folder) and wait for /health.
 
     `max_running` must cover the branches a request sends at once (else later ones queue
-    and find the prefix cached), `context_length` the longest branch.
+    and find the prefix cached), `context_length` the longest branch. `jit_cache`: a folder
+    for JAX's persistent compilation cache (sgl_jax reads JAX_COMPILATION_CACHE_DIR), so
+    that a server started again with the same sizes does not compile every shape anew.
 
     Raises RuntimeError with the log's tail if it exits or is not healthy in time.
     """
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env.update({"JAX_PLATFORMS": "cpu", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})
+    if jit_cache is not None:
+        env["JAX_COMPILATION_CACHE_DIR"] = str(jit_cache)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     process = SGLangProcess(
         python=str(SGL_JAX_PYTHON),

@@ -112,7 +112,7 @@ def scene(tmp_path_factory):
     `sgl` is whichever server is current (a test replaces a killed one)."""
     root = tmp_path_factory.mktemp("faults")
     folder = sgl.served_folder(sgl.embedded_model_folder(), root / "model")
-    server = sgl.start(folder, root / "server-1.log", timeout_s=600, **SIZING)
+    server = sgl.start(folder, root / "server-1.log", timeout_s=600, jit_cache=root / "jit", **SIZING)
     api = None
     state = {"sgl": server, "folder": folder, "root": root}
     try:
@@ -195,9 +195,16 @@ def test_a_connected_engine_that_comes_back_is_used_again(scene):
     old.process.stop(grace_s=1.0)  # reap what is left of the killed group
     port = int(old.url.rsplit(":", 1)[1])
     t0 = time.monotonic()
-    scene["sgl"] = sgl.start(scene["folder"], scene["root"] / "server-2.log", timeout_s=600, port=port, **SIZING)
+    scene["sgl"] = sgl.start(
+        scene["folder"],
+        scene["root"] / "server-2.log",
+        timeout_s=600,
+        port=port,
+        jit_cache=scene["root"] / "jit",  # what the first server compiled: no compiling again
+        **SIZING,
+    )
     back = time.monotonic() - t0
-    answer, failed = until_ok(scene["api"].url, 30, 180)
+    answer, failed = until_ok(scene["api"].url, 1, 180)  # the warm-up's shapes: compiled, in the JIT cache
     code, body = health(scene["api"].url)
     print(
         f"restarted in {back:.1f} s; failed first", summary(failed), f"then 200 in {answer.seconds:.1f} s; health", code

@@ -61,6 +61,7 @@ class SGLangEngine:
         self._retry_after = {"Retry-After": str(max(1, int(retry_after_s)))}
         self._probe_timeout_s = probe_timeout_s
         self._last_reply = -math.inf  # time.monotonic() of the server's last answer to a call
+        self._last_unreachable = -math.inf  # ... and of the last call that could not reach it
         self._client: httpx.AsyncClient | None = None
         self._slots: asyncio.Semaphore | None = None
         self.recent = RecentPrefixes()
@@ -98,7 +99,7 @@ class SGLangEngine:
         which is public: the reason names no address; the log has it). A reply to any call
         within the last `probe_timeout_s` counts (a busy CPU server answers /health slowly);
         otherwise GET /health must say 200 within `probe_timeout_s`."""
-        if time.monotonic() - self._last_reply < self._probe_timeout_s:
+        if self._last_reply > self._last_unreachable and time.monotonic() - self._last_reply < self._probe_timeout_s:
             return None
         client, _ = self._http()
         try:
@@ -196,6 +197,7 @@ class SGLangEngine:
                 raise EngineTimeout(f"the engine did not answer within {self._timeout.read:g} s") from None
             except httpx.TransportError as e:
                 # Refused, reset, or closed mid-call (the server died): nothing to abort.
+                self._last_unreachable = time.monotonic()
                 raise EngineUnavailable(
                     "cannot reach the engine", detail=f"{self.url}: {e!r}", headers=self._retry_after
                 ) from None
