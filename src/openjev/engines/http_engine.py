@@ -97,8 +97,9 @@ class SGLangEngine:
     async def probe(self) -> str | None:
         """Whether the server answers now: None if it does, else why not (for our /health,
         which is public: the reason names no address; the log has it). A reply to any call
-        within the last `probe_timeout_s` counts (a busy CPU server answers /health slowly);
-        otherwise GET /health must say 200 within `probe_timeout_s`."""
+        within the last `probe_timeout_s` counts (a busy CPU server answers /health slowly)
+        unless a call has failed to reach the server since; otherwise GET /health must say
+        200 within `probe_timeout_s`."""
         if self._last_reply > self._last_unreachable and time.monotonic() - self._last_reply < self._probe_timeout_s:
             return None
         client, _ = self._http()

@@ -17,6 +17,8 @@ The run loop (submission strategies planned on the trie, the server-wide cap on 
 flight, cancellation of siblings, token accounting) is the SGLang engine's; only the wire
 differs. Cancelled or timed-out calls are aborted on the server with
 `/inference/v1/abort_requests` (vLLM also aborts a request whose connection closes).
+Starting or reaching the server and checking it is remote.py's, shared with SGLang; this
+module gives it vLLM's ServerKind and its two hooks (`check`, `make`).
 """
 
 from __future__ import annotations
