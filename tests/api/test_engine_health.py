@@ -22,7 +22,7 @@ async def test_health_reports_an_engine_server_that_does_not_answer_and_its_retu
 
     app = create_app(load_settings({}, environ={}), loader=load)
     async with app.router.lifespan_context(app):
-        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as client:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://localhost") as client:
             for _ in range(200):
                 r = await client.get("/health")
                 if r.json()["status"] != "loading":
