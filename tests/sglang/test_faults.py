@@ -52,10 +52,11 @@ class Answer:
     body: str
 
 
-def ask(url: str, n: int, timeout_s: float = 120.0) -> Answer:
-    """One noul question on a state of its own (`n`), read once: a single branch."""
+def ask(url: str, n: int, timeout_s: float = 120.0, repeat: int = 1) -> Answer:
+    """One noul question on a state of its own (`n`; `repeat` times the ticket text), read
+    once: a single branch."""
     body = {
-        "state": TEXT.format(n=n),
+        "state": TEXT.format(n=n) * repeat,
         "questions": {"refund": {"type": "noul", "instructions": "Does the customer ask for a refund?"}},
     }
     t0 = time.monotonic()
@@ -72,10 +73,10 @@ def ask(url: str, n: int, timeout_s: float = 120.0) -> Answer:
     return Answer(r.status_code, t1 - t0, t1, dict(r.headers), r.text[:300])
 
 
-def ask_many(url: str, ns: list[int], timeout_s: float = 120.0):
+def ask_many(url: str, ns: list[int], timeout_s: float = 120.0, repeat: int = 1):
     """Send every request at once; returns a future per request."""
     pool = ThreadPoolExecutor(len(ns))
-    futures = [pool.submit(ask, url, n, timeout_s) for n in ns]
+    futures = [pool.submit(ask, url, n, timeout_s, repeat) for n in ns]
     pool.shutdown(wait=False)
     return futures
 
@@ -171,7 +172,7 @@ def test_a_stalled_engine_is_answered_504_at_the_deadline_and_recovers(scene):
 
 def test_requests_in_flight_when_the_engine_is_killed_get_503_within_seconds(scene):
     api, server = scene["api"], scene["sgl"]
-    futures = ask_many(api.url, [20, 21, 22])  # new states: seconds of prefill each
+    futures = ask_many(api.url, [20, 21, 22], repeat=4)  # new ~220-token states: seconds of prefill each
     time.sleep(1.5)
     assert not any(f.done() for f in futures), "answered before the kill: nothing was in flight"
     killed = time.monotonic()
