@@ -42,7 +42,7 @@ lint: setup
 	$(VENV)/bin/ruff format --check src tests bench evals scripts
 	$(VENV)/bin/mypy
 
-test: setup
+test: setup lint
 	$(PY) -m pytest
 
 # The playground in Debian's headless chromium (installed here when absent), driven by Selenium.

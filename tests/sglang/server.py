@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -183,9 +184,16 @@ def start(
     return server
 
 
-def flush_cache(url: str) -> bool:
-    """Empty the server's radix cache (True if it did; SGLang refuses while requests run)."""
-    try:
-        return httpx.post(url + "/flush_cache", timeout=30.0).status_code == 200
-    except httpx.HTTPError:
-        return False
+def flush_cache(url: str, wait_s: float = 60.0) -> bool:
+    """Empty the server's radix cache (True if it did). SGLang refuses while requests run (a
+    warm-up right after start, an aborted branch still finishing): ask again until `wait_s`."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            if httpx.post(url + "/flush_cache", timeout=30.0).status_code == 200:
+                return True
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.5)

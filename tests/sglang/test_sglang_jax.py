@@ -164,6 +164,28 @@ async def test_cached_tokens_are_reported_and_staging_computes_less(compiler, se
     assert w.cached_tokens >= warm.shared_prefix_len, (w, warm.shared_prefix_len)
 
 
+async def test_the_server_keeps_each_cache_namespace_to_itself(compiler, server):
+    """Per-key namespaces (api/tenancy.py) reach SGLang-JAX as `extra_key`, which its radix
+    cache keys on: a state sent under one namespace is found cached by that namespace's
+    repeat, and computed again under another."""
+
+    def plan_for(namespace: str):
+        return compiler.compile(DecisionRequest(state(300), QUESTIONS, cache_namespace=namespace)).plan
+
+    alice, bob = plan_for("alice-salt"), plan_for("bob-salt")
+    assert alice.cache_namespace == "alice-salt" and alice.prompt_tokens == bob.prompt_tokens
+    first = await run_with(remote(server, "staged"), alice)
+    again = await run_with(remote(server, "staged"), alice)
+    other = await run_with(remote(server, "staged"), bob)
+    print(
+        f"computed/cached: alice {first.computed_tokens}/{first.cached_tokens}, "
+        f"alice again {again.computed_tokens}/{again.cached_tokens}, bob {other.computed_tokens}/{other.cached_tokens}"
+    )
+    assert first.computed_tokens >= alice.shared_prefix_len  # cold
+    assert again.computed_tokens < alice.shared_prefix_len  # the state came from alice's cache
+    assert other.computed_tokens >= bob.shared_prefix_len  # not from alice's
+
+
 @pytest.mark.parametrize("readout", ["yesno", "letters-r2"])
 async def test_other_readouts_give_the_in_process_probabilities(loaded, compiler, server, readout):
     """Readouts are ordinary branches of the trie: the SGLang engine runs them unchanged."""

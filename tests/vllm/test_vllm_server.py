@@ -182,6 +182,30 @@ async def test_cached_tokens_add_up_and_a_seen_state_comes_from_cache(compiler, 
     assert w.cached_tokens >= len(warm.branches) * (warm.shared_prefix_len - 32)
 
 
+async def test_the_server_keeps_each_cache_namespace_to_itself(compiler, server):
+    """Per-key namespaces (api/tenancy.py) reach vLLM as `cache_salt`: a state sent under one
+    namespace is found cached by that namespace's next request, and computed again under
+    another (whose own branches may still share it within their batch)."""
+
+    def plan_for(questions, namespace: str):
+        return compiler.compile(DecisionRequest(state(210), questions, cache_namespace=namespace)).plan
+
+    cold, warm, other = (
+        plan_for(QUESTIONS, "alice-salt"),
+        plan_for(MORE_QUESTIONS, "alice-salt"),
+        plan_for(MORE_QUESTIONS, "bob-salt"),
+    )
+    await run_with(remote(server, "all"), cold)
+    w = await run_with(remote(server, "all"), warm)
+    o = await run_with(remote(server, "all"), other)
+    print(
+        f"alice warm: computed {w.computed_tokens} cached {w.cached_tokens}; bob: computed {o.computed_tokens} cached {o.cached_tokens}"
+    )
+    assert w.cached_tokens >= len(warm.branches) * (warm.shared_prefix_len - 32)  # from alice's cache
+    assert o.computed_tokens >= other.shared_prefix_len - 32  # bob computed the state himself
+    assert o.cached_tokens < w.cached_tokens
+
+
 def test_tokenizer_agreement_probe_passes(loaded, server, caplog):
     # True: the server's own ids of the probe were read and equal ours (False: not compared)
     assert verify_tokenizer(server.url, loaded.tokenizer) is True, caplog.text
