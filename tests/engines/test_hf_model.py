@@ -30,10 +30,13 @@ def test_folder_and_gguf_sources(tmp_path):
     folder.mkdir()
     (folder / "config.json").write_text("{}")
     assert resolve_source(str(folder)).name == "my-model"
+    # /v1/models shows the description: the model's name, never the local path
+    assert resolve_source(str(folder)).description == "My Model"
     gguf = tmp_path / "tiny.Q4.gguf"
     gguf.write_bytes(b"GGUF")
     source = resolve_source(str(gguf))
     assert source.gguf_file == "tiny.Q4.gguf" and source.name == "tiny.q4"
+    assert str(tmp_path) not in source.description
     # the cache key follows the file's identity
     first = gguf_cache_folder(source, str(tmp_path / "cache"))
     gguf.write_bytes(b"GGUF changed")

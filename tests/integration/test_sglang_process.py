@@ -76,6 +76,8 @@ def test_child_is_started_checked_supervised_and_stopped(tokenizer_folder, caplo
     child = engine.process.process
     try:
         assert loaded.card.name == Path(tokenizer_folder).name.lower()
+        # /v1/models shows the card: the folder's name, never its path or the engine's URL
+        assert loaded.card.description == f"{Path(tokenizer_folder).name} served by SGLang", loaded.card.description
         # checked: the child's tokenizer was asked for the probe's ids and they were compared
         assert "the engine's tokenizer equals ours" in caplog.text, caplog.text
         plan = Plan.from_branches([Branch((1, 2, 3), (5, 6)), Branch((1, 2, 4), (5, 6))])
