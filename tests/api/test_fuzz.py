@@ -84,3 +84,57 @@ def test_zz_fuzz_figures(capsys):
     assert labels <= set(FIGURES), labels - set(FIGURES)
     # the decision routes were both answered and refused
     assert FIGURES["POST /v1/systemone"][200] > 0 and FIGURES["POST /v1/systemone"][422] > 0
+
+
+# ---- the same checks with API keys on: every request alternates between the right key, a
+# wrong one and none, so the documented 401 (and its body) is exercised alongside the rest.
+
+KEYED_APP = create_app(
+    load_settings(
+        {"max_questions": 8, "max_request_tokens": 4096, "allowed_hosts": ("testserver",), "api_keys": ("fuzz-key",)},
+        environ={},
+    ),
+    loader=fake_loader(FakeEngine()),
+)
+keyed_schema = schemathesis.openapi.from_asgi("/openapi.json", KEYED_APP, headers={"Authorization": "Bearer fuzz-key"})
+KEYED_FIGURES: dict[str, Counter[int]] = defaultdict(Counter)
+AUTH_VARIANTS = ({"Authorization": "Bearer fuzz-key"}, {"Authorization": "Bearer wrong-key"}, {})
+_turn = iter(range(1 << 30))
+
+
+@pytest.fixture(scope="module", autouse=True)
+def keyed_loaded():
+    runtime = KEYED_APP.state.runtime
+    deadline = time.monotonic() + 10
+    while runtime.service is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert runtime.service is not None
+
+
+@keyed_schema.parametrize()
+@settings(
+    max_examples=FUZZ_EXAMPLES // 3,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    phases=[Phase.explicit, Phase.generate],
+    suppress_health_check=list(HealthCheck),
+)
+def test_with_keys_no_5xx_and_every_response_as_documented(case):
+    with _lock:
+        auth = AUTH_VARIANTS[next(_turn) % len(AUTH_VARIANTS)]
+    headers = {k: v for k, v in (case.headers or {}).items() if k.lower() != "authorization"}
+    case.headers = {**headers, **auth}
+    response = case.call_and_validate(checks=CHECKS)
+    with _lock:
+        KEYED_FIGURES[case.operation.label][response.status_code] += 1
+
+
+def test_zz_keyed_fuzz_figures(capsys):
+    with capsys.disabled():
+        print(f"\nschemathesis figures (in-process, API keys on, max_examples={FUZZ_EXAMPLES // 3}):")
+        for label in sorted(KEYED_FIGURES):
+            statuses = ", ".join(f"{code}: {n}" for code, n in sorted(KEYED_FIGURES[label].items()))
+            print(f"  {label}: {sum(KEYED_FIGURES[label].values())} requests ({statuses})")
+    for label in ("POST /v1/systemone", "GET /v1/models"):  # refused without the key, served with it
+        assert KEYED_FIGURES[label][401] > 0 and KEYED_FIGURES[label][200] > 0, KEYED_FIGURES[label]
