@@ -18,21 +18,14 @@ from collections import Counter, defaultdict
 
 import pytest
 import schemathesis
-from hypothesis import HealthCheck, Phase, settings
-from schemathesis.checks import not_a_server_error
-from schemathesis.specs.openapi.checks import (
-    content_type_conformance,
-    response_schema_conformance,
-    status_code_conformance,
-)
 
 from openjev.api.app import create_app
 from openjev.config import load_settings
 from tests.api.conftest import fake_loader
 from tests.fakes import FakeEngine
+from tests.fuzzing import CHECKS, bounded, print_figures
 
 FUZZ_EXAMPLES = int(os.environ.get("OPENJEV_FUZZ_EXAMPLES", "300"))
-CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_schema_conformance]
 
 # Small limits so that generated bodies reach every refusal (413, 422 budgets) as well as 200.
 APP = create_app(
@@ -48,25 +41,23 @@ FIGURES: dict[str, Counter[int]] = defaultdict(Counter)
 _lock = threading.Lock()
 
 
-@pytest.fixture(scope="module", autouse=True)
-def loaded():
-    """Fuzz the served app, not one still loading (whose 503 is documented but not the point)."""
-    runtime = APP.state.runtime
+def _wait_loaded(app) -> None:
+    runtime = app.state.runtime
     deadline = time.monotonic() + 10
     while runtime.service is None and time.monotonic() < deadline:
         time.sleep(0.01)
     assert runtime.service is not None
 
 
+@pytest.fixture(scope="module", autouse=True)
+def loaded():
+    """Fuzz the served apps, not ones still loading (whose 503 is documented but not the point)."""
+    _wait_loaded(APP)
+    _wait_loaded(KEYED_APP)
+
+
 @schema.parametrize()
-@settings(
-    max_examples=FUZZ_EXAMPLES,
-    deadline=None,
-    derandomize=True,
-    database=None,
-    phases=[Phase.explicit, Phase.generate],
-    suppress_health_check=list(HealthCheck),
-)
+@bounded(FUZZ_EXAMPLES)
 def test_no_5xx_and_every_response_as_documented(case):
     response = case.call_and_validate(checks=CHECKS)
     with _lock:
@@ -76,10 +67,7 @@ def test_no_5xx_and_every_response_as_documented(case):
 def test_zz_fuzz_figures(capsys):
     """Prints what the fuzz tried (runs last in this file); every operation was reached."""
     with capsys.disabled():
-        print(f"\nschemathesis figures (in-process, fake engine, max_examples={FUZZ_EXAMPLES}):")
-        for label in sorted(FIGURES):
-            statuses = ", ".join(f"{code}: {n}" for code, n in sorted(FIGURES[label].items()))
-            print(f"  {label}: {sum(FIGURES[label].values())} requests ({statuses})")
+        print_figures(f"in-process, fake engine, max_examples={FUZZ_EXAMPLES}", FIGURES)
     labels = {op.ok().label for op in schema.get_all_operations()}
     assert labels <= set(FIGURES), labels - set(FIGURES)
     # the decision routes were both answered and refused
@@ -102,24 +90,8 @@ AUTH_VARIANTS = ({"Authorization": "Bearer fuzz-key"}, {"Authorization": "Bearer
 _turn = iter(range(1 << 30))
 
 
-@pytest.fixture(scope="module", autouse=True)
-def keyed_loaded():
-    runtime = KEYED_APP.state.runtime
-    deadline = time.monotonic() + 10
-    while runtime.service is None and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert runtime.service is not None
-
-
 @keyed_schema.parametrize()
-@settings(
-    max_examples=FUZZ_EXAMPLES // 3,
-    deadline=None,
-    derandomize=True,
-    database=None,
-    phases=[Phase.explicit, Phase.generate],
-    suppress_health_check=list(HealthCheck),
-)
+@bounded(FUZZ_EXAMPLES // 3)
 def test_with_keys_no_5xx_and_every_response_as_documented(case):
     with _lock:
         auth = AUTH_VARIANTS[next(_turn) % len(AUTH_VARIANTS)]
@@ -132,9 +104,6 @@ def test_with_keys_no_5xx_and_every_response_as_documented(case):
 
 def test_zz_keyed_fuzz_figures(capsys):
     with capsys.disabled():
-        print(f"\nschemathesis figures (in-process, API keys on, max_examples={FUZZ_EXAMPLES // 3}):")
-        for label in sorted(KEYED_FIGURES):
-            statuses = ", ".join(f"{code}: {n}" for code, n in sorted(KEYED_FIGURES[label].items()))
-            print(f"  {label}: {sum(KEYED_FIGURES[label].values())} requests ({statuses})")
+        print_figures(f"in-process, API keys on, max_examples={FUZZ_EXAMPLES // 3}", KEYED_FIGURES)
     for label in ("POST /v1/systemone", "GET /v1/models"):  # refused without the key, served with it
         assert KEYED_FIGURES[label][401] > 0 and KEYED_FIGURES[label][200] > 0, KEYED_FIGURES[label]

@@ -11,19 +11,12 @@ from collections import Counter, defaultdict
 
 import pytest
 import schemathesis
-from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import given
 from schemathesis import GenerationMode
-from schemathesis.checks import not_a_server_error
-from schemathesis.specs.openapi.checks import (
-    content_type_conformance,
-    response_schema_conformance,
-    status_code_conformance,
-)
 
+from tests.fuzzing import CHECKS, bounded, print_figures
 from tests.integration.conftest import start_server, stop_server
 
-# The in-process run's checks (tests/api/test_fuzz.py), not imported: that module builds its app on import.
-CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_schema_conformance]
 EXAMPLES = int(os.environ.get("OPENJEV_FUZZ_LIVE_EXAMPLES", "40"))
 FIGURES: dict[str, Counter[int]] = defaultdict(Counter)
 
@@ -54,14 +47,7 @@ def test_live_server_no_5xx_and_as_documented(live_schema, mode):
             continue  # nothing to negate in a GET without parameters
 
         @given(case=operation.as_strategy(generation_mode=mode))
-        @settings(
-            max_examples=EXAMPLES,
-            deadline=None,
-            derandomize=True,
-            database=None,
-            phases=[Phase.explicit, Phase.generate],
-            suppress_health_check=list(HealthCheck),
-        )
+        @bounded(EXAMPLES)
         def fuzz(case):
             response = case.call_and_validate(checks=CHECKS, timeout=90)
             FIGURES[case.operation.label][response.status_code] += 1
@@ -71,10 +57,7 @@ def test_live_server_no_5xx_and_as_documented(live_schema, mode):
 
 def test_zz_live_fuzz_figures(fuzz_server, capsys):
     with capsys.disabled():
-        print(f"\nschemathesis figures (live openjev serve, embedded model, max_examples={EXAMPLES}):")
-        for label in sorted(FIGURES):
-            statuses = ", ".join(f"{code}: {n}" for code, n in sorted(FIGURES[label].items()))
-            print(f"  {label}: {sum(FIGURES[label].values())} requests ({statuses})")
+        print_figures(f"live openjev serve, embedded model, max_examples={EXAMPLES}", FIGURES)
     assert FIGURES["POST /v1/systemone"][200] > 0 and FIGURES["POST /v1/systemone"][422] > 0
     # the server is still healthy after the fuzz
     import httpx
