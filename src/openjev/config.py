@@ -73,7 +73,9 @@ class Settings:
     temperature: float = _opt(1.0, "softmax temperature applied to label log-probs (1.0 = the model's own)")
     # decision quality (README "Decision quality")
     readout: str = _opt(
-        "letters", "how questions are read: letters (lettered options) or yesno (a Yes/No branch per option)"
+        "letters",
+        "how questions are read: letters (lettered options), yesno (a Yes/No branch per option) or parallel "
+        "(choice options read side by side, order-free; in-process engine only, others read letters R=4)",
     )
     # Default from measurement (README, Decision quality): letters under 4 rotations with the
     # shipped calibration gave the lowest held-out ECE and 1/7 of the order flips.
@@ -286,8 +288,8 @@ class Settings:
             raise ConfigError(f"log_format must be text or json, got {self.log_format!r}")
         if self.log_level.lower() not in ("debug", "info", "warning", "error", "critical"):
             raise ConfigError(f"log_level must be debug, info, warning, error or critical, got {self.log_level!r}")
-        if self.readout not in ("letters", "yesno"):
-            raise ConfigError(f"readout must be letters or yesno, got {self.readout!r}")
+        if self.readout not in ("letters", "yesno", "parallel"):
+            raise ConfigError(f"readout must be letters, yesno or parallel, got {self.readout!r}")
         if self.docs not in ("public", "auth", "off"):
             raise ConfigError(f"docs must be public, auth or off, got {self.docs!r}")
         for name in self.allowed_hosts:

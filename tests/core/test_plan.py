@@ -1,3 +1,4 @@
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -50,3 +51,13 @@ def test_identical_branches_end_at_the_same_node():
     ends = sorted(i for node in plan.root.walk() for i in node.ends)
     assert ends == [0, 1, 2]
     assert plan.root.branch_indices() == [0, 1, 2]
+
+
+def test_a_parallel_layout_is_checked():
+    with pytest.raises(ValueError):
+        Branch((1, 2, 3), (0,), ((1, 2), (2, 3)))  # nothing after the spans
+    with pytest.raises(ValueError):
+        Branch((1, 2, 3, 4), (0,), ((1, 2), (3, 4)))  # not adjacent
+    with pytest.raises(ValueError):
+        Branch((1, 2, 3), (0,), ((0, 1), (1, 2)))  # nothing before
+    assert Branch((1, 2, 3, 4), (0,), ((1, 2), (2, 3))).share_limit == 1

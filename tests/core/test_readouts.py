@@ -129,3 +129,29 @@ def test_questions_with_many_options_are_read_once():
     many = choice(*(f"o{i}" for i in range(30)))
     assert len(LettersReadout(LABELS * 3, IDS * 3, rotations=4, max_rotated_options=26).orders(many)) == 1
     assert len(LettersReadout(LABELS * 3, IDS * 3, rotations=4, max_rotated_options=30).orders(many)) == 4
+
+
+def test_parallel_reads_choice_options_side_by_side_in_a_canonical_order():
+    from openjev.core.readouts import ParallelReadout
+
+    ro = ParallelReadout(LABELS, IDS)
+    a = ChoiceQuestion("Which team?", (Option("x", "Zebra"), Option("y", "Apple"), Option("z", None)))
+    b = ChoiceQuestion("Which team?", (a.options[2], a.options[0], a.options[1]))  # the caller's order differs
+    [ra], [rb] = ro.readings(a), ro.readings(b)
+    assert ra == rb  # the model is shown the same thing
+    assert ra.parallel == ("\nA. Apple", "\nB. Zebra", "\nC. z")  # by the text shown ("z" sorts after "Zebra")
+    assert ra.text.endswith("Options:") and ra.label_ids == IDS[:3]
+    lp = [math.log(0.5), math.log(0.3), math.log(0.2)]  # A, B, C
+    pa, pb = ro.combine(a, [lp]).probs, ro.combine(b, [lp]).probs
+    assert pa == pytest.approx((0.3, 0.5, 0.2))  # x=Zebra=B, y=Apple=A, z=C
+    assert dict(zip("xyz", pa, strict=True)) == dict(zip("zxy", pb, strict=True))
+    assert ro.combine(a, [lp]).order_agreement is None
+
+
+def test_parallel_reads_noul_and_scales_as_letters():
+    from openjev.core.readouts import ParallelReadout
+
+    ro = ParallelReadout(LABELS, IDS)
+    for q in (NoulQuestion("Refund?"), ScoreQuestion("How urgent?", ("low", "mid", "high"))):
+        assert ro.readings(q) == letters(1).readings(q)
+    assert ReadoutSpec("parallel", 4) == ReadoutSpec("parallel")  # rotations mean nothing to it

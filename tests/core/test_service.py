@@ -149,3 +149,26 @@ async def test_an_unavailable_readout_is_refused_before_any_engine_work():
     with pytest.raises(Unsupported, match="yesno"):
         await service.decide(DecisionRequest(STATE, QUESTIONS), readout=ReadoutSpec("yesno"))
     assert engine.plans == []
+
+
+async def test_parallel_runs_where_the_engine_runs_layouts_and_falls_back_elsewhere():
+    from openjev.core.readouts import ReadoutSpec
+
+    spec = ReadoutSpec("parallel")
+    limits = ServiceLimits(**LIMITS.__dict__)
+    compiler = PromptCompiler(FakeTokenizer(), max_labels=255)
+    engine = FakeEngine()
+    able = DecisionService(compiler, engine, limits, readout=spec, parallel_layouts=True)
+    result = await able.decide(DecisionRequest(STATE, QUESTIONS))
+    assert result.readout == "parallel" and able.default_readout == spec
+    plan = engine.plans[0]
+    assert len(plan.branches) == 3 and [bool(b.parallel) for b in plan.branches] == [False, True, False]
+    assert len(plan.branches[1].parallel) == 2  # one span per option
+
+    remote = FakeEngine()
+    unable = DecisionService(compiler, remote, limits, readout=spec)
+    result = await unable.decide(DecisionRequest(STATE, QUESTIONS))
+    assert result.readout == "letters;rotations=4" == unable.default_readout.describe()
+    assert not any(b.parallel for b in remote.plans[0].branches)
+    result = await unable.decide(DecisionRequest(STATE, QUESTIONS), readout=spec)  # a per-request ask too
+    assert result.readout == "letters;rotations=4"

@@ -38,3 +38,19 @@ def test_wording_matches_its_version():
         f"the prompt wording changed (digest {digest}) but PROMPT_VERSION is still {wording.PROMPT_VERSION!r}: "
         "bump it, pin the new digest here, and refit the shipped calibration files (README, Decision quality)"
     )
+
+
+# The parallel readout's wording (added under version 2 without changing a word of the
+# others, so no existing calibration changed): pinned on its own, bumped the same way.
+PINNED_PARALLEL = {"2": "0f3b4208103102ac"}
+
+
+def test_parallel_wording_matches_its_version():
+    parts = []
+    for q in SAMPLES:
+        if isinstance(q, ChoiceQuestion):
+            n = len(q.options)
+            head, lines = wording.letters_parallel_parts(q, range(n)[::-1], "ABC")
+            parts += [head, *lines]
+    digest = hashlib.sha256("\x1e".join(parts).encode()).hexdigest()[:16]
+    assert PINNED_PARALLEL.get(wording.PROMPT_VERSION) == digest, f"parallel wording changed (digest {digest})"

@@ -34,3 +34,48 @@ def test_slices_of_the_mask_agree_with_the_whole():
     for start in range(len(packed)):
         for end in range(start + 1, len(packed) + 1):
             assert packed.visibility(start, end).equal(full[start:end, :end])
+
+
+def _layout_branch(pre, spans, tail, label=0):
+    ids, cuts, at = list(pre), [], len(pre)
+    for s in spans:
+        cuts.append((at, at + len(s)))
+        ids += s
+        at += len(s)
+    return Branch(tuple(ids + list(tail)), (label,), tuple(cuts))
+
+
+def test_parallel_spans_see_the_head_and_themselves_and_the_tail_sees_every_span():
+    pre, spans, tail = [1, 2, 3], [[10, 11], [20], [30, 31, 32]], [40, 41]
+    shared = Branch((1, 2, 3, 9), (0,))  # a second branch sharing the head
+    plan = Plan.from_branches([_layout_branch(pre, spans, tail), shared])
+    packed = pack(plan)
+    full = packed.visibility(0, len(packed))
+    index = {tok: k for k, tok in enumerate(packed.tokens)}
+    head = [index[t] for t in pre]
+    for span in spans:
+        for depth, tok in enumerate(span):
+            seen = [k for k in range(len(packed)) if full[index[tok], k]]
+            assert seen == head + [index[t] for t in span[: depth + 1]]  # no other span
+            assert packed.positions[index[tok]] == len(pre) + depth  # every span starts at the same position
+    seen = {packed.tokens[k] for k in range(len(packed)) if full[index[41], k]}
+    assert seen == {1, 2, 3, 10, 11, 20, 30, 31, 32, 40, 41}
+    longest = max(len(s) for s in spans)
+    assert [packed.positions[index[t]] for t in tail] == [len(pre) + longest, len(pre) + longest + 1]
+    assert dict(packed.reads)[0] == index[41]
+    assert packed.root_len == 3  # only the head is a cacheable prefix
+
+
+def test_a_lone_parallel_branch_keeps_its_spans_out_of_the_root():
+    plan = Plan.from_branches([_layout_branch([1, 2], [[5], [6]], [7])])
+    packed = pack(plan)
+    assert packed.root_len == 2
+    assert len(packed) == plan.unique_tokens == 5
+
+
+def test_parallel_layouts_are_never_shared_even_when_identical():
+    a = _layout_branch([1, 2], [[5], [6]], [7])
+    plan = Plan.from_branches([a, a, Branch((1, 2, 5, 6, 7), (0,))])
+    packed = pack(plan)
+    assert len(packed) == 2 + 3 + 3 + 3  # head shared; each layout leaf and the linear tail on its own
+    assert sorted(b for b, _ in packed.reads) == [0, 1, 2]

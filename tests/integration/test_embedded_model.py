@@ -178,3 +178,29 @@ def test_answers_are_well_formed_distributions(embedded, compiler):
     assert 0 <= anger.score <= 3 and math.isclose(sum(anger.probabilities), 1.0, abs_tol=1e-9)
     # the model does put its mass on the labels (it understood the format)
     assert min(a.label_mass for _, a in result.answers) > 0.3
+
+
+def test_parallel_readout_is_order_free_and_exact_on_the_real_model(embedded, compiler):
+    from openjev.core.plan import Branch
+    from openjev.core.readouts import ParallelReadout
+
+    readout = ParallelReadout(compiler.labels.texts, compiler.labels.ids)
+    team = dict(TICKET_QUESTIONS)["team"]
+    assert isinstance(team, ChoiceQuestion)
+    shuffled = ChoiceQuestion(team.instructions, team.options[::-1])
+    plans = [compiler.compile(DecisionRequest(STATE, (("team", q),)), readout).plan for q in (team, shuffled)]
+    assert plans[0] == plans[1]  # the caller's order does not reach the model
+    [layout] = plans[0].branches
+    assert len(layout.parallel) == len(team.options)
+    linear = Branch(layout.input_ids, layout.label_ids)  # the same tokens, read one after another
+    one_span = Branch(layout.input_ids, layout.label_ids, ((layout.parallel[0][0], layout.parallel[-1][1]),))
+    probe = Plan.from_branches([layout, linear, one_span])
+    [whole] = _run(_engine(embedded), probe)
+    [sliced] = _run(_engine(embedded, batch_tokens=16, attention_budget=4_000), probe)
+    assert _max_diff([list(b.logprobs) for b in whole.branches], sliced) < 1e-4  # slices see earlier ones exactly
+    reference = _independent(embedded.engine.model, Plan.from_branches([linear]))[0]
+    # one span covering every option line is a linear reading: equal to an independent prefill
+    assert max(abs(a - b) for a, b in zip(reference, whole.branches[2].logprobs, strict=True)) < 1e-4
+    # side by side is not one after another: the layout is honoured
+    assert max(abs(a - b) for a, b in zip(reference, whole.branches[0].logprobs, strict=True)) > 1e-3
+    assert whole.computed_tokens == probe.unique_tokens

@@ -83,6 +83,7 @@ class GatedEngine:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.inner = inner
+        self.parallel_layouts = bool(getattr(inner, "parallel_layouts", False))  # a capability passes the gate
         self.max_tokens = max_tokens_in_flight
         self.max_wait_s = max_wait_s
         self.in_flight_tokens = 0

@@ -85,8 +85,9 @@ READOUT_HEADERS: list[dict[str, Any]] = [
         "name": "x-openjev-readout",
         "in": "header",
         "required": False,
-        "description": "how questions are read (default: the server's --readout)",
-        "schema": {"type": "string", "enum": ["letters", "yesno"]},
+        "description": "how questions are read (default: the server's --readout); parallel reads choice "
+        "options side by side (order-free), on the in-process engine; others read letters R=4 for it",
+        "schema": {"type": "string", "enum": ["letters", "yesno", "parallel"]},
     },
     {
         "name": "x-openjev-rotations",

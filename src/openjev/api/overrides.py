@@ -1,7 +1,8 @@
 """Per-request overrides of the readout, through request headers (so the official SDK,
 which cannot add body fields, keeps working unchanged):
 
-- `x-openjev-readout: letters | yesno`
+- `x-openjev-readout: letters | yesno | parallel` (parallel: in-process engine; others read
+  letters with 4 rotations, and `x-openjev-readout` in the response says so)
 - `x-openjev-rotations: N` (letters only; 1..--max-rotations; default: the server's --rotations)
 - `x-openjev-calibration: none` answers uncalibrated (what `openjev calibrate` fits on);
   `default` (or absent) applies the server's calibration where it has a fit.

@@ -79,7 +79,14 @@ def build_service(settings: Settings, loaded: LoadedEngine) -> DecisionService:
         temperature=settings.temperature,
         rotation_max_options=settings.rotation_max_options,
     )
-    return DecisionService(compiler, loaded.engine, limits, readout=spec, calibration=calibration)
+    return DecisionService(
+        compiler,
+        loaded.engine,
+        limits,
+        readout=spec,
+        calibration=calibration,
+        parallel_layouts=bool(getattr(loaded.engine, "parallel_layouts", False)),
+    )
 
 
 def lifespan(

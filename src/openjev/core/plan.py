@@ -5,6 +5,14 @@ is read for the log-probs of `label_ids`. The trie says what is shared: the root
 the prefix common to every branch; each deeper node a run shared by the branches under
 it. Engines choose how to execute it (compute each node once, or order submissions for
 a radix cache); answers must not depend on that choice.
+
+A branch may carry a parallel layout (`parallel`): spans of its input ids that are read
+side by side instead of one after the other. Each span sees what precedes the first span
+and itself, starting at the first span's position; the tokens after the last span see
+every span, at positions continuing from the longest. An engine that can run layouts
+says so (`Engine.parallel_layouts`); the others must not be given such a branch. The trie
+never shares a token at or past a layout branch's first span, so a layout lies wholly in
+its branch's own leaf.
 """
 
 from __future__ import annotations
@@ -15,14 +23,33 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class Branch:
+    """`parallel`: (start, end) spans of `input_ids`, adjacent and non-empty, read in
+    parallel (see the module's docstring); at least one token follows the last."""
+
     input_ids: tuple[int, ...]
     label_ids: tuple[int, ...]
+    parallel: tuple[tuple[int, int], ...] = ()
 
     def __post_init__(self) -> None:
         if not self.input_ids:
             raise ValueError("a branch has at least one token")
         if not self.label_ids:
             raise ValueError("a branch reads at least one label")
+        if self.parallel:
+            at = self.parallel[0][0]
+            if at < 1:
+                raise ValueError("a parallel layout needs at least one token before its spans")
+            for start, end in self.parallel:
+                if start != at or end <= start:
+                    raise ValueError(f"parallel spans must be adjacent and non-empty: {self.parallel}")
+                at = end
+            if at >= len(self.input_ids):
+                raise ValueError("a parallel layout needs at least one token after its spans")
+
+    @property
+    def share_limit(self) -> int:
+        """Tokens from this index on are never shared with another branch."""
+        return self.parallel[0][0] if self.parallel else len(self.input_ids)
 
 
 @dataclass(frozen=True)
@@ -68,12 +95,15 @@ def _lcp(seqs: Sequence[Sequence[int]], start: int) -> int:
 def _build(branches: Sequence[Branch], indices: list[int], start: int) -> TrieNode:
     seqs = [branches[i].input_ids for i in indices]
     end = _lcp(seqs, start)
+    if len(indices) > 1:  # a parallel layout is never shared: it stays in its branch's own leaf
+        end = max(start, min(end, *(branches[i].share_limit for i in indices)))
     ends = tuple(i for i in indices if len(branches[i].input_ids) == end)
-    groups: dict[int, list[int]] = {}
+    groups: dict[tuple[int, int], list[int]] = {}
     for i in indices:
         ids = branches[i].input_ids
         if len(ids) > end:
-            groups.setdefault(ids[end], []).append(i)
+            own = branches[i].share_limit <= end  # past its share limit: a leaf of its own
+            groups.setdefault((-1, i) if own else (ids[end], 0), []).append(i)
     children = tuple(_build(branches, group, end) for group in groups.values())
     return TrieNode(start=start, tokens=tuple(seqs[0][start:end]), children=children, ends=ends)
 

@@ -95,18 +95,36 @@ class PromptCompiler:
             own = readout.readings(question)
             spans.append((len(readings), len(own)))
             readings += own
+        # A parallel reading's turn is its text, then (side by side) its parallel texts; the
+        # template's tail follows. Its tail alone is rendered here and encoded on its own.
         prefix, middle, tails = self._render_texts(request.state, [r.text for r in readings])
         prefix_ids = self._tok.encode(prefix) if prefix else []
+        linear = [i for i, r in enumerate(readings) if not r.parallel]
         ids = [prefix_ids + self._tok.encode(middle + t) for t in tails]
         # Prove the split on token ids: the branch must equal its whole text's encoding.
         # One check suffices when every branch crosses the same boundary text (`middle`).
-        to_check = range(len(ids)) if not middle else range(1)
+        to_check = linear if not middle else linear[:1]
         for i in to_check:
             whole = self._tok.encode(prefix + middle + tails[i])
             if whole != ids[i]:
                 log.warning("prompt split is not token-stable for this template; encoding branches whole")
                 ids = [self._tok.encode(prefix + middle + t) for t in tails]
+                prefix_ids = []
+                middle = prefix + middle
                 break
-        branches = [Branch(tuple(b), r.label_ids) for b, r in zip(ids, readings, strict=True)]
+        branches = []
+        for i, (b, r) in enumerate(zip(ids, readings, strict=True)):
+            if not r.parallel:
+                branches.append(Branch(tuple(b), r.label_ids))
+                continue
+            head = prefix_ids + self._tok.encode(middle + r.text)
+            end = tails[i][len(r.text) :]  # the template's tail and the answer cue
+            cuts: list[tuple[int, int]] = []
+            parts: list[int] = []
+            for text in r.parallel:
+                part = self._tok.encode(text)
+                cuts.append((len(head) + len(parts), len(head) + len(parts) + len(part)))
+                parts += part
+            branches.append(Branch(tuple(head + parts + self._tok.encode(end)), r.label_ids, tuple(cuts)))
         plan = Plan.from_branches(branches, cache_namespace=request.cache_namespace)
         return CompiledRequest(plan=plan, spans=tuple(spans))

@@ -11,6 +11,13 @@ extra readings share the state's computation like any other branch.
   per-option probabilities averaged, which cancels the model's preference for early
   letters. A score question is an ordered scale: its second ordering is the reversed
   scale (a rotation would break the scale), so it has at most two.
+- `parallel`: a choice question's options are read side by side (core/plan.py, parallel
+  layouts): each option line sees the question and itself, all at the same positions, and
+  the answer position sees every line. The lines are labelled and laid out in a canonical
+  order (by the text the model sees, then the name), never the caller's, so the answer
+  does not depend on the order the options came in, at the cost of one reading. noul and
+  score questions are read as letters (their order is the API's, not the caller's). Only
+  an engine that runs parallel layouts can read it (the service falls back otherwise).
 - `yesno` (the second seed's method): noul reads Yes/No directly; every choice option
   and score level is its own reading, judged Yes/No; P(yes) of each candidate (Yes vs No,
   renormalised) is normalised over the question's candidates. The candidates of a
@@ -33,13 +40,13 @@ from openjev.core import scoring, wording
 from openjev.core.types import ChoiceQuestion, NoulQuestion, Question, ScoreQuestion
 from openjev.errors import ConfigError
 
-READOUT_NAMES = ("letters", "yesno")
+READOUT_NAMES = ("letters", "yesno", "parallel")
 
 
 @dataclass(frozen=True)
 class ReadoutSpec:
     """Which readout, and for letters how many orderings. Rotations mean nothing to yesno
-    (it is normalised to 1 there, so equal specs compare equal)."""
+    and parallel (normalised to 1 there, so equal specs compare equal)."""
 
     name: str = "letters"
     rotations: int = 1
@@ -49,7 +56,7 @@ class ReadoutSpec:
             raise ConfigError(f"unknown readout {self.name!r}; known: {', '.join(READOUT_NAMES)}")
         if self.rotations < 1:
             raise ConfigError(f"rotations must be at least 1, got {self.rotations}")
-        if self.name == "yesno" and self.rotations != 1:
+        if self.name in ("yesno", "parallel") and self.rotations != 1:
             object.__setattr__(self, "rotations", 1)
 
     def describe(self) -> str:
@@ -58,10 +65,14 @@ class ReadoutSpec:
 
 @dataclass(frozen=True)
 class Reading:
-    """One branch of a question: the question turn's content and the labels read after it."""
+    """One branch of a question: the question turn's content and the labels read after it.
+
+    `parallel`: texts that follow `text` side by side rather than one after another (a
+    parallel layout, core/plan.py); the turn ends after them."""
 
     text: str
     label_ids: tuple[int, ...]
+    parallel: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -174,3 +185,36 @@ class YesNoReadout:
         if total <= 0.0:
             raise ValueError("every candidate has P(yes) = 0")
         return Combined(tuple(y / total for y in yes), mass)
+
+
+def canonical_order(question: ChoiceQuestion) -> tuple[int, ...]:
+    """The options' indices sorted by what the model sees, then by name: the same for any
+    order the caller lists them in."""
+    texts = wording.option_texts(question)
+    return tuple(sorted(range(len(texts)), key=lambda i: (texts[i], question.options[i].name)))
+
+
+class ParallelReadout:
+    def __init__(self, labels: Sequence[str], label_ids: Sequence[int], *, temperature: float = 1.0) -> None:
+        self.spec = ReadoutSpec("parallel")
+        self._labels = tuple(labels)
+        self._ids = tuple(label_ids)
+        self._temperature = temperature
+        self._letters = LettersReadout(labels, label_ids, temperature=temperature)
+
+    def readings(self, question: Question) -> list[Reading]:
+        if not isinstance(question, ChoiceQuestion) or len(question.options) < 2:
+            return self._letters.readings(question)
+        order = canonical_order(question)
+        head, lines = wording.letters_parallel_parts(question, order, self._labels)
+        return [Reading(head, self._ids[: len(order)], tuple(lines))]
+
+    def combine(self, question: Question, logprobs: Sequence[Sequence[float]]) -> Combined:
+        if not isinstance(question, ChoiceQuestion) or len(question.options) < 2:
+            return self._letters.combine(question, logprobs)
+        (lp,) = logprobs
+        shown = scoring.softmax(lp, self._temperature)
+        probs = [0.0] * len(shown)
+        for position, option in enumerate(canonical_order(question)):
+            probs[option] = shown[position]
+        return Combined(tuple(probs), scoring.label_mass(lp))

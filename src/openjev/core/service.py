@@ -18,7 +18,7 @@ from openjev.core import calibration as calib
 from openjev.core import scoring
 from openjev.core.ports import Engine, PlanResult
 from openjev.core.prompts import CompiledRequest, PromptCompiler
-from openjev.core.readouts import Combined, LettersReadout, Readout, ReadoutSpec, YesNoReadout
+from openjev.core.readouts import Combined, LettersReadout, ParallelReadout, Readout, ReadoutSpec, YesNoReadout
 from openjev.core.types import (
     Answer,
     ChoiceAnswer,
@@ -60,9 +60,17 @@ def question_type(question: Question) -> str:
     )
 
 
+# What the parallel readout becomes on an engine that cannot run parallel layouts (every
+# remote engine): the order-debiased readout any engine runs.
+PARALLEL_FALLBACK = ReadoutSpec("letters", 4)
+
+
 class DecisionService:
     """`readout` is the default readout; `calibration` (bound to this model and prompt by
-    the caller) is applied to each question whose readout and type it has a fit for."""
+    the caller) is applied to each question whose readout and type it has a fit for.
+
+    `parallel_layouts`: whether the engine runs parallel layouts (core/plan.py); where it
+    does not, the parallel readout is read as `parallel_fallback`, and results say so."""
 
     def __init__(
         self,
@@ -73,19 +81,31 @@ class DecisionService:
         *,
         readout: ReadoutSpec | None = None,
         calibration: calib.Calibration | None = None,
+        parallel_layouts: bool = False,
+        parallel_fallback: ReadoutSpec = PARALLEL_FALLBACK,
     ) -> None:
         self._compiler = compiler
         self._engine = engine
         self._limits = limits
         self._clock = clock
         self._in_flight = 0
-        self.default_readout = readout = readout if readout is not None else ReadoutSpec()
+        self._parallel_layouts = parallel_layouts
+        self._parallel_fallback = parallel_fallback
+        self.default_readout = readout = self.resolve(readout if readout is not None else ReadoutSpec())
         self.calibration = calibration
         self._readouts: dict[ReadoutSpec, Readout] = {}
         self.readout(readout)  # an unavailable default readout fails at startup, not per request
 
+    def resolve(self, spec: ReadoutSpec) -> ReadoutSpec:
+        """The readout this engine reads for `spec` (parallel falls back where it cannot run)."""
+        if spec.name == "parallel" and not self._parallel_layouts:
+            return self._parallel_fallback
+        return spec
+
     def readout(self, spec: ReadoutSpec) -> Readout:
-        """The readout object for `spec`; raises Unsupported where this model cannot be read so."""
+        """The readout object for `spec` (as resolved); raises Unsupported where this model
+        cannot be read so."""
+        spec = self.resolve(spec)
         found = self._readouts.get(spec)
         if found is None:
             t = self._limits.temperature
@@ -96,6 +116,8 @@ class DecisionService:
                         "single tokens after its answer cue"
                     )
                 found = YesNoReadout(*self._compiler.yes_no, temperature=t)
+            elif spec.name == "parallel":
+                found = ParallelReadout(self._compiler.labels.texts, self._compiler.labels.ids, temperature=t)
             else:
                 labels = self._compiler.labels
                 found = LettersReadout(
@@ -116,7 +138,7 @@ class DecisionService:
         """Compile under `readout` (default: the service's) and check the token budgets
         (TokensExceeded); no admission, no engine work. A batch prepares every item first,
         to check its own token total before any item runs."""
-        ro = self.readout(readout or self.default_readout)
+        ro = self.readout(readout or self.default_readout)  # resolved: parallel may fall back
         if _text_chars(request) <= INLINE_COMPILE_CHARS:
             compiled = self._compiler.compile(request, ro)  # well under a millisecond: cheaper than a thread hop
         else:
@@ -149,7 +171,7 @@ class DecisionService:
             )
         self._in_flight += 1
         try:
-            return await self._decide(request, compiled, readout or self.default_readout, calibrate)
+            return await self._decide(request, compiled, self.resolve(readout or self.default_readout), calibrate)
         finally:
             self._in_flight -= 1
 

@@ -71,6 +71,16 @@ def letters_text(question: Question, order: Sequence[int], labels: Sequence[str]
     return "\n".join(lines)
 
 
+def letters_parallel_parts(question: Question, order: Sequence[int], labels: Sequence[str]) -> tuple[str, list[str]]:
+    """The parallel readout's question turn, as (head, option lines): the same words as
+    `letters_text`, but each option line is read side by side with the others after the
+    head (core/plan.py, parallel layouts); the line for position j shows option order[j]
+    labelled labels[j]. Joined, head + lines is `letters_text` for a choice question."""
+    options = option_texts(question)
+    head = "\n".join([LETTERS_INSTRUCTION, "", f"Question: {ask_text(question)}", "", "Options:"])
+    return head, [f"\n{labels[j]}. {options[i]}" for j, i in enumerate(order)]
+
+
 def yesno_noul_text(question: NoulQuestion) -> str:
     """The yes/no readout of a noul question: the question itself, read as Yes/No."""
     lines = [f"Answer the question about the content above with {YES} or {NO}.", "", f"Question: {ask_text(question)}"]

@@ -71,7 +71,9 @@ class TorchRunner:
 
 
 class TransformersEngine:
-    """The Engine port over a loaded causal LM."""
+    """The Engine port over a loaded causal LM. It runs parallel layouts (packing.py)."""
+
+    parallel_layouts = True
 
     def __init__(
         self,

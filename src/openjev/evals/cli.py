@@ -37,7 +37,9 @@ def _common(p: argparse.ArgumentParser) -> None:
 def add_commands(sub: argparse._SubParsersAction) -> None:
     ev = sub.add_parser("eval", help="measure accuracy and calibration on labelled data")
     _common(ev)
-    ev.add_argument("--readout", choices=("letters", "yesno"), help="readout to ask for (default: the server's)")
+    ev.add_argument(
+        "--readout", choices=("letters", "yesno", "parallel"), help="readout to ask for (default: the server's)"
+    )
     ev.add_argument("--rotations", type=int, help="letters: rotations to ask for (default: the server's)")
     ev.add_argument("--uncalibrated", action="store_true", help="ask for raw answers (x-openjev-calibration: none)")
     ev.add_argument("--no-flips", action="store_true", help="skip the rotated choice requests (no order-flip rate)")
@@ -50,7 +52,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
         "--config",
         action="append",
         metavar="READOUT[:ROTATIONS]",
-        help="readout to fit, repeatable: letters, letters:4, yesno (default: the server's readout)",
+        help="readout to fit, repeatable: letters, letters:4, yesno, parallel (default: the server's readout)",
     )
     cal.add_argument("-o", "--output", default="calibration.json", help="calibration file to write")
     cal.add_argument("--id", help="calibration id (default: <model>-<data>-<date>)")
@@ -117,8 +119,8 @@ def evaluate(args: argparse.Namespace) -> int:
 
 def _parse_config(text: str) -> RunConfig:
     name, _, rot = text.partition(":")
-    if name not in ("letters", "yesno"):
-        raise ValueError(f"--config {text!r}: readout must be letters or yesno")
+    if name not in ("letters", "yesno", "parallel"):
+        raise ValueError(f"--config {text!r}: readout must be letters, yesno or parallel")
     return RunConfig(readout=name, rotations=int(rot) if rot else 1, calibrated=False, flips=False)
 
 
@@ -160,7 +162,9 @@ def calibrate(args: argparse.Namespace) -> int:
                     file=sys.stderr,
                 )
                 return 1
-            types = fit_readout(scored)
+            # parallel reads choice options in a canonical order: a correction by request
+            # position would bring the caller's order back into its answers
+            types = fit_readout(scored, order_free=("choice",) if config.readout == "parallel" else ())
             fits.append({"readout": config.readout, "rotations": config.rotations, "types": types})
             for qtype, fit in types.items():
                 print(

@@ -65,11 +65,13 @@ def _cv_nll(logp: np.ndarray, correct: np.ndarray, n_bias: int, folds: int, seed
     return total / len(correct)
 
 
-def fit_type(samples: Sequence[Scored], *, folds: int = 5, seed: int = 0) -> dict:
+def fit_type(samples: Sequence[Scored], *, folds: int = 5, seed: int = 0, prior: bool = True) -> dict:
     """The fit for one question type, with the evidence for its form:
-    {"temperature", "bias", "n", "nll_before", "nll_after", "cv_nll": {...}, "form"}."""
+    {"temperature", "bias", "n", "nll_before", "nll_after", "cv_nll": {...}, "form"}.
+    `prior=False`: temperature only (a per-position correction would make an order-free
+    readout depend on the caller's order again)."""
     logp, correct = _arrays(samples)
-    n_bias = min(logp.shape[1], MAX_BIAS_POSITIONS) - 1
+    n_bias = min(logp.shape[1], MAX_BIAS_POSITIONS) - 1 if prior else 0
     identity = np.zeros(1)
     cv = {"none": _nll(identity, logp, correct, 0.0)}
     can_cv = len(samples) >= 2 * folds
@@ -89,11 +91,13 @@ def fit_type(samples: Sequence[Scored], *, folds: int = 5, seed: int = 0) -> dic
     }
 
 
-def fit_readout(scored: Sequence[Scored]) -> dict[str, dict]:
-    """Fits per question type present (types with fewer than 10 questions are left out)."""
+def fit_readout(scored: Sequence[Scored], *, order_free: Sequence[str] = ()) -> dict[str, dict]:
+    """Fits per question type present (types with fewer than 10 questions are left out).
+    `order_free`: question types the readout reads independently of the caller's option
+    order; they get no per-position correction."""
     out = {}
     for qtype in ("noul", "choice", "score"):
         samples = [s for s in scored if s.qtype == qtype]
         if len(samples) >= 10:
-            out[qtype] = fit_type(samples)
+            out[qtype] = fit_type(samples, prior=qtype not in order_free)
     return out
