@@ -4,7 +4,9 @@ calibration, on the test split, in one run on one in-process server.
     .venv/bin/python evals/quality_table.py --calibration src/openjev/calibrations/smollm2-135m-instruct.json
 
 Requests are cold (prefix cache off) and sent one at a time, so tokens and latency
-compare the methods, not the cache or the load. Results: evals/results/quality.{md,json}
+compare the methods, not the cache or the load. `--only letters:1 --only parallel` runs
+only those readouts and keeps the other rows of the existing quality.json (their answers
+are deterministic; their p50 latency is then not comparable and is left out). Results: evals/results/quality.{md,json}
 and a run folder per configuration under evals/runs/table/ (resumable: rerun to finish).
 """
 
@@ -24,7 +26,11 @@ from openjev.evals.local import local_server
 from openjev.evals.metrics import by_type
 from openjev.evals.runner import ResultStore, RunConfig, run_items, run_meta, score
 
-CONFIGS = [("letters", 1), ("letters", 2), ("letters", 4), ("yesno", 1)]
+CONFIGS = [("letters", 1), ("letters", 2), ("letters", 4), ("yesno", 1), ("parallel", 1)]
+
+
+def _name(readout: str, rotations: int) -> str:
+    return readout + (f", R={rotations}" if readout == "letters" else "")
 
 
 def cpu_name() -> str:
@@ -41,12 +47,23 @@ def main() -> int:
     ap.add_argument("--out", default="evals/runs/table")
     ap.add_argument("--results", default="evals/results")
     ap.add_argument("--restart", action="store_true")
+    ap.add_argument("--only", action="append", metavar="READOUT[:R]", help="run only these readouts (repeatable)")
     args = ap.parse_args()
+    only = None
+    if args.only:
+        only = {(o.partition(":")[0], int(o.partition(":")[2] or 1)) for o in args.only}
+    previous = Path(args.results) / "quality.json"
+    kept = json.loads(previous.read_text())["rows"] if only and previous.exists() else []
     items = load_items(args.data)
     settings = load_settings({"calibration": args.calibration, "prefix_cache_bytes": 0})
     rows = []
     with local_server(settings) as url:
         for readout, rotations in CONFIGS:
+            if only is not None and (readout, rotations) not in only:
+                rows += [
+                    {**r, "previous_run": True} for r in kept if (r["readout"], r["rotations"]) == (readout, rotations)
+                ]
+                continue
             for calibrated in (False, True):
                 config = RunConfig(readout=readout, rotations=rotations, calibrated=calibrated)
                 name = f"{readout}-r{rotations}-{'cal' if calibrated else 'raw'}"
@@ -61,10 +78,14 @@ def main() -> int:
                 report.write(folder, summary, scored, f"{Path(args.data).stem}: {name}")
                 rows.append({"readout": readout, "rotations": rotations, "calibrated": calibrated, **summary})
     base = next(r for r in rows if r["readout"] == "letters" and r["rotations"] == 1 and not r["calibrated"])
+    mixed = any(r.get("previous_run") for r in rows)
     lines = [
         f"Test split ({len(items)} items, {sum(len(i.expected) for i in items)} questions), embedded model, "
-        f"{cpu_name()}, one run; tokens and p50 latency relative to plain letters "
-        f"({base['run']['tokens_computed_per_request']:.0f} tokens, {base['run']['latency_ms_p50']:.0f} ms).",
+        f"{cpu_name()}, {'rows from two runs' if mixed else 'one run'}; tokens and p50 latency relative to "
+        f"plain letters ({base['run']['tokens_computed_per_request']:.0f} tokens"
+        + ("" if mixed else f", {base['run']['latency_ms_p50']:.0f} ms")
+        + ")."
+        + (" Latency only compares rows of one run: see bench/bench_readouts.py." if mixed else ""),
         "",
         "| readout | calibrated | accuracy | ECE | Brier | NLL | acc@p>=0.9 (coverage) | choice order flips "
         "| tokens computed | p50 latency |",
@@ -72,13 +93,13 @@ def main() -> int:
     ]
     for r in rows:
         m, run = r["metrics"]["all"], r["run"]
-        name = r["readout"] + (f", R={r['rotations']}" if r["readout"] == "letters" else "")
+        name = _name(r["readout"], r["rotations"])
         sel = "-" if m["accuracy_at_0.9"] is None else f"{m['accuracy_at_0.9']:.2f} ({m['coverage_at_0.9']:.2f})"
         lines.append(
             f"| {name} | {'yes' if r['calibrated'] else 'no'} | {m['accuracy']:.3f} | {m['ece']:.3f} | "
             f"{m['brier']:.3f} | {m['nll']:.3f} | {sel} | {r['metrics']['choice']['order_flip_rate']:.3f} | "
             f"{run['tokens_computed_per_request'] / base['run']['tokens_computed_per_request']:.2f}x | "
-            f"{run['latency_ms_p50'] / base['run']['latency_ms_p50']:.2f}x |"
+            + ("- |" if mixed else f"{run['latency_ms_p50'] / base['run']['latency_ms_p50']:.2f}x |")
         )
     lines += [
         "",
@@ -88,7 +109,7 @@ def main() -> int:
         "|---|---|---|---|---|",
     ]
     for r in rows:
-        name = r["readout"] + (f", R={r['rotations']}" if r["readout"] == "letters" else "")
+        name = _name(r["readout"], r["rotations"])
         cells = [
             f"{r['metrics'][t]['ece']:.3f} / {r['metrics'][t]['accuracy']:.3f}" for t in ("noul", "choice", "score")
         ]

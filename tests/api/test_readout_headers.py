@@ -62,3 +62,15 @@ async def test_server_flags_set_the_default_and_models_describe_it():
         assert model["x_prompt_version"] and "x_fingerprint" in model and model["x_temperature"] == 1.0
         limits = (await client.get("/v1/limits")).json()
         assert limits["max_rotations"] == 8
+
+
+async def test_parallel_falls_back_on_an_engine_without_layouts_and_models_say_so():
+    # the fake engine, like every remote engine, cannot run parallel layouts
+    async with running_app(readout="parallel", rotations=4) as (client, engine):
+        model = (await client.get("/v1/models")).json()["models"][0]
+        assert model["x_readout"] == "letters;rotations=4"
+        assert model["x_readouts"]["parallel"] == "letters;rotations=4"
+        assert model["x_readouts"]["letters"] == "letters;rotations=4"
+        r = await client.post("/v1/systemone", json=VALID, headers={"x-openjev-readout": "parallel"})
+        assert r.status_code == 200 and r.headers["x-openjev-readout"] == "letters;rotations=4"
+        assert not any(b.parallel for plan in engine.plans for b in plan.branches)

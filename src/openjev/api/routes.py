@@ -91,6 +91,7 @@ def install_models(app: FastAPI, settings: Settings, runtime: Runtime) -> None:
                     "x_prompt_version": PROMPT_VERSION,
                     "x_temperature": settings.temperature,
                     "x_readout": service.default_readout.describe(),
+                    "x_readouts": service.readouts_offered(settings.rotations),
                     "x_calibration": None
                     if cal is None
                     else {

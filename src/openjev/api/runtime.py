@@ -18,6 +18,7 @@ from openjev.api.ops import Operations
 from openjev.api.overrides import default_spec
 from openjev.config import MAX_CHOICE_OPTIONS, Settings
 from openjev.core.prompts import PromptCompiler
+from openjev.core.readouts import ReadoutSpec
 from openjev.core.service import DecisionService, ServiceLimits
 from openjev.core.wording import PROMPT_VERSION
 from openjev.engines import LoadedEngine, ModelCard
@@ -86,6 +87,7 @@ def build_service(settings: Settings, loaded: LoadedEngine) -> DecisionService:
         readout=spec,
         calibration=calibration,
         parallel_layouts=bool(getattr(loaded.engine, "parallel_layouts", False)),
+        parallel_fallback=ReadoutSpec("letters", settings.rotations),
     )
 
 

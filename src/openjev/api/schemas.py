@@ -248,6 +248,11 @@ class ModelInfo(BaseModel):
     x_prompt_version: str = Field("", description="the prompt wording's version calibration files are bound to")
     x_temperature: float = Field(1.0, description="the base softmax temperature (--temperature)")
     x_readout: str = Field("letters", description="the default readout (override: x-openjev-readout header)")
+    x_readouts: dict[str, str] = Field(
+        default_factory=dict,
+        description="each readout a request may ask for (x-openjev-readout) and what this server reads for it "
+        "(at the default rotations; parallel reads letters on an engine without parallel layouts)",
+    )
     x_calibration: CalibrationInfo | None = Field(None, description="the calibration applied by default, if any")
 
 

@@ -18,7 +18,15 @@ from openjev.core import calibration as calib
 from openjev.core import scoring
 from openjev.core.ports import Engine, PlanResult
 from openjev.core.prompts import CompiledRequest, PromptCompiler
-from openjev.core.readouts import Combined, LettersReadout, ParallelReadout, Readout, ReadoutSpec, YesNoReadout
+from openjev.core.readouts import (
+    READOUT_NAMES,
+    Combined,
+    LettersReadout,
+    ParallelReadout,
+    Readout,
+    ReadoutSpec,
+    YesNoReadout,
+)
 from openjev.core.types import (
     Answer,
     ChoiceAnswer,
@@ -101,6 +109,18 @@ class DecisionService:
         if spec.name == "parallel" and not self._parallel_layouts:
             return self._parallel_fallback
         return spec
+
+    def readouts_offered(self, rotations: int) -> dict[str, str]:
+        """Per readout name this model can be read with: what is read for it (described)."""
+        offered = {}
+        for name in READOUT_NAMES:
+            spec = ReadoutSpec(name, rotations)
+            try:
+                self.readout(spec)
+            except Unsupported:
+                continue
+            offered[name] = self.resolve(spec).describe()
+        return offered
 
     def readout(self, spec: ReadoutSpec) -> Readout:
         """The readout object for `spec` (as resolved); raises Unsupported where this model
