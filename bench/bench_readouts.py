@@ -106,7 +106,7 @@ def main() -> None:
     ap.add_argument("--sizes", default="1,8", help="questions per request, comma-separated")
     ap.add_argument("--out", help="also write the rows and the table to this JSON file")
     args = ap.parse_args()
-    settings = load_settings({"calibration": "none"})
+    settings = load_settings({"calibration": "none", "engine_timeout_s": 1800})
     head = {"machine": machine(), "dtype": settings.dtype, "repeats": args.repeats}
     sizes = [int(s) for s in args.sizes.split(",")]
     with local_server(settings) as url:

@@ -73,12 +73,12 @@ def ref_order(n: int, k: int) -> tuple[int, ...]:
     return tuple((k - j) % n for j in range(n))
 
 
-async def read_split(engine, compiler: PromptCompiler, path: str) -> list[QuestionReadings]:
+async def read_split(engine, compiler: PromptCompiler, path: str, limit: int | None) -> list[QuestionReadings]:
     labels = compiler.labels
     letters = LettersReadout(labels.texts, labels.ids)
     parallel = ParallelReadout(labels.texts, labels.ids)
     out = []
-    for item in load_items(path):
+    for item in load_items(path)[:limit]:
         request = request_of(SystemOneRequest.model_validate(item.request))
         state_len = len(compiler_state_ids(compiler, request))
         for qid, q in request.questions:
@@ -215,6 +215,7 @@ def main() -> int:
     ap.add_argument("--dev", default="evals/data/dev.jsonl")
     ap.add_argument("--test", default="evals/data/test.jsonl")
     ap.add_argument("--out", default="evals/results/debias_study.json")
+    ap.add_argument("--limit", type=int, help="only the first N items of each split (a bounded run)")
     args = ap.parse_args()
     settings = load_settings({"prefix_cache_bytes": 0})
     loaded = inprocess.load(settings)
@@ -222,8 +223,9 @@ def main() -> int:
 
     async def read_all():
         try:
-            return await read_split(loaded.engine, compiler, args.dev), await read_split(
-                loaded.engine, compiler, args.test
+            return (
+                await read_split(loaded.engine, compiler, args.dev, args.limit),
+                await read_split(loaded.engine, compiler, args.test, args.limit),
             )
         finally:
             await loaded.engine.close()
@@ -260,6 +262,7 @@ def main() -> int:
             }
         )
     doc = {
+        "items_limit": args.limit,
         "questions": {"dev": len(dev), "test": len(test)},
         "position_prior": {str(n): p for n, p in methods.prior.items()},
         "label_prior": {str(n): p for n, p in methods.label_prior.items()},
@@ -277,7 +280,8 @@ def _temper(probs: Sequence[float], t: float) -> list[float]:
 def markdown(doc: dict) -> str:
     lines = [
         f"Choice questions of test ({doc['questions']['test']}; priors and temperatures from dev, "
-        f"{doc['questions']['dev']}).",
+        f"{doc['questions']['dev']})"
+        + (f", the first {doc['items_limit']} items of each split." if doc.get("items_limit") else "."),
         "",
         "| method | readings / question | question tokens / question | accuracy | ECE raw | ECE cal | Brier raw "
         "| Brier cal | order flips |",

@@ -72,14 +72,18 @@ class Settings:
     cache_dir: str = _opt(_default_cache_dir(), "where converted weights are cached (GGUF -> safetensors)")
     temperature: float = _opt(1.0, "softmax temperature applied to label log-probs (1.0 = the model's own)")
     # decision quality (README "Decision quality")
+    # Default from measurement (docs/quality-readouts.md): parallel reads choice options side
+    # by side, order-free at the cost of one reading; an engine without parallel layouts (every
+    # remote one) reads letters under --rotations instead.
     readout: str = _opt(
-        "letters",
+        "parallel",
         "how questions are read: letters (lettered options), yesno (a Yes/No branch per option) or parallel "
-        "(choice options read side by side, order-free; in-process engine only, others read letters R=4)",
+        "(choice options read side by side, order-free; in-process engine only, others read letters under "
+        "--rotations)",
     )
-    # Default from measurement (README, Decision quality): letters under 4 rotations with the
-    # shipped calibration gave the lowest held-out ECE and 1/7 of the order flips.
-    rotations: int = _opt(4, "letters readout: cyclic rotations of the options read and averaged (order debiasing)")
+    rotations: int = _opt(
+        4, "letters readout (and parallel's fallback): cyclic rotations of the options read and averaged"
+    )
     calibration: str = _opt(
         "auto", "calibration applied to answers: auto (the file shipped for the served model, if any), none, or a path"
     )

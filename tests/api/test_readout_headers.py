@@ -10,7 +10,8 @@ async def test_default_readout_and_no_calibration_are_named_in_headers(api):
     client, engine = api
     r = await client.post("/v1/systemone", json=VALID)
     assert r.status_code == 200
-    assert r.headers["x-openjev-readout"] == "letters;rotations=4"  # the measured default
+    # the default (parallel) on an engine without parallel layouts, like this fake: letters, 4 rotations
+    assert r.headers["x-openjev-readout"] == "letters;rotations=4"
     assert r.headers["x-openjev-calibration"] == "none"  # the fake model has no shipped calibration
     assert all("x_order_agreement" in a for a in r.json()["answers"].values())
     assert len(engine.plans[0].branches) == 2 + 2 + 2  # 2 options (or a scale) read in 2 orders each

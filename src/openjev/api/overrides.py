@@ -3,7 +3,9 @@ which cannot add body fields, keeps working unchanged):
 
 - `x-openjev-readout: letters | yesno | parallel` (parallel: in-process engine; others read
   letters with 4 rotations, and `x-openjev-readout` in the response says so)
-- `x-openjev-rotations: N` (letters only; 1..--max-rotations; default: the server's --rotations)
+- `x-openjev-rotations: N` (letters only; 1..--max-rotations; default: the server's --rotations).
+  Without a readout header on a server whose default is parallel, it asks for letters
+  (`x-openjev-rotations: 1` is the raw single reading on every server).
 - `x-openjev-calibration: none` answers uncalibrated (what `openjev calibrate` fits on);
   `default` (or absent) applies the server's calibration where it has a fit.
 
@@ -46,6 +48,8 @@ def decide_options(headers: Mapping[str, str], settings: Settings) -> tuple[Read
             raise _invalid(ROTATIONS_HEADER, raw, "rotations must be an integer") from None
         if not 1 <= rotations <= settings.max_rotations:
             raise _invalid(ROTATIONS_HEADER, raw, f"rotations must be between 1 and {settings.max_rotations}")
+    if raw is not None and READOUT_HEADER not in headers and name == "parallel":
+        name = "letters"  # rotations are a letters parameter: asking for them asks for letters
     cal = headers.get(CALIBRATION_HEADER, "default").strip().lower()
     if cal not in ("default", "none"):
         raise _invalid(CALIBRATION_HEADER, cal, "expected 'default' or 'none'")
