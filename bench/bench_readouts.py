@@ -47,7 +47,7 @@ async def measure(url: str, readouts: dict[str, dict], repeats: int, sizes: list
     rows = []
     async with httpx.AsyncClient(timeout=1800) as client:
         for i, name in enumerate(names):  # warm-up: kernels, allocator, the label check
-            await ask(client, url, payload(8, tag=7000 + i), readouts[name])
+            await ask(client, url, payload(1, tag=7000 + i, paragraphs=1), readouts[name])
         for n in sizes:
             got: dict[str, dict[str, list]] = {
                 k: {"cold": [], "warm": [], "cold_tok": [], "warm_tok": []} for k in names
@@ -63,6 +63,20 @@ async def measure(url: str, readouts: dict[str, dict], repeats: int, sizes: list
                     ms, tok, _ = await ask(client, url, payload(n, tag=tag, qtag=tag + 50_000), readouts[name])
                     got[name]["warm"].append(ms)
                     got[name]["warm_tok"].append(tok)
+                    print(
+                        json.dumps(
+                            {
+                                "readout": name,
+                                "questions": n,
+                                "rep": rep,
+                                "cold_ms": round(g_last(got[name]["cold"])),
+                                "warm_ms": round(ms),
+                                "warm_tokens": tok,
+                            }
+                        ),
+                        file=sys.stderr,
+                        flush=True,
+                    )
             for name in names:
                 g = got[name]
                 rows.append(
@@ -79,6 +93,10 @@ async def measure(url: str, readouts: dict[str, dict], repeats: int, sizes: list
                     }
                 )
     return rows
+
+
+def g_last(xs: list) -> float:
+    return xs[-1]
 
 
 def markdown(rows: list[dict], head: dict) -> str:
