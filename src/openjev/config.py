@@ -57,6 +57,14 @@ class Settings:
     )
     body_timeout_s: float = _opt(60.0, "time for a request's whole body to arrive once its head has; beyond it: 408")
     max_head_bytes: int = _opt(65_536, "bytes of a request's head (request line and headers); beyond it: 431")
+    send_timeout_s: float = _opt(
+        10.0,
+        "time a client may leave a response unread (the server's send buffer full, no progress); "
+        "beyond it the connection is dropped (a slow reader)",
+    )
+    max_body_chunks: int = _opt(
+        8192, "chunks of one chunked request body (each costs parser work); beyond it: 413 and close"
+    )
     # what answers
     engine: str = _opt("transformers", "engine implementation: transformers (in-process), sglang, vllm")
     model: str | None = _opt(
@@ -203,6 +211,8 @@ class Settings:
             "head_timeout_s": self.head_timeout_s,
             "body_timeout_s": self.body_timeout_s,
             "max_head_bytes": self.max_head_bytes,
+            "send_timeout_s": self.send_timeout_s,
+            "max_body_chunks": self.max_body_chunks,
         }
 
     @property
@@ -243,6 +253,8 @@ class Settings:
             "max_connections",
             "head_timeout_s",
             "body_timeout_s",
+            "send_timeout_s",
+            "max_body_chunks",
         )
         for name in positive:
             if getattr(self, name) <= 0:
@@ -266,6 +278,8 @@ class Settings:
             ("drain_timeout_s", _DAY),
             ("max_queue_wait_s", _DAY),
             ("head_timeout_s", 3600.0),
+            ("send_timeout_s", 3600.0),
+            ("max_body_chunks", 1 << 24),
             ("body_timeout_s", _DAY),
             ("retry_after_s", 3600),
             ("batch_window_ms", 60_000.0),

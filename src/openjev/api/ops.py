@@ -56,8 +56,10 @@ ROUTES = (
 )
 
 
-# The API docs: behind the API's key with --docs auth (their static assets are not).
+# The API docs: behind the API's key with --docs auth, their static assets too (the largest
+# responses the server has: open, they let anyone hold connections with unread answers).
 DOCS_ROUTES = ("/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json")
+DOCS_ASSETS = "/static-offline-docs/"
 
 
 def route_of(path: str) -> str:
@@ -172,7 +174,7 @@ class OpsMiddleware:
             path.startswith("/v1/")
             or path in DECISION_ROUTES
             or (path == "/metrics" and not _loopback(scope))
-            or (path in DOCS_ROUTES and self.ops.settings.docs == "auth")
+            or ((path in DOCS_ROUTES or path.startswith(DOCS_ASSETS)) and self.ops.settings.docs == "auth")
         )
         if not keys.enabled or not guarded:
             return None
