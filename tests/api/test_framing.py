@@ -206,3 +206,137 @@ def test_docs_assets_need_the_key_on_a_keyed_server():
         assert httpx.get(url + BUNDLE, headers={"authorization": "Bearer k1"}).status_code == 200
     with serving(api_keys=("k1",), docs="public") as (url, _):
         assert httpx.get(url + BUNDLE).status_code == 200
+
+
+# ---- finding 11: upgrades, bodies nobody reads, HEAD
+
+
+def test_a_websocket_upgrade_is_refused_without_leaking_the_connection_gauge():
+    """On main uvicorn took the connection over (wsproto): the gauge never came down and the
+    Host check was skipped (the app saw a "websocket" scope, which our middleware passes)."""
+    engine = FakeEngine()
+    with serving(engine) as (url, port):
+        with httpx.Client(base_url=url, timeout=10) as client:
+            before = metric(url, "openjev_connections_open", client)
+            for host in (b"127.0.0.1", b"evil.example"):
+                status, _, answer = refused(
+                    port,
+                    b"GET /v1/systemone HTTP/1.1\r\nHost: " + host + b"\r\nUpgrade: websocket\r\n"
+                    b"Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
+                    b"Sec-WebSocket-Version: 13\r\n\r\n",
+                )
+                assert status == 400 and "WebSocket" in answer["detail"]["message"], answer
+            for _ in range(50):
+                if metric(url, "openjev_connections_open", client) == before:
+                    break
+                time.sleep(0.1)
+            assert metric(url, "openjev_connections_open", client) == before
+            assert metric(url, "openjev_connections_upgrades_refused_total", client) == 2
+        assert engine.plans == []
+        still_served(url, engine, 0)
+
+
+def test_bodies_on_unknown_paths_and_wrong_methods_are_refused_before_they_are_read():
+    """Only the head is sent: the 404/405 comes without the 2 MB body (on main the server
+    waited for the body, up to the body timeout)."""
+    engine = FakeEngine()
+    with serving(engine) as (url, port):
+        cases = [
+            (b"POST /v1/nope", 404, "no route"),
+            (b"POST /health", 405, "method POST is not allowed"),
+            (b"PUT /v1/systemone", 405, "method PUT is not allowed"),
+            (b"POST /static-offline-docs/swagger-ui.css", 405, "method POST is not allowed"),
+        ]
+        for line, expected, message in cases:
+            s = connect(port)
+            s.sendall(line + b" HTTP/1.1\r\nHost: 127.0.0.1\r\ncontent-length: 2097152\r\n\r\n" + b"x" * 1000)
+            got, took = read_until_closed(s, 5.0)
+            status, headers, answer = parse(got)
+            assert status == expected and message in answer["detail"]["message"], (line, answer)
+            assert headers["connection"] == "close" and took < 4.0, (line, took)
+        assert engine.plans == []
+        still_served(url, engine, 0)
+
+
+def test_head_is_answered_wherever_get_is():
+    engine = FakeEngine()
+    with serving(engine) as (url, _):
+        with httpx.Client(base_url=url, timeout=10) as client:
+            for path in ("/health", "/health/live", "/v1/models", "/v1/limits", "/metrics", "/", BUNDLE):
+                got = client.get(path)
+                head = client.head(path)
+                assert head.status_code == got.status_code == 200, path
+                assert head.content == b"" and head.headers["content-type"] == got.headers["content-type"], path
+            assert client.head("/v1/nope").status_code == 404
+            assert client.head("/v1/systemone").status_code == 405
+        assert engine.plans == []
+        still_served(url, engine, 0)
+
+
+# ---- finding 11: strict gzip and zstd request bodies
+
+
+def _post_encoded(url: str, body: bytes, encoding: str) -> httpx.Response:
+    headers = {"content-type": "application/json", "content-encoding": encoding}
+    return httpx.post(url + "/v1/systemone", content=body, headers=headers, timeout=10)
+
+
+def test_every_gzip_member_and_zstd_frame_is_decoded():
+    """On main a second gzip member was dropped (the body read as its first member only)."""
+    import gzip
+
+    import zstandard
+
+    body = BODY.encode()
+    half = len(body) // 2
+    engine = FakeEngine()
+    with serving(engine) as (url, _):
+        two_members = gzip.compress(body[:half]) + gzip.compress(body[half:])
+        assert _post_encoded(url, two_members, "gzip").status_code == 200
+        cctx = zstandard.ZstdCompressor()
+        two_frames = cctx.compress(body[:half]) + cctx.compress(body[half:])
+        assert _post_encoded(url, two_frames, "zstd").status_code == 200
+        assert len(engine.plans) == 2
+        # a member that splits the JSON elsewhere is still one body: dropping the second would be a 400/422
+        r = _post_encoded(url, gzip.compress(body[:10]) + gzip.compress(body[10:]), "gzip")
+        assert r.status_code == 200, r.text
+
+
+def test_trailing_data_and_truncation_are_refused_saying_which():
+    """On main trailing garbage was ignored and a truncated zstd frame read as an empty body."""
+    import gzip
+
+    import zstandard
+
+    body = BODY.encode()
+    gz = gzip.compress(body)
+    zs = zstandard.ZstdCompressor().compress(body)
+    cases = [
+        (gz + b"garbage!", "gzip", "8 bytes of trailing data after its last member"),
+        (gz + b"\0\0\0\0", "gzip", "trailing data"),
+        (gz[:-6], "gzip", "gzip body is truncated"),
+        (zs + b"garbage!", "zstd", "8 bytes of trailing data after its last frame"),
+        (zs[:-3], "zstd", "zstd body is truncated"),
+        (zs[:6], "zstd", "zstd body is truncated"),
+    ]
+    engine = FakeEngine()
+    with serving(engine) as (url, _):
+        for raw, encoding, message in cases:
+            r = _post_encoded(url, raw, encoding)
+            assert r.status_code == 400, (encoding, message, r.text)
+            assert r.json()["detail"]["error_type"] == "invalid_request"
+            assert message in r.json()["detail"]["message"], (message, r.json())
+        assert engine.plans == []
+        still_served(url, engine, 0)
+
+
+def test_a_zstd_bomb_is_refused_without_decoding_it_whole():
+    import zstandard
+
+    bomb = zstandard.ZstdCompressor(level=3).compress(b" " * (64 << 20))  # 64 MiB of spaces, a few KB
+    engine = FakeEngine()
+    with serving(engine) as (url, _):
+        r = _post_encoded(url, bomb, "zstd")
+        assert r.status_code == 413 and "decoded request body exceeds" in r.json()["detail"]["message"]
+        assert engine.plans == []
+        still_served(url, engine, 0)

@@ -191,7 +191,7 @@ class OpsMiddleware:
 
     async def _dispatch(self, scope: Scope, receive: Receive, send: Send, path: str, method: str) -> None:
         drain = self.ops.drain
-        if path == "/metrics" and method == "GET":
+        if path == "/metrics" and method in ("GET", "HEAD"):
             await Response(self.ops.metrics.exposition(), media_type=CONTENT_TYPE)(scope, receive, send)
             return
         if drain.draining and path == "/health":
