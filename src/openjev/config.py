@@ -43,6 +43,14 @@ class Settings:
         metavar="HOST[,HOST]",
         comma=True,
     )
+    trusted_proxies: tuple[str, ...] = _opt(
+        (),
+        "addresses or networks of the proxies in front of this server (comma-separated or repeated); "
+        "X-Forwarded-For is believed only from them (none: from no one)",
+        flag="trusted-proxies",
+        metavar="IP[/BITS][,...]",
+        comma=True,
+    )
     docs: str = _opt(
         "auth",
         "API docs (/docs, /redoc, /openapi.json): public, off, or auth (the API's bearer key when keys are "
@@ -307,6 +315,11 @@ class Settings:
         for name in self.allowed_hosts:
             if not name or any(c.isspace() or c in "/@" for c in name) or ("*" in name and not _wildcard(name)):
                 raise ConfigError(f"allowed_hosts: {name!r} is not a host name, `*.domain` or `*`")
+        for entry in self.trusted_proxies:
+            try:
+                ipaddress.ip_network(entry, strict=False)
+            except ValueError:
+                raise ConfigError(f"trusted_proxies: {entry!r} is not an IP address or network") from None
         if self.rotations > self.max_rotations:
             raise ConfigError(f"rotations ({self.rotations}) exceeds max_rotations ({self.max_rotations})")
         if self.max_questions > 4096:

@@ -340,3 +340,44 @@ def test_a_zstd_bomb_is_refused_without_decoding_it_whole():
         assert r.status_code == 413 and "decoded request body exceeds" in r.json()["detail"]["message"]
         assert engine.plans == []
         still_served(url, engine, 0)
+
+
+# ---- finding 11: X-Forwarded-For only from --trusted-proxies
+
+
+def _metrics_status(port: int, forwarded_for: bytes | None) -> tuple[int, dict]:
+    header = b"X-Forwarded-For: " + forwarded_for + b"\r\n" if forwarded_for is not None else b""
+    s = connect(port)
+    s.sendall(b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n" + header + b"\r\n")
+    raw, _ = read_until_closed(s)
+    head, _, body = raw.partition(b"\r\n\r\n")
+    status = int(head.split(b" ", 2)[1])
+    return status, (__import__("json").loads(body) if status != 200 else {})
+
+
+def test_forwarded_for_is_believed_only_from_trusted_proxies():
+    """On main a loopback peer's X-Forwarded-For was believed (uvicorn trusts 127.0.0.1): a
+    same-host proxy passing the header on made any client local, and /metrics open."""
+    engine = FakeEngine()
+    with serving(engine, api_keys=("k1",)) as (url, port):
+        assert _metrics_status(port, None)[0] == 200  # a local client, no proxy
+        status, answer = _metrics_status(port, b"127.0.0.1")  # forwarded, by no proxy we trust
+        assert status == 401 and answer["detail"]["error_type"] == "authentication_error"
+        assert "missing API key" in answer["detail"]["message"]
+        assert _metrics_status(port, b"203.0.113.7")[0] == 401
+        assert engine.plans == []
+    with serving(engine, api_keys=("k1",), trusted_proxies=("127.0.0.1",)) as (url, port):
+        assert _metrics_status(port, b"127.0.0.1")[0] == 200  # the proxy forwards for a local client
+        assert _metrics_status(port, b"203.0.113.7")[0] == 401
+        assert _metrics_status(port, b"127.0.0.1, 203.0.113.7")[0] == 401  # the client is the rightmost untrusted
+        assert _metrics_status(port, b"203.0.113.7, 127.0.0.1")[0] == 401  # trusted hops are skipped
+        assert _metrics_status(port, b"not-an-address")[0] == 401
+        assert _metrics_status(port, None)[0] == 401  # through the proxy, for an unknown client
+        assert engine.plans == []
+        r = httpx.post(
+            url + "/v1/systemone",
+            content=BODY,
+            headers={"content-type": "application/json", "authorization": "Bearer k1"},
+            timeout=10,
+        )
+        assert r.status_code == 200 and len(engine.plans) == 1

@@ -402,6 +402,7 @@ def uvicorn_config(app: Any, settings: Any, **options: Any) -> uvicorn.Config:
         port=options.pop("port", settings.port),
         http=protocol,
         ws="none",  # WebSocket upgrades are refused by the protocol (api/framing.py), never taken over
+        proxy_headers=False,  # X-Forwarded-For only from --trusted-proxies (api/proxies.py)
         **options,
     )
 
