@@ -170,6 +170,8 @@ def test_a_normal_client_is_served_while_slow_readers_hold_every_connection():
                         break
                     time.sleep(0.1)
                 assert metric(url, "openjev_connections_slow_readers_total", client) == 40
+                # dropped with a reset: the kernel's unsent copy is gone too (the TCP state, read without reading)
+                assert all(s.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 8)[0] != 1 for s in readers)
                 assert metric(url, "openjev_connections_open", client) == 1  # this client's own
                 assert client.get("/v1/limits").json()["send_timeout_s"] == 1.0
             assert engine.plans == []

@@ -30,6 +30,8 @@ import asyncio
 import http
 import json
 import logging
+import socket
+import struct
 import uuid
 from dataclasses import dataclass
 from typing import Any
@@ -331,13 +333,15 @@ class BoundedH11Protocol(H11Protocol):
 
     def pause_writing(self) -> None:
         """The write buffer passed its high-water mark: the client must read within the send timeout."""
-        super().pause_writing()
+        if self.flow is not None:  # None on a refused connection (never handed to uvicorn)
+            super().pause_writing()
         if self.send_timer is None and not self.closing:
             self.send_timer = self.loop.call_later(self.limits.send_timeout_s, self._send_timed_out)
 
     def resume_writing(self) -> None:
         self._cancel_send_timer()
-        super().resume_writing()
+        if self.flow is not None:
+            super().resume_writing()
 
     def _cancel_send_timer(self) -> None:
         if self.send_timer is not None:
@@ -354,6 +358,12 @@ class BoundedH11Protocol(H11Protocol):
         self.counts["slow_readers"] += 1
         log.info("response not read within %g s (--send-timeout-s): connection dropped", self.limits.send_timeout_s)
         self.closing = True
+        sock = raw.get_extra_info("socket")
+        if sock is not None:  # a reset: the kernel drops its unsent copy too, not kept for a reader that does not read
+            try:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            except OSError:
+                pass
         raw.abort()
 
     def _close_raw(self) -> None:
