@@ -108,11 +108,13 @@ async def main(url: str, clients: int, hold_s: float, kinds: list[str]) -> dict:
     parts = urlsplit(url)
     host, port = parts.hostname or "127.0.0.1", parts.port or 80
     stop = asyncio.Event()
+    t_start = time.monotonic()
     slow = [asyncio.create_task(slow_client(host, port, kinds[i % len(kinds)], hold_s)) for i in range(clients)]
     await asyncio.sleep(0.5)  # the slow clients connect first, as an attacker's would
     started: list[float] = []
     normal = asyncio.create_task(normal_client(host, port, stop, started))
     results = await asyncio.gather(*slow)
+    await asyncio.sleep(max(0.0, t_start + hold_s - time.monotonic()))  # the normal client runs the whole hold
     stop.set()
     served = await normal
     report: dict = {"url": url, "clients": clients, "hold_s": hold_s}
