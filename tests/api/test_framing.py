@@ -383,3 +383,18 @@ def test_forwarded_for_is_believed_only_from_trusted_proxies():
             timeout=10,
         )
         assert r.status_code == 200 and len(engine.plans) == 1
+
+
+def test_a_body_sent_with_a_get_is_not_read_and_the_connection_closes_after_the_answer():
+    engine = FakeEngine()
+    with serving(engine) as (url, port):
+        s = connect(port)
+        s.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\ncontent-length: 2097152\r\n\r\n" + b"x" * 1000)
+        got, took = read_until_closed(s, 5.0)
+        status, headers, _ = parse(got)
+        assert status == 200 and headers["connection"] == "close" and took < 4.0, (status, took)
+        # without a body, a GET keeps its connection
+        with httpx.Client(base_url=url, timeout=10) as client:
+            r = client.get("/health")
+            assert r.status_code == 200 and r.headers.get("connection") != "close"
+        still_served(url, engine, 0)

@@ -69,11 +69,15 @@ class BodyMiddleware:
         self.timeout_s = timeout_s
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["method"] not in ("POST", "PUT", "PATCH"):
+        if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        if not takes_body(scope):  # 404/405 from the router, the body never read
-            await self.app(scope, _no_body, _closing(scope, send))
+        if scope["method"] not in ("POST", "PUT", "PATCH") or not takes_body(scope):
+            # 404/405 from the router (or a GET's answer): a body sent along is never read
+            if announces_body(scope):
+                await self.app(scope, _no_body(), _closing(send))
+            else:
+                await self.app(scope, receive, send)
             return
         try:
             try:
@@ -200,19 +204,33 @@ def takes_body(scope: Scope) -> bool:
     return False
 
 
-async def _no_body() -> Message:
-    return {"type": "http.request", "body": b"", "more_body": False}
-
-
-def _closing(scope: Scope, send: Send) -> Send:
-    """`send` with `connection: close` on the answer when the request announced a body: the
-    server then drops the unread body with the connection (a lingering close) instead of
-    reading it to keep the connection."""
+def announces_body(scope: Scope) -> bool:
     headers = Headers(scope=scope)
-    announced = "transfer-encoding" in headers or headers.get("content-length", "0").strip() not in ("", "0")
+    return "transfer-encoding" in headers or headers.get("content-length", "0").strip() not in ("", "0")
+
+
+def _no_body() -> Receive:
+    """An empty body, then nothing: a response that listens for the client leaving (a file,
+    a stream) must not pull the unread body through the server's receive."""
+    delivered = False
+
+    async def receive() -> Message:
+        nonlocal delivered
+        if not delivered:
+            delivered = True
+            return {"type": "http.request", "body": b"", "more_body": False}
+        await asyncio.Event().wait()  # cancelled with the response's listener
+        raise AssertionError("unreachable")
+
+    return receive
+
+
+def _closing(send: Send) -> Send:
+    """`send` with `connection: close` on the answer: the server then drops the unread body
+    with the connection (a lingering close) instead of reading it to keep the connection."""
 
     async def send_closing(message: Message) -> None:
-        if announced and message["type"] == "http.response.start":
+        if message["type"] == "http.response.start":
             MutableHeaders(scope=message)["connection"] = "close"
         await send(message)
 
