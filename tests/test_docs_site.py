@@ -46,3 +46,21 @@ def test_pages_load_nothing_from_another_host(site):
                 loads.append(f"{page.name}: <{tag}> {url}")
     assert not loads, "\n".join(loads)
     assert list(site.rglob("*.html"))
+
+
+def test_lists_and_code_blocks_start_after_a_blank_line():
+    # GitHub starts a list or a code block right after a paragraph line; MkDocs (Python-Markdown)
+    # folds it into the paragraph. A blank line before each keeps both renderings the same.
+    item = re.compile(r"^\s*([-*]|\d+\.) ")
+    wrong = []
+    for page in sorted((ROOT / "docs").glob("*.md")):
+        fence, prev = False, ""
+        for number, line in enumerate(page.read_text().splitlines(), 1):
+            opens = line.startswith("```") and not fence
+            starts_list = not fence and item.match(line) and not item.match(prev) and not prev.startswith(" ")
+            if (opens or starts_list) and prev.strip():
+                wrong.append(f"docs/{page.name}:{number}: {line[:60]}")
+            if line.startswith("```"):
+                fence = not fence
+            prev = line
+    assert not wrong, "\n".join(wrong)
