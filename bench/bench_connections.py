@@ -6,6 +6,7 @@ are refused at once, and whether a normal client is still served meanwhile. One 
     .venv/bin/python bench/bench_connections.py --url http://127.0.0.1:8000 [--clients 200] [--hold-s 60]
     openjev serve --port 8000 --max-connections 40 &
     .venv/bin/python bench/bench_connections.py --clients 40 --kinds reader --hold-s 30
+    .venv/bin/python bench/bench_connections.py --tiny-chunks-mb 1.8   # one body in 1-byte chunks: server CPU
 
 Each slow client is a raw socket: `head` sends half a request head and waits, `silent`
 connects and sends nothing, `body` sends a head announcing 1000 bytes and then one byte per
@@ -142,11 +143,70 @@ async def main(url: str, clients: int, hold_s: float, kinds: list[str]) -> dict:
     return report
 
 
+async def server_cpu_s(host: str, port: int) -> float:
+    """The server's process_cpu_seconds_total (/metrics, open on loopback)."""
+    reader, writer = await asyncio.open_connection(host, port)
+    writer.write(b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+    text = (await reader.read()).decode("latin-1")
+    writer.close()
+    for line in text.splitlines():
+        if line.startswith("process_cpu_seconds_total "):
+            return float(line.split()[1])
+    raise RuntimeError("no process_cpu_seconds_total in /metrics")
+
+
+async def tiny_chunks(url: str, megabytes: float) -> dict:
+    """One POST whose body comes in 1-byte chunks (6 wire bytes each): the server's CPU
+    seconds and the time until its answer."""
+    parts = urlsplit(url)
+    host, port = parts.hostname or "127.0.0.1", parts.port or 80
+    chunks = int(megabytes * 1e6 / 6)
+    cpu0 = await server_cpu_s(host, port)
+    t0 = time.monotonic()
+    reader, writer = await asyncio.open_connection(host, port)
+    writer.write(
+        b"POST /v1/systemone HTTP/1.1\r\nHost: 127.0.0.1\r\ncontent-type: application/json\r\n"
+        b"transfer-encoding: chunked\r\n\r\n"
+    )
+    sent = 0
+    try:
+        while sent < chunks:
+            n = min(10_000, chunks - sent)
+            writer.write(b"1\r\nx\r\n" * n)
+            await writer.drain()
+            sent += n
+        writer.write(b"0\r\n\r\n")
+        await writer.drain()
+    except (ConnectionError, OSError):
+        pass  # refused while sending: the answer is already there
+    try:
+        line = await asyncio.wait_for(reader.readline(), 300)
+    except (ConnectionError, OSError, TimeoutError) as e:
+        line = type(e).__name__.encode()
+    took = time.monotonic() - t0
+    writer.close()
+    await asyncio.sleep(0.5)
+    return {
+        "url": url,
+        "chunks_sent": sent,
+        "wire_mb_sent": round(sent * 6 / 1e6, 2),
+        "answer": line.decode("latin-1").strip(),
+        "answer_s": round(took, 2),
+        "server_cpu_s": round(await server_cpu_s(host, port) - cpu0, 2),
+    }
+
+
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--url", default="http://127.0.0.1:8000")
     parser.add_argument("--clients", type=int, default=200)
     parser.add_argument("--hold-s", type=float, default=60.0)
     parser.add_argument("--kinds", default="head,silent,body", help="comma-separated: head, silent, body, reader")
+    parser.add_argument(
+        "--tiny-chunks-mb", type=float, default=0.0, help="instead: one body of this many MB in 1-byte chunks"
+    )
     args = parser.parse_args()
-    print(json.dumps(asyncio.run(main(args.url, args.clients, args.hold_s, args.kinds.split(",")))))
+    if args.tiny_chunks_mb:
+        print(json.dumps(asyncio.run(tiny_chunks(args.url, args.tiny_chunks_mb))))
+    else:
+        print(json.dumps(asyncio.run(main(args.url, args.clients, args.hold_s, args.kinds.split(",")))))

@@ -87,11 +87,11 @@ class Settings:
     )
     cache_dir: str = _opt(_default_cache_dir(), "where converted weights are cached (GGUF -> safetensors)")
     temperature: float = _opt(1.0, "softmax temperature applied to label log-probs (1.0 = the model's own)")
-    # decision quality (README "Decision quality")
+    # decision quality (docs/quality.md)
     readout: str = _opt(
         "letters", "how questions are read: letters (lettered options) or yesno (a Yes/No branch per option)"
     )
-    # Default from measurement (README, Decision quality): letters under 4 rotations with the
+    # Default from measurement (docs/quality.md): letters under 4 rotations with the
     # shipped calibration gave the lowest held-out ECE and 1/7 of the order flips.
     rotations: int = _opt(4, "letters readout: cyclic rotations of the options read and averaged (order debiasing)")
     calibration: str = _opt(
@@ -345,7 +345,7 @@ def is_loopback_name(host: str) -> bool:
         return False
 
 
-# The contract's fixed ranges (jev-contract.md); not settings: clients rely on them.
+# The contract's fixed ranges (docs/api-jev.md); not settings: clients rely on them.
 MIN_CHOICE_OPTIONS = 2
 MAX_CHOICE_OPTIONS = 255
 MIN_SCORE_LEVELS = 2

@@ -1,4 +1,4 @@
-"""Wire schemas of the Jev SystemOne API (jev-contract.md). Pydantic lives only here.
+"""Wire schemas of the Jev SystemOne API (docs/api-jev.md). Pydantic lives only here.
 
 Request models validate shape and the contract's fixed ranges; configurable limits
 (questions per request, token budgets) are checked after parsing.
