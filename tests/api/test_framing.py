@@ -398,3 +398,28 @@ def test_a_body_sent_with_a_get_is_not_read_and_the_connection_closes_after_the_
             r = client.get("/health")
             assert r.status_code == 200 and r.headers.get("connection") != "close"
         still_served(url, engine, 0)
+
+
+def test_a_flood_of_bad_requests_logs_one_line_not_one_per_request():
+    """uvicorn warns once per refused request; on main 20 bad requests were 20 log lines."""
+    import logging
+
+    seen: list[str] = []
+
+    class Collect(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if "Invalid HTTP request" in record.getMessage():
+                seen.append(record.getMessage())
+
+    engine = FakeEngine()
+    handler = Collect()
+    with serving(engine) as (url, port):
+        logging.getLogger("uvicorn.error").addHandler(handler)
+        try:
+            for _ in range(20):
+                refused(port, b"GET /health HTTP/1.1\nHost: 127.0.0.1\n\n")
+        finally:
+            logging.getLogger("uvicorn.error").removeHandler(handler)
+        assert len(seen) <= 1, seen  # one per 10 s (none if another test's came just before)
+        assert metric(url, "openjev_connections_parse_errors_total") == 20  # every one counted
+        still_served(url, engine, 0)

@@ -32,6 +32,7 @@ import json
 import logging
 import socket
 import struct
+import time
 import uuid
 from dataclasses import dataclass
 from typing import Any
@@ -399,10 +400,41 @@ class BoundedH11Protocol(H11Protocol):
         self.linger_timer = self.loop.call_later(self.limits.linger_s, self._close_raw)
 
 
+class _InvalidRequestThrottle(logging.Filter):
+    """uvicorn logs a warning for every request h11 (or our framing check) refuses; a flood of
+    bad requests must not flood the log: one line per WARN_EVERY_S (the metrics count them all)."""
+
+    MESSAGE = "Invalid HTTP request received."
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.last = float("-inf")
+        self.dropped = 0
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.msg != self.MESSAGE:
+            return True
+        now = time.monotonic()
+        if now - self.last < WARN_EVERY_S:
+            self.dropped += 1
+            return False
+        self.last = now
+        if self.dropped:
+            record.msg = f"{self.MESSAGE} ({self.dropped} more since the last such line; see openjev_connections_*)"
+            self.dropped = 0
+        return True
+
+
+_THROTTLE = _InvalidRequestThrottle()
+
+
 def uvicorn_config(app: Any, settings: Any, **options: Any) -> uvicorn.Config:
     """uvicorn's Config for `app` under `settings`' connection limits (the CLI's server, the
     in-process one of `openjev eval`, and the tests' all go through here)."""
     protocol = http_protocol(ConnectionLimits.of(settings))
+    uvicorn_log = logging.getLogger("uvicorn.error")
+    if _THROTTLE not in uvicorn_log.filters:
+        uvicorn_log.addFilter(_THROTTLE)
     ops = getattr(getattr(app, "state", None), "ops", None)
     if ops is not None:  # /metrics reads the counts at scrape time
         ops.connection_stats = protocol.stats
