@@ -43,6 +43,14 @@ class Settings:
         metavar="HOST[,HOST]",
         comma=True,
     )
+    trusted_proxies: tuple[str, ...] = _opt(
+        (),
+        "addresses or networks of the proxies in front of this server (comma-separated or repeated); "
+        "X-Forwarded-For is believed only from them (none: from no one)",
+        flag="trusted-proxies",
+        metavar="IP[/BITS][,...]",
+        comma=True,
+    )
     docs: str = _opt(
         "auth",
         "API docs (/docs, /redoc, /openapi.json): public, off, or auth (the API's bearer key when keys are "
@@ -57,6 +65,14 @@ class Settings:
     )
     body_timeout_s: float = _opt(60.0, "time for a request's whole body to arrive once its head has; beyond it: 408")
     max_head_bytes: int = _opt(65_536, "bytes of a request's head (request line and headers); beyond it: 431")
+    send_timeout_s: float = _opt(
+        10.0,
+        "time a client may leave a response unread (the server's send buffer full, no progress); "
+        "beyond it the connection is dropped (a slow reader)",
+    )
+    max_body_chunks: int = _opt(
+        8192, "chunks of one chunked request body (each costs parser work); beyond it: 413 and close"
+    )
     # what answers
     engine: str = _opt("transformers", "engine implementation: transformers (in-process), sglang, vllm")
     model: str | None = _opt(
@@ -203,6 +219,8 @@ class Settings:
             "head_timeout_s": self.head_timeout_s,
             "body_timeout_s": self.body_timeout_s,
             "max_head_bytes": self.max_head_bytes,
+            "send_timeout_s": self.send_timeout_s,
+            "max_body_chunks": self.max_body_chunks,
         }
 
     @property
@@ -243,6 +261,8 @@ class Settings:
             "max_connections",
             "head_timeout_s",
             "body_timeout_s",
+            "send_timeout_s",
+            "max_body_chunks",
         )
         for name in positive:
             if getattr(self, name) <= 0:
@@ -266,6 +286,8 @@ class Settings:
             ("drain_timeout_s", _DAY),
             ("max_queue_wait_s", _DAY),
             ("head_timeout_s", 3600.0),
+            ("send_timeout_s", 3600.0),
+            ("max_body_chunks", 1 << 24),
             ("body_timeout_s", _DAY),
             ("retry_after_s", 3600),
             ("batch_window_ms", 60_000.0),
@@ -293,6 +315,11 @@ class Settings:
         for name in self.allowed_hosts:
             if not name or any(c.isspace() or c in "/@" for c in name) or ("*" in name and not _wildcard(name)):
                 raise ConfigError(f"allowed_hosts: {name!r} is not a host name, `*.domain` or `*`")
+        for entry in self.trusted_proxies:
+            try:
+                ipaddress.ip_network(entry, strict=False)
+            except ValueError:
+                raise ConfigError(f"trusted_proxies: {entry!r} is not an IP address or network") from None
         if self.rotations > self.max_rotations:
             raise ConfigError(f"rotations ({self.rotations}) exceeds max_rotations ({self.max_rotations})")
         if self.max_questions > 4096:

@@ -15,7 +15,7 @@ from fastapi_offline import FastAPIOffline
 from openjev import __version__
 from openjev.api import handlers, routes, wire
 from openjev.api.hosts import HostMiddleware, HostPolicy
-from openjev.api.middleware import BodyMiddleware, RequestIdMiddleware
+from openjev.api.middleware import BodyMiddleware, HeadMiddleware, RequestIdMiddleware
 from openjev.api.ops import Operations, OpsMiddleware
 from openjev.api.routes import SYSTEMONE_ROUTES
 from openjev.api.runtime import Loader, Runtime, build_service, lifespan
@@ -49,6 +49,7 @@ def create_app(
     app.state.settings = settings
     app.state.runtime = runtime
     app.state.ops = ops
+    app.add_middleware(HeadMiddleware)  # innermost: HEAD routed as GET
     app.add_middleware(BodyMiddleware, max_bytes=settings.max_body_bytes, timeout_s=settings.body_timeout_s)
     app.add_middleware(OpsMiddleware, ops=ops)  # keys checked before the body is read
     hosts = HostPolicy.of(settings)

@@ -58,6 +58,11 @@ class _Live:
             "connections_refused": "connections refused with 503 at --max-connections, before any request",
             "connections_head_timeouts": "connections closed at --head-timeout-s (408 for a partial head)",
             "connections_heads_too_large": "requests refused with 431 (head over --max-head-bytes)",
+            "connections_slow_readers": "connections dropped because the client left a response unread "
+            "for --send-timeout-s",
+            "connections_parse_errors": "requests refused by the HTTP parser (400: malformed or smuggling-shaped "
+            "framing; 413: over --max-body-chunks), the connection closed",
+            "connections_upgrades_refused": "WebSocket upgrade requests refused (400, the connection closed)",
         }
         for name, help_text in counters.items():
             if name in values:

@@ -14,7 +14,6 @@ request-id one, outside the body reader):
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import json
 import logging
 import time
@@ -31,6 +30,7 @@ from openjev.api.keys import KeyEntry, KeyLimits, KeyRing
 from openjev.api.logs import ACCESS
 from openjev.api.metrics import CONTENT_TYPE, Metrics
 from openjev.api.middleware import REQUEST_ID_HEADER, error_response, request_id_of
+from openjev.api.proxies import TrustedProxies
 from openjev.config import Settings
 from openjev.errors import AuthenticationError, Draining, OpenjevError
 from openjev.runtime.drain import Drain
@@ -56,22 +56,22 @@ ROUTES = (
 )
 
 
-# The API docs: behind the API's key with --docs auth (their static assets are not).
+# The API docs: behind the API's key with --docs auth, their static assets too (the largest
+# responses the server has: open, they let anyone hold connections with unread answers).
 DOCS_ROUTES = ("/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json")
+DOCS_ASSETS = "/static-offline-docs/"
 
 
 def route_of(path: str) -> str:
     return path if path in ROUTES else "other"
 
 
-def _loopback(scope: Scope) -> bool:
-    client = scope.get("client")
-    if not client:
+def _loopback(scope: Scope, proxies: TrustedProxies) -> bool:
+    """A client on this machine (a forwarded one only where --trusted-proxies says so)."""
+    if not scope.get("client"):
         return True  # in-process (tests, ASGI transports): nothing came over a network
-    try:
-        return ipaddress.ip_address(client[0]).is_loopback
-    except ValueError:
-        return False
+    client = proxies.client(scope)
+    return client is not None and client.is_loopback
 
 
 class Operations:
@@ -85,6 +85,7 @@ class Operations:
         self.drain = Drain(settings.drain_timeout)
         self.metrics = Metrics(self._probe)
         self.gate: GatedEngine | None = None
+        self.proxies = TrustedProxies(settings.trusted_proxies)
         # Set by the server's protocol (api/connections.py) when it serves this app.
         self.connection_stats: Callable[[], dict[str, float]] | None = None
 
@@ -171,8 +172,8 @@ class OpsMiddleware:
         guarded = (
             path.startswith("/v1/")
             or path in DECISION_ROUTES
-            or (path == "/metrics" and not _loopback(scope))
-            or (path in DOCS_ROUTES and self.ops.settings.docs == "auth")
+            or (path == "/metrics" and not _loopback(scope, self.ops.proxies))
+            or ((path in DOCS_ROUTES or path.startswith(DOCS_ASSETS)) and self.ops.settings.docs == "auth")
         )
         if not keys.enabled or not guarded:
             return None
@@ -189,7 +190,7 @@ class OpsMiddleware:
 
     async def _dispatch(self, scope: Scope, receive: Receive, send: Send, path: str, method: str) -> None:
         drain = self.ops.drain
-        if path == "/metrics" and method == "GET":
+        if path == "/metrics" and method in ("GET", "HEAD"):
             await Response(self.ops.metrics.exposition(), media_type=CONTENT_TYPE)(scope, receive, send)
             return
         if drain.draining and path == "/health":
