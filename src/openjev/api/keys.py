@@ -16,7 +16,8 @@ never reported as cached to another (api/tenancy.py). Keys that name the same
 Only names ever reach logs and metric labels. A key is matched by comparing SHA-256
 digests with hmac.compare_digest against every entry (no early exit), so neither the time
 nor the matching entry reveals how much of a guess was right. The file is re-read on
-SIGHUP; a file that does not parse keeps the previous keys (and says why in the log).
+SIGHUP; a file that cannot be read or parsed (missing, not UTF-8, malformed) keeps the
+previous keys and says why in the log; at startup the same file is a ConfigError (exit 2).
 """
 
 from __future__ import annotations
@@ -106,6 +107,20 @@ def parse_keys_file(text: str, source: str = "keys file") -> list[KeyEntry]:
     return entries
 
 
+def read_keys_text(path: str) -> str:
+    """The keys file's text; ConfigError naming the path and the reason (unreadable, not
+    UTF-8: the line of the first bad byte, never the bytes themselves, which may be a key)."""
+    try:
+        data = Path(path).read_bytes()
+    except OSError as e:
+        raise ConfigError(f"--api-keys-file {path}: {e.strerror or e}") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data[: e.start].count(b"\n") + 1
+        raise ConfigError(f"--api-keys-file {path} line {line}: not UTF-8 text (save the file as UTF-8)") from None
+
+
 def flag_entries(keys: Iterable[str]) -> list[KeyEntry]:
     return [KeyEntry(f"key{i}", digest_of(k)) for i, k in enumerate(keys, 1)]
 
@@ -147,10 +162,7 @@ class KeyRing:
     def _load(self) -> tuple[KeyEntry, ...]:
         if self._path is None:
             return self._entries  # keys given on the command line: nothing to read
-        try:
-            text = Path(self._path).read_text()
-        except OSError as e:
-            raise ConfigError(f"--api-keys-file {self._path}: {e.strerror}") from None
+        text = read_keys_text(self._path)
         from_file = parse_keys_file(text, self._path)
         names = {e.name for e in from_file}
         clash = [e.name for e in self._flag_entries if e.name in names]
@@ -166,6 +178,9 @@ class KeyRing:
             entries = self._load()
         except ConfigError as e:
             log.error("keys not reloaded, keeping %d: %s", len(self._entries), e)
+            return False
+        except Exception as e:
+            log.error("keys not reloaded, keeping %d: unexpected %s", len(self._entries), type(e).__name__, exc_info=e)
             return False
         self._entries = entries  # one reference swap: readers see the old or the new tuple
         log.info("keys reloaded: %d", len(entries))

@@ -113,8 +113,39 @@ def source_fingerprint(source: ModelSource) -> str:
 
 
 def preflight(settings) -> None:
-    """Fail fast on a model setting that cannot load (missing path, wrong kind of file)."""
-    resolve_source(settings.model)
+    """Fail fast on a model setting that cannot load (missing path, wrong kind of file) and,
+    for a GGUF, on a cache folder that could never hold its conversion (found before the
+    conversion's seconds are spent, not after)."""
+    source = resolve_source(settings.model)
+    if source.gguf_file is not None:
+        check_cache_dir(settings.cache_dir)
+        if not (gguf_cache_folder(source, settings.cache_dir) / _COMPLETE).exists():
+            check_writable(settings.cache_dir)  # a read-only cache serves what it already holds
+
+
+def check_cache_dir(cache_dir: str) -> None:
+    """ConfigError naming the path where `cache_dir` is, or would have to be made under, a
+    non-folder."""
+    path = Path(cache_dir).expanduser()
+    probe = _nearest_existing(path)
+    if probe.exists() and not probe.is_dir():
+        where = "" if probe == path else f" (on the way to {path})"
+        raise ConfigError(f"--cache-dir: {probe} is not a folder{where}")
+    for sub in (path / "gguf",):  # the folder conversions are written to
+        if sub.exists() and not sub.is_dir():
+            raise ConfigError(f"--cache-dir: {sub} is not a folder")
+
+
+def check_writable(cache_dir: str) -> None:
+    probe = _nearest_existing(Path(cache_dir).expanduser())
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise ConfigError(f"--cache-dir: {probe} is not writable (converted weights are cached there)")
+
+
+def _nearest_existing(path: Path) -> Path:
+    while not path.exists() and path.parent != path:
+        path = path.parent
+    return path
 
 
 def _slug(name: str) -> str:
