@@ -4,6 +4,7 @@ UTF-8, a keys file that cannot be read at startup, a busy port, a cache folder t
 file, and a converted-weights cache that was damaged after conversion."""
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -115,3 +116,33 @@ def test_a_cache_dir_that_is_a_file_is_refused_in_preflight(tmp_path):
     assert "dtype" not in run.stderr and "converting" not in run.stderr
     run = _serve("--cache-dir", str(blocker / "below"))  # a file on the way to it
     assert run.returncode == 2 and str(blocker) in run.stderr, run.stderr[-2000:]
+
+
+def test_a_truncated_weights_cache_is_converted_again(tmp_path):
+    from openjev.config import load_settings
+    from openjev.engines.hf_model import cache_problem, gguf_cache_folder, resolve_source
+
+    source = resolve_source(None)
+    cache = tmp_path / "cache"
+    user_cache = gguf_cache_folder(source, load_settings(environ={}).cache_dir)
+    folder = gguf_cache_folder(source, str(cache))
+    if (user_cache / ".openjev-complete").exists() and cache_problem(user_cache) is None:
+        shutil.copytree(user_cache, folder)  # a verified conversion: saves one
+    else:
+        first = start_server(tmp_path, "--cache-dir", str(cache))  # converts
+        stop_server(first)
+    assert cache_problem(folder) is None
+    weights = folder / "model.safetensors"
+    with open(weights, "r+b") as fh:
+        fh.truncate(weights.stat().st_size // 2)
+    server = start_server(tmp_path, "--cache-dir", str(cache))
+    try:
+        log = open(server.log_path).read()
+        assert f"{weights} has" in log and "truncated" in log and "converting again" in log
+        assert "from source" in log  # loaded from the new conversion, not the damaged one
+        assert cache_problem(folder) is None  # and the cache is whole again
+        r = httpx.post(server.url + "/v1/systemone", json=SHORT, timeout=120)
+        assert r.status_code == 200
+        assert r.json()["answers"]["refund"]["x_label_mass"] > 0.5  # the model, not noise
+    finally:
+        stop_server(server)
