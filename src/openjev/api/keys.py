@@ -212,10 +212,11 @@ class TokenBucket:
         self.level = min(self.capacity, self.level + (now - self._t) * self.rate)
         self._t = now
 
-    def wait_s(self, cost: float) -> float:
-        """0 if `cost` may be taken now (then it is), else seconds until it may."""
+    def wait_s(self, cost: float, burst: float | None = None) -> float:
+        """0 if `cost` may be taken now (then it is), else seconds until it may. `cost`
+        passes once the level reaches min(cost, burst or the capacity)."""
         self._refill()
-        need = min(cost, self.capacity)
+        need = min(cost, self.capacity if burst is None else burst)
         if self.level >= need:
             self.level -= cost
             return 0.0
@@ -231,7 +232,7 @@ class KeyLimits:
         self._lock = threading.Lock()
         self._clock = clock
 
-    def _take(self, entry: KeyEntry, kind: str, cost: float, what: str) -> None:
+    def _take(self, entry: KeyEntry, kind: str, cost: float, what: str, burst_less: float = 0, why: str = "") -> None:
         per_min = getattr(entry, kind)
         per_min = self._defaults[kind] if per_min is None else per_min
         if not per_min:
@@ -241,14 +242,29 @@ class KeyLimits:
             bucket = self._buckets.get(key)
             if bucket is None:
                 bucket = self._buckets[key] = TokenBucket(per_min, self._clock)
-            wait = bucket.wait_s(cost)
+            wait = bucket.wait_s(cost, max(0.0, bucket.capacity - burst_less))
         if wait > 0:
             raise RateLimited(
-                f"API key {entry.name!r} is over its {per_min} {what} per minute; retry later", retry_after_s=wait
+                f"API key {entry.name!r} is over its {per_min} {what} per minute{why}; retry later",
+                retry_after_s=wait,
             )
 
     def take_request(self, entry: KeyEntry) -> None:
         self._take(entry, "requests_per_min", 1, "requests")
+
+    def take_batch_items(self, entry: KeyEntry, extra: int) -> None:
+        """A batch's items beyond the first, which its request took at the door: every item
+        is one request. A batch that found the bucket full passes and leaves it in debt (as
+        a large request does with tokens), so a batch larger than the limit is not refused
+        forever but the key waits afterwards."""
+        self._take(
+            entry,
+            "requests_per_min",
+            extra,
+            "requests",
+            burst_less=1,
+            why=f" (a batch counts one per item, {extra + 1})",
+        )
 
     def take_tokens(self, entry: KeyEntry, tokens: int) -> None:
         self._take(entry, "tokens_per_min", tokens, "distinct tokens")
