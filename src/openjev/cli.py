@@ -134,7 +134,6 @@ def bind_listener(host: str, port: int) -> socket.socket:
     except OSError as e:
         sock.close()
         raise ConfigError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
-    sock.set_inheritable(True)
     return sock
 
 
