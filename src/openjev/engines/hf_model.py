@@ -11,6 +11,7 @@ converted again, never served as it is. Nothing here touches the network.
 
 from __future__ import annotations
 
+import concurrent.futures
 import hashlib
 import importlib.metadata
 import json
@@ -171,33 +172,50 @@ def gguf_cache_folder(source: ModelSource, cache_dir: str) -> Path:
 
 
 def load_model_and_tokenizer(source: ModelSource, *, cache_dir: str, dtype, device: str):
-    """(model, tokenizer, from_cache). The model is in eval mode on `device`."""
+    """(model, tokenizer, from_cache). The model is in eval mode on `device`.
+
+    A cached conversion is loaded while its hashes are checked on another thread (hashing
+    releases the GIL), so the check costs little wall time beside the load; a cache whose
+    sizes or hashes differ from the record is thrown away and converted again."""
+    if source.gguf_file is None:
+        return (*_load_folder(source.folder, dtype, device), False)
+    cached = gguf_cache_folder(source, cache_dir)
+    problem = None
+    if (cached / _COMPLETE).exists():
+        problem = sizes_problem(cached)  # instant: a truncated file is never handed to the loader
+        if problem is None:
+            with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="openjev-cache-check") as pool:
+                checking = pool.submit(hashes_problem, cached)
+                try:
+                    loaded, load_error = _load_folder(cached, dtype, device), None
+                except Exception as e:  # noqa: BLE001 - decided below, once the check has spoken
+                    loaded, load_error = None, e
+                problem = checking.result()
+            if problem is None:
+                if loaded is None:
+                    raise load_error or RuntimeError(f"{cached} did not load")
+                return (*loaded, True)
+            del loaded
+        log.warning("converted-weights cache %s is not what was converted (%s): converting again", cached, problem)
+    try:
+        folder = _convert_gguf(source, cached)
+    except OSError as e:
+        why = f"is damaged ({problem}) and" if problem else "is not there and"
+        raise ConfigError(
+            f"converted-weights cache {cached} {why} cannot be written: {e.strerror or e} "
+            "(fix or delete it, or pass another --cache-dir)"
+        ) from None
+    return (*_load_folder(folder, dtype, device), False)
+
+
+def _load_folder(folder: Path, dtype, device: str):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    folder, from_cache = source.folder, False
-    if source.gguf_file is not None:
-        cached = gguf_cache_folder(source, cache_dir)
-        problem = cache_problem(cached) if (cached / _COMPLETE).exists() else None
-        if (cached / _COMPLETE).exists() and problem is None:
-            folder, from_cache = cached, True
-        else:
-            if problem is not None:
-                log.warning(
-                    "converted-weights cache %s is not what was converted (%s): converting again", cached, problem
-                )
-            try:
-                folder = _convert_gguf(source, cached)
-            except OSError as e:
-                why = f"is damaged ({problem}) and" if problem else "is not there and"
-                raise ConfigError(
-                    f"converted-weights cache {cached} {why} cannot be written: {e.strerror or e} "
-                    "(fix or delete it, or pass another --cache-dir)"
-                ) from None
     tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, local_files_only=True)
     model.to(torch.device(device)).eval()  # type: ignore[arg-type]  # transformers' stub types .to() wrongly
-    return model, tokenizer, from_cache
+    return model, tokenizer
 
 
 def _convert_gguf(source: ModelSource, target: Path) -> Path:
@@ -251,14 +269,24 @@ def cache_problem(folder: Path) -> str | None:
     file has its recorded size and SHA-256 and no unrecorded weight file was added.
 
     Sizes first (a truncated file is found without reading it), then hashes: a tensor
-    edited in place (a flipped sign) keeps the size and changes the hash. Reads every
-    byte once (~0.5 s for the embedded model's 540 MB on an idle core).
+    edited in place (a flipped sign) keeps the size and changes the hash. The hashes read
+    every byte once (bench/bench_cache_check.py measures it beside the warm load).
     """
+    return sizes_problem(folder) or hashes_problem(folder)
+
+
+def _recorded(folder: Path) -> dict[str, dict]:
+    record = json.loads((folder / _COMPLETE).read_text())
+    files = record["files"]
+    if not isinstance(files, dict) or not files:
+        raise ValueError("no files")
+    return files
+
+
+def sizes_problem(folder: Path) -> str | None:
+    """The record's presence, each recorded file's presence and size, no unrecorded weights."""
     try:
-        record = json.loads((folder / _COMPLETE).read_text())
-        files = record["files"]
-        if not isinstance(files, dict) or not files:
-            raise ValueError("no files")
+        files = _recorded(folder)
     except (OSError, ValueError, KeyError, TypeError):
         return "it records no sizes and hashes (converted by an older openjev, or the record is damaged)"
     for name, want in files.items():
@@ -273,7 +301,20 @@ def cache_problem(folder: Path) -> str | None:
     )
     if extra:
         return f"{folder / extra[0]} was not written by the conversion"
+    return None
+
+
+def hashes_problem(folder: Path) -> str | None:
+    """Each recorded file's SHA-256 (run after sizes_problem found nothing)."""
+    try:
+        files = _recorded(folder)
+    except (OSError, ValueError, KeyError, TypeError):
+        return "it records no sizes and hashes (converted by an older openjev, or the record is damaged)"
     for name, want in files.items():
-        if _sha256(folder / name) != want.get("sha256"):
+        try:
+            digest = _sha256(folder / name)
+        except OSError as e:
+            return f"{folder / name} cannot be read: {e.strerror or e}"
+        if digest != want.get("sha256"):
             return f"{folder / name} has another SHA-256 than was written (the file was changed)"
     return None
