@@ -8,6 +8,7 @@ import dataclasses
 import json
 import logging
 import os
+import signal
 import socket
 import sys
 from collections.abc import Sequence
@@ -84,6 +85,7 @@ def serve(settings: Settings) -> int:
     # Bound before anything loads: a busy port is exit 2 at once, not after the model loaded
     # (uvicorn binds only after the lifespan has started the load).
     listener = bind_listener(settings.host, settings.port)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)  # until the loop's handler reloads the keys (DrainingServer)
     logs.configure(settings.log_level, settings.log_format, with_messages=settings.log_request_bodies)
     if settings.log_format == "json":  # progress bars on stderr would break one-object-per-line
         os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")

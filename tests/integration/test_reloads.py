@@ -38,6 +38,19 @@ def _serve(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
     )
 
 
+def _healthy(server, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        assert server.process.poll() is None, open(server.log_path).read()[-3000:]
+        try:
+            if httpx.get(server.url + "/health", timeout=2).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        assert time.monotonic() < deadline, open(server.log_path).read()[-3000:]
+        time.sleep(0.2)
+
+
 def _status(server, key: str) -> int:
     headers = {"Authorization": f"Bearer {key}"}
     return httpx.get(server.url + "/v1/models", timeout=10, headers=headers).status_code
@@ -129,14 +142,18 @@ def test_a_truncated_weights_cache_is_converted_again(tmp_path):
     if (user_cache / ".openjev-complete").exists() and cache_problem(user_cache) is None:
         shutil.copytree(user_cache, folder)  # a verified conversion: saves one
     else:
-        first = start_server(tmp_path, "--cache-dir", str(cache))  # converts
-        stop_server(first)
+        first = start_server(tmp_path, "--cache-dir", str(cache), wait=False)  # converts
+        try:
+            _healthy(first, 600)
+        finally:
+            stop_server(first)
     assert cache_problem(folder) is None
     weights = folder / "model.safetensors"
     with open(weights, "r+b") as fh:
         fh.truncate(weights.stat().st_size // 2)
-    server = start_server(tmp_path, "--cache-dir", str(cache))
+    server = start_server(tmp_path, "--cache-dir", str(cache), wait=False)
     try:
+        _healthy(server, 600)  # a conversion: ~20 s idle, minutes on a loaded shared CPU
         log = open(server.log_path).read()
         assert f"{weights} has" in log and "truncated" in log and "converting again" in log
         assert "from source" in log  # loaded from the new conversion, not the damaged one

@@ -99,6 +99,7 @@ class DrainingServer(uvicorn.Server):
         finally:
             if self._on_hangup is not None:
                 self._loop.remove_signal_handler(signal.SIGHUP)
+                signal.signal(signal.SIGHUP, signal.SIG_IGN)  # not SIG_DFL: a late SIGHUP must not kill the exit
 
     def _hangup(self) -> None:
         try:
