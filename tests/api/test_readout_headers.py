@@ -10,7 +10,9 @@ async def test_default_readout_and_no_calibration_are_named_in_headers(api):
     client, engine = api
     r = await client.post("/v1/systemone", json=VALID)
     assert r.status_code == 200
-    assert r.headers["x-openjev-readout"] == "letters;rotations=4"  # the measured default
+    # The default asks for 4 rotations (the measured default); these questions have 2
+    # options (or a scale): each is read in 2 orders, and the header says what was read.
+    assert r.headers["x-openjev-readout"] == "letters;rotations=2"
     assert r.headers["x-openjev-calibration"] == "none"  # the fake model has no shipped calibration
     assert all("x_order_agreement" in a for a in r.json()["answers"].values())
     assert len(engine.plans[0].branches) == 2 + 2 + 2  # 2 options (or a scale) read in 2 orders each
@@ -40,6 +42,9 @@ async def test_headers_override_the_readout_per_request(api):
         {"x-openjev-rotations": "0"},
         {"x-openjev-rotations": "9"},
         {"x-openjev-rotations": "two"},
+        {"x-openjev-rotations": "0_0_4"},  # int() reads it as 4
+        {"x-openjev-rotations": "+4"},
+        {"x-openjev-rotations": "\u0664".encode()},  # ARABIC-INDIC DIGIT FOUR, UTF-8 on the wire
         {"x-openjev-calibration": "maybe"},
     ],
 )
@@ -49,12 +54,41 @@ async def test_bad_override_headers_are_422_and_never_reach_the_engine(api, head
     assert r.status_code == 422
     detail = r.json()["detail"]
     assert detail[0]["loc"][0] == "header" and detail[0]["loc"][1] == next(iter(headers))
+    assert "rotations" in detail[0]["msg"] or "readout" in detail[0]["msg"] or "expected" in detail[0]["msg"]
     assert engine.plans == []
+    assert (await client.post("/v1/systemone", json=VALID)).status_code == 200  # the next one is answered
+
+
+def _choice(n: int) -> dict:
+    return {
+        "type": "choice",
+        "instructions": "Which one?",
+        "criteria": {f"option{i}": f"the option number {i}" for i in range(n)},
+    }
+
+
+@pytest.mark.parametrize(
+    ("questions", "asked", "read", "branches"),
+    [
+        ({"four": _choice(4)}, "4", "letters;rotations=4", 4),
+        ({"three": _choice(3)}, "4", "letters;rotations=3", 3),  # 3 options: 3 distinct orders
+        ({"two": _choice(2), "five": _choice(5)}, "4", "letters;rotations=4", 2 + 4),  # the most any got
+        ({"many": _choice(30)}, "4", "letters", 1),  # past --rotation-max-options: one order
+        ({"four": _choice(4)}, "1", "letters", 1),
+    ],
+)
+async def test_the_readout_header_names_the_rotations_really_read(api, questions, asked, read, branches):
+    client, engine = api
+    body = {"model": "jev-latest", "state": "A ticket.", "questions": questions}
+    r = await client.post("/v1/systemone", json=body, headers={"x-openjev-rotations": asked})
+    assert r.status_code == 200, r.text
+    assert r.headers["x-openjev-readout"] == read
+    assert len(engine.plans[-1].branches) == branches  # what the header says is what was read
 
 
 async def test_server_flags_set_the_default_and_models_describe_it():
     async with running_app(readout="letters", rotations=4) as (client, _engine):
-        r = await client.post("/v1/systemone", json=VALID)
+        r = await client.post("/v1/systemone", json={**VALID, "questions": {"q": _choice(5)}})
         assert r.headers["x-openjev-readout"] == "letters;rotations=4"
         model = (await client.get("/v1/models")).json()["models"][0]
         assert model["x_readout"] == "letters;rotations=4"

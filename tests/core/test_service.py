@@ -114,7 +114,7 @@ async def test_rotations_add_branches_and_order_agreement():
     engine = FakeEngine()
     result = await _service(engine).decide(DecisionRequest(STATE, QUESTIONS), readout=ReadoutSpec("letters", 4))
     assert len(engine.plans[0].branches) == 2 + 2 + 2  # noul and 2 options: 2 rotations; a scale: 2 orders
-    assert result.readout == "letters;rotations=4"
+    assert result.readout == "letters;rotations=2"  # asked 4; no question had more than 2 orders
     assert all(a.order_agreement in (0.5, 1.0) for _, a in result.answers)
 
 

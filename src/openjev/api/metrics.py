@@ -101,6 +101,12 @@ class Metrics:
             ("kind",),
             registry=r,
         )
+        self.batch_items = Counter(
+            "openjev_batch_items",
+            "batch items by status and API key name (each is also in rejections, answers and tokens)",
+            ("status", "key"),
+            registry=r,
+        )
         self.engine_calls = Counter("openjev_engine_calls", "plans sent to the engine", registry=r)
         self.engine_failures = Counter(
             "openjev_engine_failures", "engine calls that raised, by error_type", ("error_type",), registry=r
@@ -127,6 +133,12 @@ class Metrics:
             self.rejections.labels(str(status), error_type or "unknown").inc()
         if route == "/v1/systemone":
             self.phase.labels("total").observe(total_s)
+
+    def observe_item(self, status: int, key: str, error_type: str | None) -> None:
+        """One batch item's outcome (its answers and tokens go through observe_result)."""
+        self.batch_items.labels(str(status), key).inc()
+        if status >= 400:
+            self.rejections.labels(str(status), error_type or "unknown").inc()
 
     def observe_result(self, result: core.DecisionResult) -> None:
         for name in ("prepare", "queue", "prefill", "engine"):

@@ -2,7 +2,8 @@
 which cannot add body fields, keeps working unchanged):
 
 - `x-openjev-readout: letters | yesno`
-- `x-openjev-rotations: N` (letters only; 1..--max-rotations; default: the server's --rotations)
+- `x-openjev-rotations: N` (letters only; 1..--max-rotations in plain ASCII digits, so `0_0_4`
+  or `+4` is refused rather than read as 4; default: the server's --rotations)
 - `x-openjev-calibration: none` answers uncalibrated (what `openjev calibrate` fits on);
   `default` (or absent) applies the server's calibration where it has a fit.
 
@@ -11,6 +12,7 @@ A bad value is a 422 with `detail[]` pointing at the header, like any validation
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 
 from fastapi.exceptions import RequestValidationError
@@ -21,6 +23,7 @@ from openjev.core.readouts import READOUT_NAMES, ReadoutSpec
 READOUT_HEADER = "x-openjev-readout"
 ROTATIONS_HEADER = "x-openjev-rotations"
 CALIBRATION_HEADER = "x-openjev-calibration"
+_DIGITS = re.compile(r"[0-9]{1,4}")  # int() would also take "0_0_4", "+4" and non-ASCII digits
 
 
 def _invalid(header: str, value: str, msg: str) -> RequestValidationError:
@@ -39,10 +42,9 @@ def decide_options(headers: Mapping[str, str], settings: Settings) -> tuple[Read
     raw = headers.get(ROTATIONS_HEADER)
     rotations = settings.rotations
     if raw is not None:
-        try:
-            rotations = int(raw.strip())
-        except ValueError:
-            raise _invalid(ROTATIONS_HEADER, raw, "rotations must be an integer") from None
+        if not _DIGITS.fullmatch(raw.strip()):
+            raise _invalid(ROTATIONS_HEADER, raw, "rotations must be a whole number in plain digits (e.g. 4)")
+        rotations = int(raw.strip())
         if not 1 <= rotations <= settings.max_rotations:
             raise _invalid(ROTATIONS_HEADER, raw, f"rotations must be between 1 and {settings.max_rotations}")
     cal = headers.get(CALIBRATION_HEADER, "default").strip().lower()

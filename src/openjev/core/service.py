@@ -190,7 +190,7 @@ class DecisionService:
             usage=self._usage(compiled, result),
             prefix_tokens=compiled.plan.shared_prefix_len,
             timings_ms=timings,
-            readout=spec.describe(),
+            readout=used_readout(spec, compiled).describe(),
             calibration=cal.id if cal is not None else None,
         )
 
@@ -243,3 +243,13 @@ class DecisionService:
             label_mass=mass,
             order_agreement=agreement,
         )
+
+
+def used_readout(spec: ReadoutSpec, compiled: CompiledRequest) -> ReadoutSpec:
+    """`spec` with the rotations this request was really read in: the most orderings any of
+    its questions got (a question reads min(rotations, options) orders, a scale at most 2,
+    one past --rotation-max-options). Under letters each ordering is one branch of the
+    question's span. What calibration applies still follows `spec`, the configuration."""
+    if spec.name != "letters" or not compiled.spans:
+        return spec
+    return ReadoutSpec(spec.name, max(count for _, count in compiled.spans))
