@@ -14,6 +14,7 @@ from fastapi_offline import FastAPIOffline
 
 from openjev import __version__
 from openjev.api import handlers, routes, wire
+from openjev.api.faces import FaceMiddleware
 from openjev.api.hosts import HostMiddleware, HostPolicy
 from openjev.api.middleware import BodyMiddleware, RequestIdMiddleware
 from openjev.api.ops import Operations, OpsMiddleware
@@ -54,6 +55,7 @@ def create_app(
     hosts = HostPolicy.of(settings)
     if hosts is not None:  # DNS rebinding: before the key and the body
         app.add_middleware(HostMiddleware, policy=hosts)
+    app.add_middleware(FaceMiddleware)  # errors of OpenAI's routes in OpenAI's shape (api/faces.py)
     app.add_middleware(RequestIdMiddleware)  # outermost of ours: ids on 413/415 too
     wire.install(app)  # every JSON body parsed strictly (api/wire.py); 422s that cannot fail
     handlers.install(app)
