@@ -8,9 +8,19 @@ configurable limits (questions per request, token budgets) are checked after par
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, cast
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, StrictBool, StrictStr, Tag, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    JsonValue,
+    StrictBool,
+    StrictStr,
+    Tag,
+    model_validator,
+)
 
 from openjev.config import MAX_CHOICE_OPTIONS, MIN_CHOICE_OPTIONS
 
@@ -225,9 +235,35 @@ class PromptCacheOptions(_Strict):
     ttl: Literal["30m"] = "30m"
 
 
+EXAMPLE: dict[str, Any] = {
+    "model": "jev-latest",
+    "input": "Hi, I was charged twice for order #1234 and I want my money back today.",
+    "questions": [
+        {"type": "predicate", "name": "refund", "instructions": "The customer asks for a refund."},
+        {
+            "type": "choice",
+            "name": "department",
+            "instructions": "Which team should handle this?",
+            "choices": [
+                {"value": "billing", "description": "Payments, charges and refunds"},
+                {"value": "technical", "description": "Bugs in the app"},
+            ],
+        },
+        {
+            "type": "score",
+            "name": "urgency",
+            "instructions": "How urgent is this?",
+            "levels": [{"label": "Routine"}, {"label": "Urgent"}, {"label": "Emergency"}],
+        },
+    ],
+}
+
+
 class DecisionCreate(_Strict):
     """POST /v1/decisions. A body with Jev's `state` (or `document`) is refused with a 400
     that points to /v1/systemone, whatever else it holds."""
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [cast(JsonValue, EXAMPLE)]})
 
     model: str = Field(..., description="the served model's name, or a jev-* alias such as jev-latest")
     input: str | list[InputItem] = Field(
