@@ -282,7 +282,7 @@ async def test_401_and_429_in_openai_shape_with_their_headers():
 
 async def test_refusal_is_per_question():
     """A floor no reading reaches declines every question; the answers keep their names and order."""
-    async with running_app(abstain_min_label_mass=1.0) as (client, _):
+    async with running_app(abstain_min_label_mass=1.0, abstain_min_order_agreement=0.0) as (client, _):
         r = await client.post("/v1/decisions", json=VALID)
         assert r.status_code == 200, r.text
         assert r.json()["answers"] == [

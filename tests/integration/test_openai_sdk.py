@@ -35,7 +35,9 @@ QUESTIONS = [
         "type": "choice",
         "name": "typed",
         "instructions": [{"type": "input_text", "text": "Is the customer happy?"}],
-        "choices": [{"value": True}, {"value": "true"}, {"value": False}],
+        # two choices: read in two orders, at least one agrees with the answer, so the default
+        # abstain rule (order agreement >= 0.5) never declines it; refusals have their own test
+        "choices": [{"value": True}, {"value": "true"}],
     },
     {
         "type": "score",
@@ -93,7 +95,7 @@ def check_answers(decision: Decision) -> None:
     assert [p.value for p in department.probabilities] == ["billing", "technical"]
     assert department.choice in ("billing", "technical")
     values = [p.value for p in typed.probabilities]
-    assert values == [True, "true", False] and [type(v) for v in values] == [bool, str, bool]
+    assert values == [True, "true"] and [type(v) for v in values] == [bool, str]
     top = max(typed.probabilities, key=lambda p: p.probability)
     assert typed.choice == top.value and type(typed.choice) is type(top.value)
     for answer in (department, typed):
@@ -295,3 +297,62 @@ def test_float32_parity_with_systemone(client, server, kind):
     worst = max(abs(a - b) for a, b in zip(expected, got, strict=True))
     print(f"parity {kind}: max |p_systemone - p_decisions| = {worst:.3g}")
     assert worst <= 1e-5, (expected, got)
+
+
+def test_refusals_follow_the_cores_abstain_rule(client, server):
+    """The server's default rule (GET /v1/limits) declines a question exactly where the same
+    request on /v1/systemone marks its answer `x_abstain`, and where the reading's order
+    agreement is below the floor; the other questions of the request are answered."""
+    headers = {"Authorization": f"Bearer {KEY}"}
+    rule = httpx.get(server.url + "/v1/limits", headers=headers, timeout=30).json()["abstain"]
+    teams = ["billing", "technical", "shipping", "account", "sales"]
+    jev_qs = {
+        f"q{i}": {"type": "choice", "instructions": text, "criteria": dict.fromkeys(teams)}
+        for i, text in enumerate(["Which team should handle this?", "Which team caused this?", "Who replies?"])
+    }
+    state = "My parcel never arrived and the app crashes when I try to track it. I paid twice."
+    jev = httpx.post(
+        server.url + "/v1/systemone",
+        json={"model": "jev-latest", "state": state, "questions": jev_qs},
+        headers=headers,
+        timeout=120,
+    ).json()["answers"]
+    oa_qs = [
+        {"type": "choice", "name": qid, "instructions": q["instructions"], "choices": [{"value": t} for t in teams]}
+        for qid, q in jev_qs.items()
+    ]
+    decision = client.decisions.create(model="jev-latest", input=state, questions=oa_qs)
+    refused = 0
+    for answer in decision.answers:
+        marked = jev[answer.name]
+        below = marked["x_order_agreement"] < rule["min_order_agreement"] or (
+            marked["x_label_mass"] < rule["min_label_mass"]
+        )
+        assert (answer.type == "refusal") == marked.get("x_abstain", False) == below, (answer, marked)
+        refused += answer.type == "refusal"
+    print(f"refusals: {refused} of {len(oa_qs)} under {rule}")
+
+
+def test_langchain_openai_decisions_runnable(server):
+    """langchain-openai's OpenAIDecisions (a LangChain runnable over the same SDK) against the
+    route: its questions by name come back typed, sync and async, for text and chat input."""
+    from langchain_core.messages import AIMessage, HumanMessage
+    from langchain_openai.decisions import Choice, Level, OpenAIDecisions, Predicate, Score
+
+    decisions = OpenAIDecisions(model="jev-latest", api_key=KEY, base_url=server.url + "/v1", max_retries=0)
+    questions = {
+        "refund": Predicate(instructions="The customer asks for a refund."),
+        "happy": Choice(instructions="Is the customer happy?", choices={True: None, "true": "says so", False: None}),
+        "urgency": Score(
+            instructions="How urgent is this?", levels=["Routine", Level(label="Urgent", description="today")]
+        ),
+    }
+    chat = [HumanMessage(TICKET), AIMessage("Let me check."), HumanMessage("Please hurry.")]
+    for state in (TICKET, chat):
+        response = decisions.invoke({"input": state, "questions": questions})
+        assert 0.0 <= response.predicates["refund"].probability <= 1.0
+        happy = response.choices["happy"]
+        assert list(happy.probabilities) == [True, "true", False] and happy.choice in happy.probabilities
+        assert response.scores["urgency"].legend == {0: "Routine", 1: "Urgent"}
+    response = asyncio.run(decisions.ainvoke({"input": TICKET, "questions": questions}))
+    assert set(response.choices) == {"happy"} and set(response.scores) == {"urgency"}
