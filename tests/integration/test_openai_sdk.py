@@ -124,7 +124,9 @@ def test_sync_create_answers_every_question_kind(client, server, kind):
 
 def test_async_create_answers_every_question_kind(server):
     async def main() -> list[Decision]:
-        async with openai.AsyncOpenAI(base_url=server.url + "/v1", api_key=KEY, max_retries=0, timeout=120) as c:
+        # Two at once: on a loaded machine admission may answer 529 with Retry-After, which the
+        # SDK retries (as it should); the default retries stay on here.
+        async with openai.AsyncOpenAI(base_url=server.url + "/v1", api_key=KEY, max_retries=4, timeout=120) as c:
             return await asyncio.gather(
                 c.decisions.create(model="jev-latest", input=TICKET, questions=QUESTIONS),
                 c.decisions.create(model="jev-latest", input=INPUT_ITEMS, questions=QUESTIONS),
@@ -342,7 +344,9 @@ def test_langchain_openai_decisions_runnable(server):
     decisions = OpenAIDecisions(model="jev-latest", api_key=KEY, base_url=server.url + "/v1", max_retries=0)
     questions = {
         "refund": Predicate(instructions="The customer asks for a refund."),
-        "happy": Choice(instructions="Is the customer happy?", choices={True: None, "true": "says so", False: None}),
+        # two choices: never declined by the default abstain rule (see test_refusals_follow_the_cores_abstain_rule)
+        "happy": Choice(instructions="Is the customer happy?", choices={True: None, "true": "says so"}),
+        "team": Choice(instructions="Which team?", choices={"billing": None, "technical": None, "shipping": None}),
         "urgency": Score(
             instructions="How urgent is this?", levels=["Routine", Level(label="Urgent", description="today")]
         ),
@@ -352,7 +356,8 @@ def test_langchain_openai_decisions_runnable(server):
         response = decisions.invoke({"input": state, "questions": questions})
         assert 0.0 <= response.predicates["refund"].probability <= 1.0
         happy = response.choices["happy"]
-        assert list(happy.probabilities) == [True, "true", False] and happy.choice in happy.probabilities
+        assert list(happy.probabilities) == [True, "true"] and happy.choice in happy.probabilities
         assert response.scores["urgency"].legend == {0: "Routine", 1: "Urgent"}
+        assert ("team" in response.choices) != ("team" in response.refusals)  # answered or declined, typed either way
     response = asyncio.run(decisions.ainvoke({"input": TICKET, "questions": questions}))
-    assert set(response.choices) == {"happy"} and set(response.scores) == {"urgency"}
+    assert set(response.choices) - {"team"} == {"happy"} and set(response.scores) == {"urgency"}

@@ -26,7 +26,8 @@ from openjev.engines import load_engine
 __all__ = ["SYSTEMONE_ROUTES", "Loader", "Runtime", "build_service", "create_app"]
 
 DESCRIPTION = """\
-An open server for the Jev SystemOne decision API. Each question is answered by **reading**
+An open server for the Jev SystemOne decision API (`/v1/systemone`) and OpenAI's Decisions
+format (`/v1/decisions`), on one core. Each question is answered by **reading**
 the model: one prefill per branch and the probabilities of the answer labels at the last
 position. No text is generated.
 """
