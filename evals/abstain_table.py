@@ -131,6 +131,24 @@ def main() -> int:
             f"{d['accuracy_answered']:.3f} | {t['coverage'] if t else float('nan'):.2f} | "
             f"{t['accuracy_answered'] if t else float('nan'):.3f} |"
         )
+    lines += [
+        "",
+        "Per question type, no rule -> the chosen rule (a rule that only declined the hardest type would",
+        "raise the average without reading any question better; this shows whether it does more):",
+        "",
+        "| split | type | questions | acc. (no rule) | coverage | acc. answered |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name, rows in (("dev", dev), ("test", test)):
+        for qtype in ("noul", "choice", "score"):
+            sub = [r for r in rows if r.qtype == qtype]
+            if not sub:
+                continue
+            base, ruled = measure(sub, AbstainRule()), measure(sub, chosen)
+            lines.append(
+                f"| {name} | {qtype} | {len(sub)} | {base['accuracy_all']:.3f} | {ruled['coverage']:.2f} | "
+                f"{ruled['accuracy_answered']:.3f} |"
+            )
     lines += ["", f"dev: {len(dev)} questions; test: {len(test)} questions."]
     text = "\n".join(lines) + "\n"
     Path(args.out).write_text(text)
