@@ -42,7 +42,9 @@ QUESTIONS = [
     {
         "type": "score",
         "instructions": "How urgent is this?",
-        "levels": [{"label": "Routine"}, {"label": "Urgent", "description": "today"}, {"label": "Emergency"}],
+        # two levels, read in two orders: one of them always agrees with the answer, so the default
+        # abstain rule never declines it (three levels can be: the average's pick may be neither's)
+        "levels": [{"label": "Routine"}, {"label": "Urgent", "description": "today"}],
     },
 ]
 INPUT_ITEMS = [
@@ -101,7 +103,7 @@ def check_answers(decision: Decision) -> None:
     for answer in (department, typed):
         assert math.isclose(sum(p.probability for p in answer.probabilities), 1.0, abs_tol=1e-6)
         assert 0.0 <= answer.confidence <= 1.0
-    assert [(p.label, p.value) for p in urgency.probabilities] == [("Routine", 0), ("Urgent", 1), ("Emergency", 2)]
+    assert [(p.label, p.value) for p in urgency.probabilities] == [("Routine", 0), ("Urgent", 1)]
     assert urgency.score == pytest.approx(sum(p.value * p.probability for p in urgency.probabilities))
     usage = decision.usage
     assert usage.input_tokens > 0 and usage.output_tokens == 0 and usage.output_tokens_details.reasoning_tokens == 0
@@ -279,11 +281,12 @@ def test_float32_parity_with_systemone(client, server, kind):
             "choices": [{"value": "billing", "description": "Payments"}, {"value": "technical"}],
         }
     else:
-        jev_q = {"type": "score", "instructions": "How upset?", "criteria": ["Calm", "Annoyed", "Furious"]}
+        # two levels under the default abstain rule: never declined (see QUESTIONS)
+        jev_q = {"type": "score", "instructions": "How upset?", "criteria": ["Calm", "Furious"]}
         oa_q = {
             "type": "score",
             "instructions": "How upset?",
-            "levels": [{"label": x} for x in ("Calm", "Annoyed", "Furious")],
+            "levels": [{"label": x} for x in ("Calm", "Furious")],
         }
     headers = {"Authorization": f"Bearer {KEY}"}
     jev = httpx.post(
