@@ -17,7 +17,7 @@ import zstandard
 from tests.api.conftest import running_app
 from tests.api.test_systemone import VALID
 
-SINGLE_ROUTES = ("/v1/systemone", "/v1/decisions", "/api/alpha/decisions")
+SINGLE_ROUTES = ("/v1/systemone", "/api/alpha/decisions")  # /v1/decisions: tests/api/test_openai_decisions.py
 ROUTES = (*SINGLE_ROUTES, "/v1/systemone/batch")
 JSON = {"content-type": "application/json"}
 NOUL = '{"type": "noul", "instructions": "Refund?"}'

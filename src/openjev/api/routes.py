@@ -11,7 +11,7 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
-from openjev.api import batch, convert, disclosure, documented, playground, schemas, tenancy
+from openjev.api import batch, convert, disclosure, documented, openai_routes, playground, schemas, tenancy
 from openjev.api.auth import require_key
 from openjev.api.overrides import decide_options
 from openjev.api.responses import FastJSONResponse
@@ -23,12 +23,14 @@ from openjev.errors import ClientDisconnected
 T = TypeVar("T")
 
 # POST routes with the /v1/systemone contract: the vendor's name first, then the aliases.
-SYSTEMONE_ROUTES = ("/v1/systemone", "/v1/decisions", "/api/alpha/decisions")
+# (/v1/decisions is OpenAI's Decisions format: api/openai_routes.py.)
+SYSTEMONE_ROUTES = ("/v1/systemone", "/api/alpha/decisions")
 
 
 def install(app: FastAPI, settings: Settings, runtime: Runtime) -> None:
     """Every route of the API (the playground's page included)."""
     install_decisions(app, settings, runtime)
+    openai_routes.install(app, settings, runtime, unless_disconnected)
     batch.install(app, settings, runtime.ready, unless_disconnected)
     playground.install(app)
     install_models(app, settings, runtime)

@@ -17,6 +17,7 @@ from openjev.api import disclosure
 from openjev.api.ops import Operations
 from openjev.api.overrides import default_spec
 from openjev.config import MAX_CHOICE_OPTIONS, Settings
+from openjev.core.abstain import AbstainRule
 from openjev.core.prompts import PromptCompiler
 from openjev.core.service import DecisionService, ServiceLimits
 from openjev.core.wording import PROMPT_VERSION
@@ -79,7 +80,8 @@ def build_service(settings: Settings, loaded: LoadedEngine) -> DecisionService:
         temperature=settings.temperature,
         rotation_max_options=settings.rotation_max_options,
     )
-    return DecisionService(compiler, loaded.engine, limits, readout=spec, calibration=calibration)
+    abstain = AbstainRule(settings.abstain_min_label_mass, settings.abstain_min_order_agreement)
+    return DecisionService(compiler, loaded.engine, limits, readout=spec, calibration=calibration, abstain=abstain)
 
 
 def lifespan(

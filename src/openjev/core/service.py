@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from openjev.core import calibration as calib
 from openjev.core import scoring
+from openjev.core.abstain import AbstainRule
 from openjev.core.ports import Engine, PlanResult
 from openjev.core.prompts import CompiledRequest, PromptCompiler
 from openjev.core.readouts import Combined, LettersReadout, Readout, ReadoutSpec, YesNoReadout
@@ -62,7 +63,8 @@ def question_type(question: Question) -> str:
 
 class DecisionService:
     """`readout` is the default readout; `calibration` (bound to this model and prompt by
-    the caller) is applied to each question whose readout and type it has a fit for."""
+    the caller) is applied to each question whose readout and type it has a fit for;
+    `abstain` marks the answers it declines (`abstain=True`; default: declines none)."""
 
     def __init__(
         self,
@@ -73,6 +75,7 @@ class DecisionService:
         *,
         readout: ReadoutSpec | None = None,
         calibration: calib.Calibration | None = None,
+        abstain: AbstainRule | None = None,
     ) -> None:
         self._compiler = compiler
         self._engine = engine
@@ -81,6 +84,7 @@ class DecisionService:
         self._in_flight = 0
         self.default_readout = readout = readout if readout is not None else ReadoutSpec()
         self.calibration = calibration
+        self.abstain = abstain if abstain is not None else AbstainRule()
         self._readouts: dict[ReadoutSpec, Readout] = {}
         self.readout(readout)  # an unavailable default readout fails at startup, not per request
 
@@ -183,7 +187,7 @@ class DecisionService:
             except ValueError as e:
                 raise EngineError("unusable label log-probs from the engine", detail=str(e)) from None
             fit = cal.fit_for(spec, question_type(question)) if cal is not None else None
-            answers.append((qid, self._answer(question, combined, fit)))
+            answers.append((qid, self._answer(question, combined, fit, self.abstain)))
         timings = {"prepare": (t1 - t0) * 1000, **result.timings_ms, "engine": (t2 - t1) * 1000}
         return DecisionResult(
             answers=tuple(answers),
@@ -219,13 +223,14 @@ class DecisionService:
         )
 
     @staticmethod
-    def _answer(question: Question, combined: Combined, fit: calib.TypeFit | None) -> Answer:
+    def _answer(question: Question, combined: Combined, fit: calib.TypeFit | None, rule: AbstainRule) -> Answer:
         probs = combined.probs if fit is None else calib.apply(fit, combined.probs)
         if not all(math.isfinite(p) for p in probs):
             raise EngineError("the engine's log-probabilities gave non-finite probabilities")
         mass, agreement = combined.label_mass, combined.order_agreement
+        abstain = rule.refuses(mass, agreement)
         if isinstance(question, NoulQuestion):
-            return NoulAnswer(p_true=probs[0], label_mass=mass, order_agreement=agreement)
+            return NoulAnswer(p_true=probs[0], label_mass=mass, order_agreement=agreement, abstain=abstain)
         if isinstance(question, ChoiceQuestion):
             names = [o.name for o in question.options]
             return ChoiceAnswer(
@@ -234,6 +239,7 @@ class DecisionService:
                 confidence=scoring.choice_confidence(probs),
                 label_mass=mass,
                 order_agreement=agreement,
+                abstain=abstain,
             )
         return ScoreAnswer(
             score=scoring.expectation(probs),
@@ -242,6 +248,7 @@ class DecisionService:
             legend=tuple(option_texts(question)),
             label_mass=mass,
             order_agreement=agreement,
+            abstain=abstain,
         )
 
 
