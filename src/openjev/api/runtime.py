@@ -78,6 +78,8 @@ def build_service(settings: Settings, loaded: LoadedEngine) -> DecisionService:
         retry_after_s=settings.retry_after_s,
         temperature=settings.temperature,
         rotation_max_options=settings.rotation_max_options,
+        max_branches=settings.max_branches,
+        max_prompt_tokens=settings.max_prompt_tokens,
     )
     return DecisionService(compiler, loaded.engine, limits, readout=spec, calibration=calibration)
 
