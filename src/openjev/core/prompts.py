@@ -69,10 +69,31 @@ class PromptCompiler:
         self.labels: LabelSet = verify_labels(tokenizer.encode, context, LABEL_SEPARATOR, max_labels)
         yes_no = verify_words(tokenizer.encode, context, LABEL_SEPARATOR, (YES, NO))
         self.yes_no: tuple[int, int] | None = None if yes_no is None else (yes_no[0], yes_no[1])
+        self.turn_tokens = self._tokens_per_turn()
         if self.yes_no is None:
             log.warning(
                 "%r and %r are not single tokens after the answer cue: the yesno readout is unavailable", YES, NO
             )
+
+    def _tokens_per_turn(self) -> int:
+        """The fewest tokens the template spends on one more (empty) chat turn, measured on
+        repeated turn patterns (0 where it cannot be measured): a state of N turns takes at
+        least N times this many tokens, known before the state is rendered."""
+        found: list[int] = []
+        for pattern in (("user", "assistant"), ("user",), ("assistant",), ("system",)):
+            try:
+                sizes = [
+                    len(
+                        self._tok.encode(
+                            self._tok.render([Turn(r, "") for r in pattern * k], add_generation_prompt=False)
+                        )
+                    )
+                    for k in (2, 4)
+                ]
+            except Exception:  # noqa: BLE001 - a template that refuses this pattern: no measure from it
+                continue
+            found.append(max(0, (sizes[1] - sizes[0]) // (2 * len(pattern))))
+        return min(found) if found else 0
 
     def _frame(self, state: State) -> tuple[str, str, str]:
         """(prefix, middle, tail): a branch's text is prefix + middle + <reading> + tail.
@@ -112,7 +133,8 @@ class PromptCompiler:
         """The request's plan under `readout` (default: letters, one ordering).
 
         With `limits`, raises TokensExceeded as soon as the arithmetic shows a limit is
-        passed, before the work it bounds: the branch count before any text is rendered;
+        passed, before the work it bounds: the branch count, and the state's turns times the
+        fewest tokens a turn takes, before any text is rendered;
         the state's tokens (encoded once) times the branch count before any question is
         encoded; each question's readings one by one, stopping at the first that passes
         the per-branch or the all-branches limit. `TokensExceeded.work_tokens` says how many
@@ -129,6 +151,14 @@ class PromptCompiler:
             raise _exceeded(
                 f"the request reads {n_branches} branches (limit {limits.max_branches} per request; each "
                 "question is one branch per rotation, or under the yesno readout one per option)",
+                0,
+            )
+        turns = len(request.state.turns)
+        if limits is not None and turns * self.turn_tokens > limits.max_branch_tokens:
+            qid = request.questions[0][0] if request.questions else ""
+            raise _exceeded(
+                f"question {qid!r}: the state's {turns} chat turns alone take at least {turns * self.turn_tokens} "
+                f"tokens (limit {limits.max_branch_tokens} per branch)",
                 0,
             )
         prefix, middle, tail = self._frame(request.state)
