@@ -13,8 +13,9 @@ Two parts, both with the embedded model's real tokenizer and chat template:
   in-process as the server does (DecisionService.prepare_now): letters with one reading
   (64 questions over a state just under --max-branch-tokens), letters with
   x-openjev-rotations at --max-rotations, and yesno at --max-branches over the longest state
-  --max-prompt-tokens allows. Reported: CPU seconds and RSS growth of the compile, the plan's
-  branches, distinct tokens and branch tokens added up.
+  --max-prompt-tokens allows. Reported: CPU seconds and RSS growth of the compile, the peak
+  of its Python allocations (tracemalloc, a second run), the plan's branches, distinct
+  tokens and branch tokens added up.
 
     .venv/bin/python bench/bench_costs.py
 """
@@ -29,6 +30,7 @@ import subprocess
 import sys
 import threading
 import time
+import tracemalloc
 from pathlib import Path
 
 import httpx
@@ -203,6 +205,13 @@ def prepare_part() -> list[dict]:
         except Exception as e:  # reported, not hidden
             status, compiled = f"refused: {e}", None
         cpu, growth = cpu_s(me) - cpu0, peak.growth_mb()
+        del compiled
+        # Again under tracemalloc (slower, so not timed): the peak of Python allocations,
+        # which RSS hides where the allocator reuses memory freed earlier.
+        tracemalloc.start()
+        compiled = service.prepare_now(request, readout) if status == "accepted" else None
+        traced_mb = round(tracemalloc.get_traced_memory()[1] / 2**20, 1)
+        tracemalloc.stop()
         plan = compiled.plan if compiled is not None else None
         out.append(
             {
@@ -212,6 +221,7 @@ def prepare_part() -> list[dict]:
                 "status": status,
                 "cpu_s": round(cpu, 3),
                 "rss_growth_mb": growth,
+                "python_alloc_peak_mb": traced_mb,
                 "branches": len(plan.branches) if plan else None,
                 "distinct_tokens": plan.unique_tokens if plan else None,
                 "branch_tokens_added_up": plan.prompt_tokens if plan else None,

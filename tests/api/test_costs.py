@@ -126,3 +126,16 @@ async def test_refused_compile_work_is_charged_to_the_callers_key(path):
         again = await client.post("/v1/systemone", json=bombs.SMALL, headers=a)
         assert again.status_code == 429 and "distinct tokens per minute" in again.json()["detail"]["message"]
         await _next_is_answered(client, engine, b)  # another key is not charged
+
+
+async def test_a_large_body_validated_off_the_loop_reports_errors_as_a_small_one_does():
+    async with running_app() as (client, engine):
+        for state in ("short", "x " * 50_000):  # the second is over wire.THREAD_FROM_BYTES
+            body = {"state": state, "questions": {"q": {"type": "choice", "criteria": {"only": None}}}}
+            r = await client.post("/v1/systemone", json=body)
+            assert r.status_code == 422
+            (issue,) = r.json()["detail"]
+            assert issue["loc"] == ["body", "questions", "q", "choice", "criteria"], issue
+            assert "at least 2" in issue["msg"]
+        assert engine.plans == []
+        await _next_is_answered(client, engine)
