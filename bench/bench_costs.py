@@ -17,11 +17,15 @@ Two parts, both with the embedded model's real tokenizer and chat template:
   of its Python allocations (tracemalloc, a second run), the plan's branches, distinct
   tokens and branch tokens added up.
 
-    .venv/bin/python bench/bench_costs.py
+    .venv/bin/python bench/bench_costs.py [--part all|prepare|server]
+
+(`--part server` also runs against an older checkout, e.g. with PYTHONPATH=<old>/src, to
+compare: the bodies are the same.)
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import os
@@ -232,7 +236,10 @@ def prepare_part() -> list[dict]:
 
 
 def main() -> None:
-    rows = prepare_part() + server_part()
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--part", choices=("all", "prepare", "server"), default="all")
+    part = parser.parse_args().part
+    rows = (prepare_part() if part != "server" else []) + (server_part() if part != "prepare" else [])
     for row in rows:
         print(json.dumps(row))
     print(json.dumps({"machine": machine()}))

@@ -202,6 +202,7 @@ class Settings:
             "max_in_flight": self.max_in_flight,
             "engine_timeout_s": self.engine_timeout_s,
             "max_rotations": self.max_rotations,
+            "rotation_max_options": self.rotation_max_options,
             "max_tokens_in_flight": self.max_tokens_in_flight,
             "key_requests_per_min": self.key_requests_per_min,
             "key_tokens_per_min": self.key_tokens_per_min,

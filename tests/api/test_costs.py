@@ -40,7 +40,15 @@ async def test_every_cost_bound_is_published():
     async with running_app(max_branches=1000, max_prompt_tokens=123_456) as (client, _):
         limits = (await client.get("/v1/limits")).json()
     assert limits["max_branches"] == 1000 and limits["max_prompt_tokens"] == 123_456
-    for name in ("max_branch_tokens", "max_request_tokens", "max_batch_tokens", "max_batch_items", "max_body_bytes"):
+    for name in (
+        "max_branch_tokens",
+        "max_request_tokens",
+        "max_batch_tokens",
+        "max_batch_items",
+        "max_body_bytes",
+        "max_rotations",
+        "rotation_max_options",
+    ):
         assert name in limits
 
 
