@@ -167,6 +167,12 @@ class Settings:
     )
     max_branch_tokens: int = _opt(32_768, "tokens of one branch (state + one question)")
     max_request_tokens: int = _opt(262_144, "distinct tokens of one request (state once + every question)")
+    max_branches: int = _opt(
+        4096, "branches of one request (a question is one per rotation, or under the yesno readout one per option)"
+    )
+    max_prompt_tokens: int = _opt(
+        4_194_304, "tokens of one request's branches added up (the state counted once per branch)"
+    )
     max_in_flight: int = _opt(16, "evaluations in flight; beyond it: 529 with Retry-After")
     engine_timeout_s: float = _opt(120.0, "deadline for the engine's work on one request; beyond it: 504")
     retry_after_s: int = _opt(1, "Retry-After seconds sent with 529 until a drain rate is measured")
@@ -219,6 +225,8 @@ class Settings:
             "max_json_depth": self.max_json_depth,
             "max_branch_tokens": self.max_branch_tokens,
             "max_request_tokens": self.max_request_tokens,
+            "max_branches": self.max_branches,
+            "max_prompt_tokens": self.max_prompt_tokens,
             "max_in_flight": self.max_in_flight,
             "engine_timeout_s": self.engine_timeout_s,
             "max_rotations": self.max_rotations,
@@ -226,6 +234,7 @@ class Settings:
                 "min_label_mass": self.abstain_min_label_mass,
                 "min_order_agreement": self.abstain_min_order_agreement,
             },
+            "rotation_max_options": self.rotation_max_options,
             "max_tokens_in_flight": self.max_tokens_in_flight,
             "key_requests_per_min": self.key_requests_per_min,
             "key_tokens_per_min": self.key_tokens_per_min,
@@ -260,6 +269,8 @@ class Settings:
             "max_json_depth",
             "max_branch_tokens",
             "max_request_tokens",
+            "max_branches",
+            "max_prompt_tokens",
             "max_in_flight",
             "engine_timeout_s",
             "retry_after_s",

@@ -21,13 +21,21 @@ from openjev.api.keys import KeyEntry, KeyLimits
 from openjev.api.metrics import Metrics
 from openjev.core.plan import Plan
 from openjev.core.ports import Engine, PlanResult
-from openjev.errors import OpenjevError, Overloaded
+from openjev.errors import OpenjevError, Overloaded, TokensExceeded
 
 # The key of the request being served; set by the ops middleware, read here (contextvars
 # follow the request into the tasks it starts).
 current_key: ContextVar[KeyEntry | None] = ContextVar("openjev_key", default=None)
 
 MAX_RETRY_AFTER_S = 60
+
+
+def charge_refused(key_limits: KeyLimits, exc: TokensExceeded) -> None:
+    """Charge the work a refused request cost (`exc.work_tokens`, tokens encoded before the
+    refusal) to the calling key's tokens/min bucket; nothing where no key is in use."""
+    entry = current_key.get()
+    if entry is not None and exc.work_tokens:
+        key_limits.charge_tokens(entry, exc.work_tokens)
 
 
 class DrainRate:

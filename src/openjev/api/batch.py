@@ -1,8 +1,10 @@
 """POST /v1/systemone/batch: many decisions in one call.
 
 Two envelopes: `{"requests": [<a /v1/systemone body>, ...]}`, or one question set over many
-states `{"model", "questions", "states": [...]}`. Each item is validated, prepared (compiled,
-its own token budgets checked) and decided through the same DecisionService as
+states `{"model", "questions", "states": [...]}` (its questions converted once, and each
+question's text encoded once for all its states). Each item is validated, prepared
+(compiled, its own token budgets checked; all of it in a worker thread, never on the event
+loop) and decided through the same DecisionService as
 /v1/systemone, so admission, limits and the engine are the same. An item that fails carries
 its own error and never fails the others; only the envelope itself (its shape, the item
 count, the batch's token total) fails the whole call, before any engine work.
@@ -35,15 +37,16 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from openjev.api import convert, documented, schemas, tenancy, wire
-from openjev.api.admission import current_key
+from openjev.api.admission import charge_refused, current_key
 from openjev.api.auth import require_key
+from openjev.api.keys import KeyLimits
 from openjev.api.middleware import request_id_of
 from openjev.api.overrides import decide_options
 from openjev.config import Settings
 from openjev.core.prompts import CompiledRequest
 from openjev.core.readouts import ReadoutSpec
 from openjev.core.service import DecisionService
-from openjev.core.types import DecisionRequest, DecisionResult
+from openjev.core.types import DecisionRequest, DecisionResult, Question
 from openjev.engines import ModelCard
 from openjev.errors import Draining, OpenjevError, RequestError, TokensExceeded
 
@@ -72,13 +75,6 @@ class BatchRequest(BaseModel):
         elif self.states is None or self.questions is None:
             raise ValueError("send `requests` (a list of /v1/systemone bodies) or `questions` with `states`")
         return self
-
-    def items(self) -> list[Any]:
-        """Each item as a /v1/systemone body (not yet validated)."""
-        if self.requests is not None:
-            return list(self.requests)
-        questions = {qid: q.model_dump(exclude_none=True) for qid, q in (self.questions or {}).items()}
-        return [{"model": self.model, "state": state, "questions": questions} for state in self.states or ()]
 
 
 @dataclass
@@ -163,37 +159,38 @@ def install(
         },
     )
     async def batch(body: BatchRequest, request: Request):
-        raw = body.items()
-        if len(raw) > settings.max_batch_items:
+        count = len(body.requests if body.requests is not None else body.states or ())
+        if count > settings.max_batch_items:
             raise RequestValidationError(
                 [
                     {
                         "loc": ("body", "requests" if body.requests is not None else "states"),
                         "type": "too_long",
                         "input": None,
-                        "msg": f"at most {settings.max_batch_items} items per batch, got {len(raw)}",
+                        "msg": f"at most {settings.max_batch_items} items per batch, got {count}",
                     }
                 ]
             )
         spec, calibrate = decide_options(request.headers, settings)  # one readout for every item
         ops = request.app.state.ops
         entry = current_key.get()
-        if entry is not None and len(raw) > 1:  # the request itself took one at the door
-            ops.key_limits.take_batch_items(entry, len(raw) - 1)
+        if entry is not None and count > 1:  # the request itself took one at the door
+            ops.key_limits.take_batch_items(entry, count - 1)
         service, card = ready()
         t0 = time.perf_counter()
-        items = await asyncio.gather(
-            *(
-                _prepare(i, item, service, card.name, spec, calibrate, request_id_of(request.scope))
-                for i, item in enumerate(raw)
-            )
+        # Validating, converting and compiling grow with the body: all of it in a worker
+        # thread, item after item, stopping at the first item that takes the batch over its
+        # token limit (the items after it are never compiled).
+        items = await asyncio.to_thread(
+            _prepare_all,
+            body,
+            service,
+            card.name,
+            spec,
+            calibrate,
+            request_id_of(request.scope),
+            request.app.state.ops.key_limits,
         )
-        total = sum(it.compiled.plan.unique_tokens for it in items if it.compiled is not None)
-        if total > settings.max_batch_tokens:
-            raise TokensExceeded(
-                f"the batch takes {total} distinct tokens, its items' added up "
-                f"(limit {settings.max_batch_tokens} per batch)"
-            )
         slots = max(1, settings.max_in_flight // 2)
         state = request.state
         state.batch = {"items": len(items), "succeeded": 0, "failed": 0}  # for the batch's access line
@@ -209,33 +206,76 @@ def install(
         stream = _ndjson(items, service, slots, t0, record, ops.drain.expired, state.batch)
         return StreamingResponse(stream, media_type=NDJSON)
 
-    async def _prepare(
-        index: int,
-        raw: Any,
+    def _shared_questions(body: BatchRequest) -> tuple[tuple[str, Question], ...] | OpenjevError:
+        """The states form's questions, converted once for every item (or the error every
+        item then carries)."""
+        questions = body.questions or {}
+        if len(questions) > settings.max_questions:
+            return _ItemInvalid(f"at most {settings.max_questions} questions per request, got {len(questions)}")
+        try:
+            return tuple((qid, convert.question_of(q)) for qid, q in questions.items())
+        except OpenjevError as exc:
+            return exc
+
+    def _request_of(raw: Any, body: BatchRequest, shared: Any) -> tuple[DecisionRequest, str]:
+        """One item as a core request and the model it asks for."""
+        if body.requests is None:  # the states form
+            if isinstance(shared, OpenjevError):
+                raise shared
+            try:
+                state = schemas.StateItem.model_validate({"state": raw}).state
+            except ValidationError as e:
+                raise _ItemInvalid(_validation_message(e)) from None
+            return DecisionRequest(state=convert.state_of(state), questions=shared), body.model
+        try:
+            parsed = schemas.SystemOneRequest.model_validate(raw)
+        except ValidationError as e:
+            raise _ItemInvalid(_validation_message(e)) from None
+        if len(parsed.questions) > settings.max_questions:
+            raise _ItemInvalid(f"at most {settings.max_questions} questions per request, got {len(parsed.questions)}")
+        return convert.request_of(parsed), parsed.model
+
+    def _prepare_all(
+        body: BatchRequest,
         service: DecisionService,
         served: str,
         spec: ReadoutSpec,
         calibrate: bool,
         request_id: str | None,
-    ) -> _Item:
-        item = _Item(index, readout=spec, calibrate=calibrate, request_id=request_id)
-        t0 = time.perf_counter()
-        try:
+        key_limits: KeyLimits,
+    ) -> list[_Item]:
+        """Every item validated, converted and prepared, in a worker thread (see batch())."""
+        states_form = body.requests is None
+        shared = _shared_questions(body) if states_form else None
+        part_cache: dict[str, tuple[int, ...]] | None = {} if states_form else None
+        items: list[_Item] = []
+        total = 0
+        for index, raw in enumerate(body.requests if body.requests is not None else body.states or ()):
+            item = _Item(index, readout=spec, calibrate=calibrate, request_id=request_id)
+            t0 = time.perf_counter()
             try:
-                parsed = schemas.SystemOneRequest.model_validate(raw)
-            except ValidationError as e:
-                raise _ItemInvalid(_validation_message(e)) from None
-            if len(parsed.questions) > settings.max_questions:
-                raise _ItemInvalid(
-                    f"at most {settings.max_questions} questions per request, got {len(parsed.questions)}"
-                )
-            item.request = tenancy.scoped(convert.request_of(parsed))  # the key's cache namespace
-            item.model = convert.resolve_model(parsed.model, served)
-            item.compiled = await service.prepare(item.request, spec)
-        except OpenjevError as exc:
-            item.line = _error_line(item, exc)
-        item.prepare_ms = (time.perf_counter() - t0) * 1000
-        return item
+                decision, model = _request_of(raw, body, shared)
+                item.request = tenancy.scoped(decision)  # the key's cache namespace
+                item.model = convert.resolve_model(model, served)
+                item.compiled = service.prepare_now(item.request, service.readout(spec), part_cache)
+            except TokensExceeded as exc:
+                charge_refused(key_limits, exc)
+                item.line = _error_line(item, exc)
+            except OpenjevError as exc:
+                item.line = _error_line(item, exc)
+            item.prepare_ms = (time.perf_counter() - t0) * 1000
+            items.append(item)
+            if item.compiled is not None:
+                total += item.compiled.plan.unique_tokens
+                if total > settings.max_batch_tokens:
+                    over = TokensExceeded(
+                        f"the batch takes more than {total} distinct tokens by item {index}, its items' added up "
+                        f"(limit {settings.max_batch_tokens} per batch)"
+                    )
+                    over.work_tokens = total
+                    charge_refused(key_limits, over)
+                    raise over
+        return items
 
 
 async def _collect(lines: AsyncIterator[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -212,6 +212,11 @@ class TokenBucket:
         self.level = min(self.capacity, self.level + (now - self._t) * self.rate)
         self._t = now
 
+    def charge(self, cost: float) -> None:
+        """Take `cost` now, into debt if need be."""
+        self._refill()
+        self.level -= cost
+
     def wait_s(self, cost: float, burst: float | None = None) -> float:
         """0 if `cost` may be taken now (then it is), else seconds until it may. `cost`
         passes once the level reaches min(cost, burst or the capacity)."""
@@ -248,6 +253,21 @@ class KeyLimits:
                 f"API key {entry.name!r} is over its {per_min} {what} per minute{why}; retry later",
                 retry_after_s=wait,
             )
+
+    def charge_tokens(self, entry: KeyEntry, tokens: int) -> None:
+        """Take `tokens` from the key's tokens/min bucket whatever its level (it may go into
+        debt): work already done for a request that was then refused (compile bombs cost the
+        key as if they had run, so they cannot be repeated for free)."""
+        per_min = entry.tokens_per_min
+        per_min = self._defaults["tokens_per_min"] if per_min is None else per_min
+        if not per_min or tokens <= 0:
+            return
+        with self._lock:
+            key = (entry.name, "tokens_per_min", per_min)
+            bucket = self._buckets.get(key)
+            if bucket is None:
+                bucket = self._buckets[key] = TokenBucket(per_min, self._clock)
+            bucket.charge(tokens)
 
     def take_request(self, entry: KeyEntry) -> None:
         self._take(entry, "requests_per_min", 1, "requests")

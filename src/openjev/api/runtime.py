@@ -79,6 +79,8 @@ def build_service(settings: Settings, loaded: LoadedEngine) -> DecisionService:
         retry_after_s=settings.retry_after_s,
         temperature=settings.temperature,
         rotation_max_options=settings.rotation_max_options,
+        max_branches=settings.max_branches,
+        max_prompt_tokens=settings.max_prompt_tokens,
     )
     abstain = AbstainRule(settings.abstain_min_label_mass, settings.abstain_min_order_agreement)
     return DecisionService(compiler, loaded.engine, limits, readout=spec, calibration=calibration, abstain=abstain)

@@ -161,6 +161,21 @@ class SystemOneRequest(BaseModel):
         return v
 
 
+class StateItem(BaseModel):
+    """One item of a batch's states form: the state alone (its questions are the batch's,
+    validated and converted once)."""
+
+    state: Description
+
+    @field_validator("state")
+    @classmethod
+    def _chat(cls, v: Any) -> Any:
+        problem = chat_problem(v)
+        if problem:
+            raise ValueError(problem)
+        return v
+
+
 # ---- responses (documented in OpenAPI; the route builds plain dicts of this shape)
 
 

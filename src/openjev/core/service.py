@@ -18,7 +18,7 @@ from openjev.core import calibration as calib
 from openjev.core import scoring
 from openjev.core.abstain import AbstainRule
 from openjev.core.ports import Engine, PlanResult
-from openjev.core.prompts import CompiledRequest, PromptCompiler
+from openjev.core.prompts import CompiledRequest, CompileLimits, PromptCompiler
 from openjev.core.readouts import Combined, LettersReadout, Readout, ReadoutSpec, YesNoReadout
 from openjev.core.types import (
     Answer,
@@ -35,13 +35,41 @@ from openjev.core.types import (
 from openjev.core.wording import option_texts
 from openjev.errors import EngineError, EngineTimeout, Overloaded, TokensExceeded, Unsupported
 
-# Requests with at most this much text compile on the event loop (a few hundred microseconds
-# of tokenizing); larger ones in a thread, so the loop keeps serving (bench/bench_api.py).
+# Requests whose compile renders at most about this much text compile on the event loop (a
+# few hundred microseconds of tokenizing); larger ones in a thread, so the loop keeps
+# serving (bench/bench_api.py).
 INLINE_COMPILE_CHARS = 4096
+# What the template adds per turn and the wording per question or option, over-estimated:
+# a state of many empty turns is costly to render though it holds no characters.
+TURN_OVERHEAD_CHARS = 32
+QUESTION_OVERHEAD_CHARS = 256
+OPTION_OVERHEAD_CHARS = 8
 
 
-def _text_chars(request: DecisionRequest) -> int:
-    return sum(len(t.content) for t in request.state.turns) + sum(len(repr(q)) for _, q in request.questions)
+def _question_chars(question: Question) -> int:
+    texts = option_texts(question)
+    return (
+        QUESTION_OVERHEAD_CHARS
+        + len(question.instructions or "")
+        + sum(len(t) + OPTION_OVERHEAD_CHARS for t in texts)
+        + (sum(len(o.name) for o in question.options) if isinstance(question, ChoiceQuestion) else 0)
+    )
+
+
+def compiles_inline(request: DecisionRequest, readout: Readout, limit: int = INLINE_COMPILE_CHARS) -> bool:
+    """Whether the compile is small enough for the event loop: an over-estimate of the text
+    it renders (state turns with their template overhead, each question once per reading).
+    Stops counting as soon as `limit` is passed, so this check itself stays bounded."""
+    total = 0
+    for turn in request.state.turns:
+        total += len(turn.content) + TURN_OVERHEAD_CHARS
+        if total > limit:
+            return False
+    for _, question in request.questions:
+        total += readout.count(question) * _question_chars(question)
+        if total > limit:
+            return False
+    return True
 
 
 @dataclass(frozen=True)
@@ -53,6 +81,15 @@ class ServiceLimits:
     retry_after_s: int
     temperature: float = 1.0
     rotation_max_options: int = 26
+    max_branches: int = 4096
+    max_prompt_tokens: int = 4_194_304
+
+    def compile_limits(self) -> CompileLimits:
+        return CompileLimits(
+            max_branch_tokens=self.max_branch_tokens,
+            max_branches=self.max_branches,
+            max_prompt_tokens=self.max_prompt_tokens,
+        )
 
 
 def question_type(question: Question) -> str:
@@ -121,10 +158,16 @@ class DecisionService:
         (TokensExceeded); no admission, no engine work. A batch prepares every item first,
         to check its own token total before any item runs."""
         ro = self.readout(readout or self.default_readout)
-        if _text_chars(request) <= INLINE_COMPILE_CHARS:
-            compiled = self._compiler.compile(request, ro)  # well under a millisecond: cheaper than a thread hop
-        else:
-            compiled = await asyncio.to_thread(self._compiler.compile, request, ro)
+        if compiles_inline(request, ro):
+            return self.prepare_now(request, ro)  # well under a millisecond: cheaper than a thread hop
+        return await asyncio.to_thread(self.prepare_now, request, ro)
+
+    def prepare_now(
+        self, request: DecisionRequest, readout: Readout, part_cache: dict[str, tuple[int, ...]] | None = None
+    ) -> CompiledRequest:
+        """prepare() in the calling thread: compile under the limits, check the budgets.
+        `part_cache`: see PromptCompiler.compile (a batch's items asking the same questions)."""
+        compiled = self._compiler.compile(request, readout, self._limits.compile_limits(), part_cache)
         self._check_budgets(request, compiled)
         return compiled
 
@@ -201,17 +244,19 @@ class DecisionService:
     def _check_budgets(self, request: DecisionRequest, compiled: CompiledRequest) -> None:
         plan = compiled.plan
         for (qid, _), (start, count) in zip(request.questions, compiled.spans, strict=True):
-            branch = max(plan.branches[start : start + count], key=lambda b: len(b.input_ids))
-            if len(branch.input_ids) > self._limits.max_branch_tokens:
+            longest = max(len(b) for b in plan.branches[start : start + count])
+            if longest > self._limits.max_branch_tokens:
                 raise TokensExceeded(
-                    f"question {qid!r}: the state and this question take {len(branch.input_ids)} tokens "
+                    f"question {qid!r}: the state and this question take {longest} tokens "
                     f"(limit {self._limits.max_branch_tokens} per branch)"
                 )
         if plan.unique_tokens > self._limits.max_request_tokens:
-            raise TokensExceeded(
+            exc = TokensExceeded(
                 f"the request takes {plan.unique_tokens} distinct tokens "
                 f"(limit {self._limits.max_request_tokens} per request)"
             )
+            exc.work_tokens = plan.unique_tokens
+            raise exc
 
     @staticmethod
     def _usage(compiled: CompiledRequest, result: PlanResult) -> Usage:
