@@ -24,6 +24,8 @@ from typing import Any
 from starlette.datastructures import MutableHeaders
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from openjev.api.openai_schemas import ITEM_TAGS
+
 log = logging.getLogger(__name__)
 
 OPENAI_PATHS = frozenset({"/v1/decisions"})
@@ -62,14 +64,7 @@ _TAGS = frozenset(
         "input_json",
         "output_text",
         "refusal",
-        "user",
-        "developer",
-        "system",
-        "assistant",
-        "function_call",
-        "function_call_output",
-        "custom_tool_call",
-        "custom_tool_call_output",
+        *ITEM_TAGS,
     }
 )
 _TYPE_NAMES = frozenset({"str", "bool", "int", "float", "dict", "list", "none", "is-instance", "tagged-union"})
