@@ -51,7 +51,8 @@ REPO = Path(__file__).resolve().parent.parent
 TEST_SET = REPO / "evals" / "data" / "test.jsonl"
 
 
-async def latency(systems: list[System], repeats: int, sizes: tuple[int, ...]) -> dict:
+async def latency(systems: list[System], repeats: int, sizes: tuple[int, ...], emit=None) -> dict:
+    """Cold and warm p50 per size; each size's row is also passed to `emit` as soon as it is measured."""
     rows = []
     async with httpx.AsyncClient(timeout=1800) as client:
         for s in systems:  # warm-up: first-call costs (allocations, lazy imports)
@@ -69,6 +70,8 @@ async def latency(systems: list[System], repeats: int, sizes: tuple[int, ...]) -
                 row[f"{s.name}_cold_p50_ms"] = round(p50(cold[s.name]))
                 row[f"{s.name}_warm_p50_ms"] = round(p50(warm[s.name]))
             rows.append(row)
+            if emit is not None:
+                emit({"section": "latency", "repeats": repeats, "results": [row]})
     return {"section": "latency", "repeats": repeats, "state_tokens": "~1000", "results": rows}
 
 
@@ -104,6 +107,8 @@ def _r(x: float | None) -> float | None:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--sizes", type=int, nargs="+", default=[1, 8], help="questions per latency request")
+    parser.add_argument("--skip-throughput", action="store_true")
     parser.add_argument("--clients", type=int, default=4)
     parser.add_argument("--throughput-requests", type=int, default=8)
     parser.add_argument("--eval-concurrency", type=int, default=2)
@@ -143,8 +148,9 @@ def main() -> None:
         def emit(row: dict) -> None:
             print(json.dumps({**head, **row}), flush=True)
 
-        emit(asyncio.run(latency(systems, args.repeats, (1, 8))))
-        emit(asyncio.run(throughput(systems, args.clients, args.throughput_requests, 4)))
+        asyncio.run(latency(systems, args.repeats, tuple(args.sizes), emit))
+        if not args.skip_throughput:
+            emit(asyncio.run(throughput(systems, args.clients, args.throughput_requests, 4)))
         if not args.skip_eval:
             for s in systems:
                 key = None if s.name == "sglang" else KEY
