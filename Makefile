@@ -12,7 +12,7 @@ INSTALLER ?= uv
 UV_VERSION := 0.13.9
 export HF_HUB_OFFLINE := 1
 
-.PHONY: setup serve lint fmt test docs docs-serve test-browser test-sglang test-scaleout test-vllm bench bench-vllm lock clean
+.PHONY: setup serve lint fmt test docs docs-serve test-browser test-sglang test-sglang-torch test-scaleout test-vllm bench bench-vllm lock clean
 
 $(STAMP): pyproject.toml $(LOCK) Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -82,6 +82,13 @@ lock:
 test-sglang: setup
 	bash scripts/setup_sglang_jax.sh
 	OPENJEV_SGLANG_JAX=1 $(PY) -m pytest tests/sglang
+
+# The same suite (tests/sglang, parametrized over the server kind) against the real SGLang 0.5.23
+# (PyTorch) on this CPU, in its own .venv-sglang-torch with two CPU test shims
+# (tests/sglang_torch/shims; see scripts/setup_sglang_torch.sh).
+test-sglang-torch: setup
+	bash scripts/setup_sglang_torch.sh
+	OPENJEV_SGLANG_TORCH=1 $(PY) -m pytest tests/sglang
 
 # Scale-out on SGLang's real router: two SGLang-JAX workers on this CPU behind sglang-router
 # (cache-aware policy, own .venv-sglang-router), openjev --connect'ed to the router.
