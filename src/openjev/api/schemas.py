@@ -49,6 +49,15 @@ def chat_problem(value: Any) -> str | None:
     return None
 
 
+def _refuse_bad_chat(v: Any) -> Any:
+    """The `state` validator of every body that carries one: chat-shaped states with a
+    problem (chat_problem) are refused with its reason."""
+    problem = chat_problem(v)
+    if problem:
+        raise ValueError(problem)
+    return v
+
+
 def _blank(value: Any) -> bool:
     return (isinstance(value, str) and not value.strip()) or (isinstance(value, dict | list) and not value)
 
@@ -155,10 +164,7 @@ class SystemOneRequest(BaseModel):
     @field_validator("state")
     @classmethod
     def _chat(cls, v: Any) -> Any:
-        problem = chat_problem(v)
-        if problem:
-            raise ValueError(problem)
-        return v
+        return _refuse_bad_chat(v)
 
 
 class StateItem(BaseModel):
@@ -170,10 +176,7 @@ class StateItem(BaseModel):
     @field_validator("state")
     @classmethod
     def _chat(cls, v: Any) -> Any:
-        problem = chat_problem(v)
-        if problem:
-            raise ValueError(problem)
-        return v
+        return _refuse_bad_chat(v)
 
 
 # ---- responses (documented in OpenAPI; the route builds plain dicts of this shape)
