@@ -12,7 +12,7 @@ INSTALLER ?= uv
 UV_VERSION := 0.13.9
 export HF_HUB_OFFLINE := 1
 
-.PHONY: setup serve lint test test-browser test-sglang test-scaleout test-vllm bench bench-vllm lock clean
+.PHONY: setup serve lint fmt test docs docs-serve test-browser test-sglang test-sglang-torch test-scaleout test-vllm bench bench-vllm lock clean
 
 $(STAMP): pyproject.toml $(LOCK) Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -36,14 +36,30 @@ setup: $(STAMP)
 serve: setup
 	$(VENV)/bin/openjev serve
 
-# Lint, format and types (config in pyproject.toml), then the tests.
+# Lint, format and types (config in pyproject.toml), then the tests. .pre-commit-config.yaml
+# runs the same three checks before each commit (`pre-commit install`, optional).
+LINT_PATHS := src tests bench evals scripts
 lint: setup
-	$(VENV)/bin/ruff check src tests bench evals scripts
-	$(VENV)/bin/ruff format --check src tests bench evals scripts
+	$(VENV)/bin/ruff check $(LINT_PATHS)
+	$(VENV)/bin/ruff format --check $(LINT_PATHS)
 	$(VENV)/bin/mypy
+
+# Fix what lint can fix by itself: ruff's safe fixes (import order, ...), then the formatter.
+fmt: setup
+	$(VENV)/bin/ruff check --fix $(LINT_PATHS)
+	$(VENV)/bin/ruff format $(LINT_PATHS)
 
 test: setup lint
 	$(PY) -m pytest
+
+# The documentation site (mkdocs.yml, pages in docs/), built offline into build/site. --strict:
+# a broken link, anchor or page, or a page missing from the nav, fails the build.
+docs: setup
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
+
+DOCS_PORT ?= 8001
+docs-serve: setup
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs serve --strict --dev-addr 127.0.0.1:$(DOCS_PORT)
 
 # The playground in Debian's headless chromium (installed here when absent), driven by Selenium.
 APT := $(shell [ "$$(id -u)" = 0 ] || echo sudo) env DEBIAN_FRONTEND=noninteractive apt-get
@@ -57,7 +73,7 @@ test-browser: setup
 TORCH_WHEELS ?= /opt/wheels
 lock:
 	$(PYTHON) -m venv build/uv && build/uv/bin/pip install --quiet uv==$(UV_VERSION)
-	build/uv/bin/uv pip compile pyproject.toml --extra inprocess --extra eval --extra test --extra browser \
+	build/uv/bin/uv pip compile pyproject.toml --extra inprocess --extra eval --extra test --extra browser --extra docs \
 	  --python-version 3.11 --python-platform x86_64-manylinux_2_28 --find-links $(TORCH_WHEELS) \
 	  --override requirements.torch.txt --no-emit-package torch --generate-hashes --quiet -o $(LOCK)
 
@@ -66,6 +82,13 @@ lock:
 test-sglang: setup
 	bash scripts/setup_sglang_jax.sh
 	OPENJEV_SGLANG_JAX=1 $(PY) -m pytest tests/sglang
+
+# The same suite (tests/sglang, parametrized over the server kind) against the real SGLang 0.5.23
+# (PyTorch) on this CPU, in its own .venv-sglang-torch with two CPU test shims
+# (tests/sglang_torch/shims; see scripts/setup_sglang_torch.sh).
+test-sglang-torch: setup
+	bash scripts/setup_sglang_torch.sh
+	OPENJEV_SGLANG_TORCH=1 $(PY) -m pytest tests/sglang
 
 # Scale-out on SGLang's real router: two SGLang-JAX workers on this CPU behind sglang-router
 # (cache-aware policy, own .venv-sglang-router), openjev --connect'ed to the router.

@@ -1,4 +1,4 @@
-"""Rebuild the README's decision-quality table: every readout, with and without the
+"""Rebuild the decision-quality table (docs/quality.md): every readout, with and without the
 calibration, on the test split, in one run on one in-process server.
 
     .venv/bin/python evals/quality_table.py --calibration src/openjev/calibrations/smollm2-135m-instruct.json

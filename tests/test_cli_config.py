@@ -82,6 +82,7 @@ def test_schema_prints_openapi_without_loading_ml_frameworks():
         (["--retry-after-s", "100000"], "retry_after_s must be at most"),
         (["--docs", "open"], "docs must be public, auth or off"),
         (["--allowed-hosts", "a b"], "allowed_hosts"),
+        (["--trusted-proxies", "proxy.example"], "trusted_proxies: 'proxy.example' is not an IP address"),
         (["--log-level", "loud"], "log_level must be"),
     ],
 )
@@ -121,3 +122,9 @@ def test_connection_limits_are_shown_in_limits():
 
 def test_the_defaults_are_valid():
     assert load_settings({}, environ={}).validate()
+
+
+def test_trusted_proxies_take_addresses_and_networks():
+    args = build_parser().parse_args(["serve", "--trusted-proxies", "127.0.0.1,10.0.0.0/8", "--trusted-proxies", "::1"])
+    assert _settings(args).trusted_proxies == ("127.0.0.1", "10.0.0.0/8", "::1")
+    assert load_settings({}, environ={"OPENJEV_TRUSTED_PROXIES": "192.168.1.1"}).trusted_proxies == ("192.168.1.1",)

@@ -3,14 +3,16 @@ from pathlib import Path
 
 from openjev.config import Settings, env_name, flag_name
 
-README = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+ROOT = Path(__file__).resolve().parents[1]
+README = (ROOT / "README.md").read_text()
+CONFIGURATION = (ROOT / "docs" / "configuration.md").read_text()
 
 
 def test_configuration_table_lists_every_setting():
     for f in dataclasses.fields(Settings):
-        assert f"| `{flag_name(f)}` | `{env_name(f)}` |" in README, f.name
+        assert f"| `{flag_name(f)}` | `{env_name(f)}` |" in CONFIGURATION, f.name
 
 
 def test_the_two_commands_are_named():
     assert "make serve" in README and "make test" in README
-    assert "make test" in (Path(__file__).resolve().parents[1] / ".ci" / "run").read_text()
+    assert "make test" in (ROOT / ".ci" / "run").read_text()

@@ -6,8 +6,10 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import logging
 import os
 import signal
+import socket
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -80,6 +82,10 @@ def serve(settings: Settings) -> int:
 
     preflight_engine(settings)  # ConfigError -> exit 2 before listening
     calibrations.preflight(settings.calibration)
+    # Bound before anything loads: a busy port is exit 2 at once, not after the model loaded
+    # (uvicorn binds only after the lifespan has started the load).
+    listener = bind_listener(settings.host, settings.port)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)  # until the loop's handler reloads the keys (DrainingServer)
     logs.configure(settings.log_level, settings.log_format, with_messages=settings.log_request_bodies)
     if settings.log_format == "json":  # progress bars on stderr would break one-object-per-line
         os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
@@ -93,9 +99,12 @@ def serve(settings: Settings) -> int:
         if server is not None:
             server.should_exit = True
 
-    app = create_app(settings, on_fatal=on_fatal)
+    try:
+        app = create_app(settings, on_fatal=on_fatal)  # a keys file that cannot be read: exit 2
+    except BaseException:
+        listener.close()
+        raise
     ops = app.state.ops
-    signal.signal(signal.SIGHUP, lambda sig, frame: ops.keys.reload())
     # The drain (SIGTERM) has already let in-flight requests finish when uvicorn's own
     # shutdown starts; what is left for it is closing idle keep-alive connections.
     config = uvicorn_config(  # with the connection limits (api/connections.py)
@@ -106,12 +115,28 @@ def serve(settings: Settings) -> int:
         access_log=False,
         timeout_graceful_shutdown=5,
     )
-    server = DrainingServer(config, ops.drain)
-    server.run()
+    # SIGHUP re-reads the keys file on the event loop (DrainingServer), never inside a
+    # signal handler, where an exception would escape through select() and end the process.
+    server = DrainingServer(config, ops.drain, on_hangup=ops.keys.reload)
+    logging.getLogger("openjev").info("listening on http://%s:%d", *listener.getsockname()[:2])
+    server.run(sockets=[listener])
     if failed:
         print(f"openjev: cannot serve: {failed[0]}", file=sys.stderr)
         return 1
     return 0
+
+
+def bind_listener(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to host:port (listen() is uvicorn's); ConfigError if it cannot be."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host.strip("[]"), port))
+    except OSError as e:
+        sock.close()
+        raise ConfigError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+    return sock
 
 
 def schema() -> int:

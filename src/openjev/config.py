@@ -43,6 +43,14 @@ class Settings:
         metavar="HOST[,HOST]",
         comma=True,
     )
+    trusted_proxies: tuple[str, ...] = _opt(
+        (),
+        "addresses or networks of the proxies in front of this server (comma-separated or repeated); "
+        "X-Forwarded-For is believed only from them (none: from no one)",
+        flag="trusted-proxies",
+        metavar="IP[/BITS][,...]",
+        comma=True,
+    )
     docs: str = _opt(
         "auth",
         "API docs (/docs, /redoc, /openapi.json): public, off, or auth (the API's bearer key when keys are "
@@ -57,6 +65,14 @@ class Settings:
     )
     body_timeout_s: float = _opt(60.0, "time for a request's whole body to arrive once its head has; beyond it: 408")
     max_head_bytes: int = _opt(65_536, "bytes of a request's head (request line and headers); beyond it: 431")
+    send_timeout_s: float = _opt(
+        10.0,
+        "time a client may leave a response unread (the server's send buffer full, no progress); "
+        "beyond it the connection is dropped (a slow reader)",
+    )
+    max_body_chunks: int = _opt(
+        8192, "chunks of one chunked request body (each costs parser work); beyond it: 413 and close"
+    )
     # what answers
     engine: str = _opt("transformers", "engine implementation: transformers (in-process), sglang, vllm")
     model: str | None = _opt(
@@ -71,7 +87,7 @@ class Settings:
     )
     cache_dir: str = _opt(_default_cache_dir(), "where converted weights are cached (GGUF -> safetensors)")
     temperature: float = _opt(1.0, "softmax temperature applied to label log-probs (1.0 = the model's own)")
-    # decision quality (README "Decision quality")
+    # decision quality (docs/quality.md)
     # Default from measurement (docs/quality-readouts.md): parallel reads choice options side
     # by side, order-free at the cost of one reading; an engine without parallel layouts (every
     # remote one) reads letters under --rotations instead.
@@ -86,6 +102,18 @@ class Settings:
     )
     calibration: str = _opt(
         "auto", "calibration applied to answers: auto (the file shipped for the served model, if any), none, or a path"
+    )
+    # The abstain rule (core/abstain.py). Chosen on the dev split (evals/abstain_table.py,
+    # evals/results/abstain.md): declining the questions where fewer than half the option orders
+    # read agree with the answer kept 69 % of the dev questions and raised accuracy on them from
+    # 0.363 to 0.426; a label-mass floor bought nothing for the embedded model. 0 disables a floor.
+    abstain_min_label_mass: float = _opt(
+        0.0, "decline (refuse) a question whose reading put less than this probability on the answer labels (0: off)"
+    )
+    abstain_min_order_agreement: float = _opt(
+        0.5,
+        "decline (refuse) a question when less than this share of the option orders read agree with its answer "
+        "(0: off; needs rotations)",
     )
     max_rotations: int = _opt(8, "most rotations one request may ask for (x-openjev-rotations header)")
     rotation_max_options: int = _opt(
@@ -145,6 +173,12 @@ class Settings:
     )
     max_branch_tokens: int = _opt(32_768, "tokens of one branch (state + one question)")
     max_request_tokens: int = _opt(262_144, "distinct tokens of one request (state once + every question)")
+    max_branches: int = _opt(
+        4096, "branches of one request (a question is one per rotation, or under the yesno readout one per option)"
+    )
+    max_prompt_tokens: int = _opt(
+        4_194_304, "tokens of one request's branches added up (the state counted once per branch)"
+    )
     max_in_flight: int = _opt(16, "evaluations in flight; beyond it: 529 with Retry-After")
     engine_timeout_s: float = _opt(120.0, "deadline for the engine's work on one request; beyond it: 504")
     retry_after_s: int = _opt(1, "Retry-After seconds sent with 529 until a drain rate is measured")
@@ -197,9 +231,16 @@ class Settings:
             "max_json_depth": self.max_json_depth,
             "max_branch_tokens": self.max_branch_tokens,
             "max_request_tokens": self.max_request_tokens,
+            "max_branches": self.max_branches,
+            "max_prompt_tokens": self.max_prompt_tokens,
             "max_in_flight": self.max_in_flight,
             "engine_timeout_s": self.engine_timeout_s,
             "max_rotations": self.max_rotations,
+            "abstain": {
+                "min_label_mass": self.abstain_min_label_mass,
+                "min_order_agreement": self.abstain_min_order_agreement,
+            },
+            "rotation_max_options": self.rotation_max_options,
             "max_tokens_in_flight": self.max_tokens_in_flight,
             "key_requests_per_min": self.key_requests_per_min,
             "key_tokens_per_min": self.key_tokens_per_min,
@@ -209,6 +250,8 @@ class Settings:
             "head_timeout_s": self.head_timeout_s,
             "body_timeout_s": self.body_timeout_s,
             "max_head_bytes": self.max_head_bytes,
+            "send_timeout_s": self.send_timeout_s,
+            "max_body_chunks": self.max_body_chunks,
         }
 
     @property
@@ -232,6 +275,8 @@ class Settings:
             "max_json_depth",
             "max_branch_tokens",
             "max_request_tokens",
+            "max_branches",
+            "max_prompt_tokens",
             "max_in_flight",
             "engine_timeout_s",
             "retry_after_s",
@@ -249,6 +294,8 @@ class Settings:
             "max_connections",
             "head_timeout_s",
             "body_timeout_s",
+            "send_timeout_s",
+            "max_body_chunks",
         )
         for name in positive:
             if getattr(self, name) <= 0:
@@ -272,6 +319,8 @@ class Settings:
             ("drain_timeout_s", _DAY),
             ("max_queue_wait_s", _DAY),
             ("head_timeout_s", 3600.0),
+            ("send_timeout_s", 3600.0),
+            ("max_body_chunks", 1 << 24),
             ("body_timeout_s", _DAY),
             ("retry_after_s", 3600),
             ("batch_window_ms", 60_000.0),
@@ -284,6 +333,9 @@ class Settings:
         ):
             if getattr(self, name) > top:
                 raise ConfigError(f"{name} must be at most {top}, got {getattr(self, name)!r}")
+        for name in ("abstain_min_label_mass", "abstain_min_order_agreement"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ConfigError(f"{name} must be between 0 and 1, got {getattr(self, name)!r}")
         if self.temperature < 1e-3:
             raise ConfigError(f"temperature must be between 0.001 and 1000, got {self.temperature!r}")
         if self.max_head_bytes < 1024:
@@ -299,6 +351,11 @@ class Settings:
         for name in self.allowed_hosts:
             if not name or any(c.isspace() or c in "/@" for c in name) or ("*" in name and not _wildcard(name)):
                 raise ConfigError(f"allowed_hosts: {name!r} is not a host name, `*.domain` or `*`")
+        for entry in self.trusted_proxies:
+            try:
+                ipaddress.ip_network(entry, strict=False)
+            except ValueError:
+                raise ConfigError(f"trusted_proxies: {entry!r} is not an IP address or network") from None
         if self.rotations > self.max_rotations:
             raise ConfigError(f"rotations ({self.rotations}) exceeds max_rotations ({self.max_rotations})")
         if self.max_questions > 4096:
@@ -324,7 +381,7 @@ def is_loopback_name(host: str) -> bool:
         return False
 
 
-# The contract's fixed ranges (jev-contract.md); not settings: clients rely on them.
+# The contract's fixed ranges (docs/api-jev.md); not settings: clients rely on them.
 MIN_CHOICE_OPTIONS = 2
 MAX_CHOICE_OPTIONS = 255
 MIN_SCORE_LEVELS = 2

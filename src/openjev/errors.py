@@ -104,10 +104,14 @@ class RequestTimeout(RequestError):
 
 
 class TokensExceeded(RequestError):
-    """A token budget (per branch or per request) is exceeded; checked before engine work."""
+    """A token budget (per branch or per request) is exceeded; checked before engine work.
+
+    `work_tokens`: tokens encoded before the refusal (what the refused request cost; the
+    API charges them to the caller's key)."""
 
     status = 422
     error_type = "tokens_exceeded"
+    work_tokens: int = 0
 
 
 class Unsupported(RequestError):

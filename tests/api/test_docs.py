@@ -23,8 +23,10 @@ async def test_default_with_keys_the_docs_need_the_key():
             assert r.headers["www-authenticate"] == "Bearer"
             assert (await client.get(path, headers={"authorization": "Bearer wrong"})).status_code == 401
             assert (await client.get(path, headers=KEY)).status_code == 200, path
-        # the docs page's own assets are not secret; the playground stays open
-        assert (await client.get("/static-offline-docs/swagger-ui.css")).status_code == 200
+        # the docs page's assets too (the largest responses: open, anyone could hold
+        # connections with them unread); the playground stays open
+        assert (await client.get("/static-offline-docs/swagger-ui.css")).status_code == 401
+        assert (await client.get("/static-offline-docs/swagger-ui.css", headers=KEY)).status_code == 200
         assert (await client.get("/")).status_code == 200
 
 

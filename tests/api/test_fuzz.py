@@ -72,6 +72,9 @@ def test_zz_fuzz_figures(capsys):
     assert labels <= set(FIGURES), labels - set(FIGURES)
     # the decision routes were both answered and refused
     assert FIGURES["POST /v1/systemone"][200] > 0 and FIGURES["POST /v1/systemone"][422] > 0
+    # OpenAI's face: answered, and refused with its own 400 (never a 422)
+    assert FIGURES["POST /v1/decisions"][200] > 0 and FIGURES["POST /v1/decisions"][400] > 0
+    assert FIGURES["POST /v1/decisions"][422] == 0
 
 
 # ---- the same checks with API keys on: every request alternates between the right key, a
@@ -105,5 +108,5 @@ def test_with_keys_no_5xx_and_every_response_as_documented(case):
 def test_zz_keyed_fuzz_figures(capsys):
     with capsys.disabled():
         print_figures(f"in-process, API keys on, max_examples={FUZZ_EXAMPLES // 3}", KEYED_FIGURES)
-    for label in ("POST /v1/systemone", "GET /v1/models"):  # refused without the key, served with it
+    for label in ("POST /v1/systemone", "POST /v1/decisions", "GET /v1/models"):  # 401 without the key, 200 with it
         assert KEYED_FIGURES[label][401] > 0 and KEYED_FIGURES[label][200] > 0, KEYED_FIGURES[label]

@@ -1,7 +1,7 @@
 """Hostile input: bodies built to break the parser, the 422 handler, the converter or the
 server's memory. Every one must be a 4xx whose message says what to fix, on every route
 that takes a decision body, without reaching the engine, and the server must answer a
-valid request afterwards. (README: Input rules; api/wire.py is where the wire becomes safe.)
+valid request afterwards. (docs/api-input-rules.md; api/wire.py is where the wire becomes safe.)
 
 Bodies are raw bytes: json.dumps cannot write most of them (NaN is written, but lone
 surrogates, repeated keys and invalid UTF-8 are not what a client library would send)."""
@@ -17,7 +17,7 @@ import zstandard
 from tests.api.conftest import running_app
 from tests.api.test_systemone import VALID
 
-SINGLE_ROUTES = ("/v1/systemone", "/v1/decisions", "/api/alpha/decisions")
+SINGLE_ROUTES = ("/v1/systemone", "/api/alpha/decisions")  # /v1/decisions: tests/api/test_openai_decisions.py
 ROUTES = (*SINGLE_ROUTES, "/v1/systemone/batch")
 JSON = {"content-type": "application/json"}
 NOUL = '{"type": "noul", "instructions": "Refund?"}'

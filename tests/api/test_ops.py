@@ -12,7 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from openjev.api.keys import KeyRing, TokenBucket, parse_keys_file
 from openjev.api.logs import JsonFormatter, TextFormatter
-from openjev.errors import ConfigError
+from openjev.errors import ConfigError, EngineError
 from tests.api.conftest import running_app
 from tests.api.test_systemone import VALID
 from tests.fakes import FakeEngine
@@ -73,11 +73,11 @@ def test_keys_file_forms_and_options():
         assert "line" in str(e.value)
 
 
-def test_the_readme_keys_file_example_parses():
+def test_the_documented_keys_file_example_parses():
     from pathlib import Path
 
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    block = readme[readme.index("# name:key, or name:sha256") :]
+    page = (Path(__file__).resolve().parents[2] / "docs" / "operations.md").read_text()
+    block = page[page.index("# name:key, or name:sha256") :]
     block = block[: block.index("```")]
     entries = parse_keys_file(block)
     assert [e.name for e in entries] == ["alice", "batch-jobs"]
@@ -197,8 +197,16 @@ def test_drain_rate_counts_busy_time_only():
     now[0] = 33.0
     rate.finished(200)
     assert rate.per_second() == pytest.approx(400 / 3)
-    now[0] = 200.0  # all out of the window
-    assert rate.per_second() is None
+    now[0] = 200.0  # all out of the window: the last measurement stands (issue 16, finding 7)
+    assert rate.per_second() == pytest.approx(400 / 3)
+    rate.started()
+    now[0] = 260.0
+    rate.finished(0)  # a failure (or a 504) served nothing: no measurement, not a rate of 0
+    assert rate.per_second() == pytest.approx(400 / 3)
+    rate.started()
+    now[0] = 262.0
+    rate.finished(100)  # a new measurement replaces the remembered one
+    assert rate.per_second() == pytest.approx(50)
 
 
 async def test_work_the_engine_could_not_reach_in_time_is_529_not_a_later_504():
@@ -208,6 +216,39 @@ async def test_work_the_engine_could_not_reach_in_time_is_529_not_a_later_504():
         results = await asyncio.gather(*(client.post("/v1/systemone", json=VALID) for _ in range(3)))
         assert sorted(r.status_code for r in results) == [200, 529, 529]
         assert all(int(r.headers["retry-after"]) >= 1 for r in results if r.status_code == 529)
+
+
+def _ops(client):
+    return client._transport.app.state.ops  # the app behind running_app's in-process client
+
+
+def _later(rate, seconds: float) -> None:
+    """Move the drain-rate clock `seconds` on (a quiet spell, without waiting for it)."""
+    clock = rate._clock
+    rate._clock = lambda: clock() + seconds
+
+
+@pytest.mark.parametrize("after", ["idle", "failures"])
+async def test_the_drain_rate_survives_idle_time_and_failures_so_overload_is_529(after):
+    engine = FakeEngine(delay_s=0.3)
+    async with running_app(engine, max_queue_wait_s=0.45) as (client, _):
+        assert (await client.post("/v1/systemone", json=VALID)).status_code == 200  # measures the rate
+        rate = _ops(client).gate.rate
+        _later(rate, 120.0)  # two quiet minutes: the measurement left the window
+        if after == "failures":
+            engine.fail = EngineError("the engine broke")
+            assert (await client.post("/v1/systemone", json=VALID)).status_code == 502
+            engine.fail = None
+        assert rate.per_second() is not None
+        calls = len(engine.plans)
+        results = await asyncio.gather(*(client.post("/v1/systemone", json=VALID) for _ in range(3)))
+        assert sorted(r.status_code for r in results) == [200, 529, 529]  # not three admitted toward 504s
+        for r in results:
+            if r.status_code == 529:
+                assert int(r.headers["retry-after"]) >= 1
+                assert "queue is too long" in r.json()["detail"]["message"]
+        assert len(engine.plans) == calls + 1  # the refused ones never reached the engine
+        assert (await client.post("/v1/systemone", json=VALID)).status_code == 200  # the next is answered
 
 
 async def test_evaluation_cap_still_applies():

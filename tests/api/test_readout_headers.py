@@ -10,8 +10,10 @@ async def test_default_readout_and_no_calibration_are_named_in_headers(api):
     client, engine = api
     r = await client.post("/v1/systemone", json=VALID)
     assert r.status_code == 200
-    # the default (parallel) on an engine without parallel layouts, like this fake: letters, 4 rotations
-    assert r.headers["x-openjev-readout"] == "letters;rotations=4"
+    # The default (parallel) on an engine without parallel layouts, like this fake, falls back
+    # to letters under 4 rotations; these questions have 2 options (or a scale): each is read
+    # in 2 orders, and the header says what was read.
+    assert r.headers["x-openjev-readout"] == "letters;rotations=2"
     assert r.headers["x-openjev-calibration"] == "none"  # the fake model has no shipped calibration
     assert all("x_order_agreement" in a for a in r.json()["answers"].values())
     assert len(engine.plans[0].branches) == 2 + 2 + 2  # 2 options (or a scale) read in 2 orders each
@@ -41,6 +43,9 @@ async def test_headers_override_the_readout_per_request(api):
         {"x-openjev-rotations": "0"},
         {"x-openjev-rotations": "9"},
         {"x-openjev-rotations": "two"},
+        {"x-openjev-rotations": "0_0_4"},  # int() reads it as 4
+        {"x-openjev-rotations": "+4"},
+        {"x-openjev-rotations": "\u0664".encode()},  # ARABIC-INDIC DIGIT FOUR, UTF-8 on the wire
         {"x-openjev-calibration": "maybe"},
     ],
 )
@@ -50,12 +55,41 @@ async def test_bad_override_headers_are_422_and_never_reach_the_engine(api, head
     assert r.status_code == 422
     detail = r.json()["detail"]
     assert detail[0]["loc"][0] == "header" and detail[0]["loc"][1] == next(iter(headers))
+    assert "rotations" in detail[0]["msg"] or "readout" in detail[0]["msg"] or "expected" in detail[0]["msg"]
     assert engine.plans == []
+    assert (await client.post("/v1/systemone", json=VALID)).status_code == 200  # the next one is answered
+
+
+def _choice(n: int) -> dict:
+    return {
+        "type": "choice",
+        "instructions": "Which one?",
+        "criteria": {f"option{i}": f"the option number {i}" for i in range(n)},
+    }
+
+
+@pytest.mark.parametrize(
+    ("questions", "asked", "read", "branches"),
+    [
+        ({"four": _choice(4)}, "4", "letters;rotations=4", 4),
+        ({"three": _choice(3)}, "4", "letters;rotations=3", 3),  # 3 options: 3 distinct orders
+        ({"two": _choice(2), "five": _choice(5)}, "4", "letters;rotations=4", 2 + 4),  # the most any got
+        ({"many": _choice(30)}, "4", "letters", 1),  # past --rotation-max-options: one order
+        ({"four": _choice(4)}, "1", "letters", 1),
+    ],
+)
+async def test_the_readout_header_names_the_rotations_really_read(api, questions, asked, read, branches):
+    client, engine = api
+    body = {"model": "jev-latest", "state": "A ticket.", "questions": questions}
+    r = await client.post("/v1/systemone", json=body, headers={"x-openjev-rotations": asked})
+    assert r.status_code == 200, r.text
+    assert r.headers["x-openjev-readout"] == read
+    assert len(engine.plans[-1].branches) == branches  # what the header says is what was read
 
 
 async def test_server_flags_set_the_default_and_models_describe_it():
     async with running_app(readout="letters", rotations=4) as (client, _engine):
-        r = await client.post("/v1/systemone", json=VALID)
+        r = await client.post("/v1/systemone", json={**VALID, "questions": {"q": _choice(5)}})
         assert r.headers["x-openjev-readout"] == "letters;rotations=4"
         model = (await client.get("/v1/models")).json()["models"][0]
         assert model["x_readout"] == "letters;rotations=4"
@@ -73,5 +107,6 @@ async def test_parallel_falls_back_on_an_engine_without_layouts_and_models_say_s
         assert model["x_readouts"]["parallel"] == "letters;rotations=4"
         assert model["x_readouts"]["letters"] == "letters;rotations=4"
         r = await client.post("/v1/systemone", json=VALID, headers={"x-openjev-readout": "parallel"})
-        assert r.status_code == 200 and r.headers["x-openjev-readout"] == "letters;rotations=4"
+        # letters under 4 rotations; the header names the orders really read (2 options: 2)
+        assert r.status_code == 200 and r.headers["x-openjev-readout"] == "letters;rotations=2"
         assert not any(b.parallel for plan in engine.plans for b in plan.branches)

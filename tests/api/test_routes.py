@@ -42,7 +42,9 @@ async def test_playground_page_is_self_contained(api, path):
     r = await client.get(path)
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/html")
     page = r.text
-    assert "openjev playground" in page and 'fetch("/v1/systemone"' in page
+    # it posts to this server's own routes, one per wire format (the format switch picks one)
+    assert "openjev playground" in page and "fetch(FORMATS[format()].path" in page
+    assert 'path: "/v1/systemone"' in page and 'path: "/v1/decisions"' in page
     # nothing from elsewhere: no external scripts, styles, fonts or images
     for marker in ("http://", "https://", "//cdn", 'src="http'):
         assert marker not in page.replace("location.origin", ""), marker

@@ -197,3 +197,77 @@ def test_playground_runs_an_example_and_shows_the_apis_probabilities(browser, se
     driver.find_element("id", "model").send_keys("gpt-4")
     _send(driver)
     assert "404 not_found: model 'gpt-4' is not served here" in driver.find_element("id", "error").text
+
+
+def _openai_bars(a: dict) -> dict:
+    if a["type"] == "predicate":
+        return {"true": a["probability"], "false": 1 - a["probability"]}
+    if a["type"] == "choice":
+        return {str(p["value"]): p["probability"] for p in a["probabilities"]}
+    if a["type"] == "score":
+        return {f"{p['value']} {p['label']}": p["probability"] for p in a["probabilities"]}
+    return {}  # a refusal
+
+
+def test_playground_switches_to_openais_format_and_its_snippets_run(browser, server):
+    """The same editor sends OpenAI's Decisions body to /v1/decisions; the bars show that
+    route's answers, and the curl and openai-SDK snippets send the same request."""
+    from selenium.webdriver.support.ui import Select
+
+    driver = browser
+    driver.get(server.url + "/")
+    _wait(driver, "return document.getElementById('editor').dataset.ready === '1'", 30)
+    driver.find_element("id", "key").clear()  # this tab may remember the key from an earlier test
+    driver.find_element("id", "key").send_keys(server.key)
+    Select(driver.find_element("id", "example")).select_by_visible_text("Ticket triage")
+    Select(driver.find_element("id", "format")).select_by_value("openai")
+    assert driver.find_element("id", "state-label").text == "Input"
+    _send(driver)
+    assert not driver.find_element("id", "error").is_displayed(), driver.find_element("id", "error").text
+    shown = _bars(driver)
+
+    request = json.loads(driver.execute_script("return JSON.stringify(requestBody())"))
+    assert [q["type"] for q in request["questions"]] == ["predicate", "choice", "score"]
+    assert [q["name"] for q in request["questions"]] == ["refund", "department", "urgency"]
+    api = httpx.post(server.url + "/v1/decisions", json=request, headers=server.headers(), timeout=60)
+    assert api.status_code == 200, api.text
+    answers = api.json()["answers"]
+    want = {a["name"]: _openai_bars(a) for a in answers}  # a refusal (the abstain rule) shows no bars
+    assert shown.keys() == want.keys()
+    for qid in want:
+        assert shown[qid].keys() == want[qid].keys()
+        for option, p in want[qid].items():
+            assert shown[qid][option][0] == pytest.approx(p, abs=1e-3), (qid, option)
+    usage = {row.get_attribute("data-field") for row in driver.find_elements("css selector", "#usage tr")}
+    assert {"input_tokens", "input_tokens_details.cached_tokens", "total_tokens"} <= usage
+
+    driver.find_element("id", "copy-openai").click()
+    snippet = driver.find_element("id", "snippet").get_attribute("value")
+    assert "from openai import OpenAI" in snippet and "client.decisions.create(" in snippet
+    proc = subprocess.run([sys.executable, "-c", snippet], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    printed = proc.stdout.splitlines()
+    assert [line.split()[0] for line in printed] == ["refund", "department", "urgency"], proc.stdout
+    for line, answer in zip(printed, answers, strict=True):
+        said = line.split()[1]
+        if answer["type"] == "refusal":
+            assert said == "refused"
+        elif answer["type"] == "choice":
+            assert said == str(answer["choice"])
+
+    driver.find_element("id", "copy-curl").click()
+    snippet = driver.find_element("id", "snippet").get_attribute("value")
+    assert "/v1/decisions" in snippet and '"input"' in snippet
+    if shutil.which("curl"):
+        proc = subprocess.run(["bash", "-c", snippet], capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr
+        assert [a["type"] for a in json.loads(proc.stdout)["answers"]] == [a["type"] for a in answers]
+
+    # a refused request: OpenAI's error shape, its param shown
+    driver.find_element("id", "model").clear()
+    driver.find_element("id", "model").send_keys("gpt-6-luna")
+    _send(driver)
+    assert (
+        "404 invalid_request_error (model): model 'gpt-6-luna' is not served here"
+        in driver.find_element("id", "error").text
+    )

@@ -3,6 +3,7 @@ import math
 
 import pytest
 
+from openjev.core.abstain import AbstainRule
 from openjev.core.prompts import PromptCompiler
 from openjev.core.service import DecisionService, ServiceLimits
 from openjev.core.types import ChoiceAnswer, DecisionRequest, NoulAnswer, ScoreAnswer
@@ -114,7 +115,7 @@ async def test_rotations_add_branches_and_order_agreement():
     engine = FakeEngine()
     result = await _service(engine).decide(DecisionRequest(STATE, QUESTIONS), readout=ReadoutSpec("letters", 4))
     assert len(engine.plans[0].branches) == 2 + 2 + 2  # noul and 2 options: 2 rotations; a scale: 2 orders
-    assert result.readout == "letters;rotations=4"
+    assert result.readout == "letters;rotations=2"  # asked 4; no question had more than 2 orders
     assert all(a.order_agreement in (0.5, 1.0) for _, a in result.answers)
 
 
@@ -168,7 +169,36 @@ async def test_parallel_runs_where_the_engine_runs_layouts_and_falls_back_elsewh
     remote = FakeEngine()
     unable = DecisionService(compiler, remote, limits, readout=spec)
     result = await unable.decide(DecisionRequest(STATE, QUESTIONS))
-    assert result.readout == "letters;rotations=4" == unable.default_readout.describe()
+    # letters under 4 rotations; the result names the orders really read (these questions
+    # have at most 2 options or a scale: 2 orders)
+    assert unable.default_readout.describe() == "letters;rotations=4" and result.readout == "letters;rotations=2"
     assert not any(b.parallel for b in remote.plans[0].branches)
     result = await unable.decide(DecisionRequest(STATE, QUESTIONS), readout=spec)  # a per-request ask too
-    assert result.readout == "letters;rotations=4"
+    assert result.readout == "letters;rotations=2"
+
+
+async def test_abstain_rule_marks_exactly_the_answers_below_its_floors():
+    engine = FakeEngine()
+    request = DecisionRequest(STATE, QUESTIONS)
+    plain = await _service(engine).decide(request)
+    assert not any(a.abstain for _, a in plain.answers)  # no rule: nothing declined
+    masses = sorted(a.label_mass for _, a in plain.answers)
+    floor = (masses[0] + masses[1]) / 2  # between the weakest reading and the next
+    limits = ServiceLimits(**LIMITS.__dict__)
+    ruled = DecisionService(
+        PromptCompiler(FakeTokenizer(), max_labels=255), engine, limits, abstain=AbstainRule(min_label_mass=floor)
+    )
+    result = await ruled.decide(request)
+    declined = [qid for qid, a in result.answers if a.abstain]
+    assert declined == [qid for qid, a in plain.answers if a.label_mass < floor] and len(declined) == 1
+    # the declined answer keeps its probabilities (a face decides how to show it)
+    assert [a.label_mass for _, a in result.answers] == [a.label_mass for _, a in plain.answers]
+
+
+def test_abstain_rule_floors():
+    rule = AbstainRule(min_label_mass=0.5, min_order_agreement=0.75)
+    assert rule.refuses(0.4, None) and rule.refuses(0.9, 0.5)
+    assert not rule.refuses(0.5, 0.75) and not rule.refuses(0.9, None)  # one ordering: nothing to disagree
+    assert not AbstainRule().enabled and not AbstainRule().refuses(0.0, 0.0)
+    with pytest.raises(ValueError, match="between 0 and 1"):
+        AbstainRule(min_label_mass=1.5)

@@ -36,7 +36,7 @@ def test_wording_matches_its_version():
     digest = hashlib.sha256(rendered().encode()).hexdigest()[:16]
     assert PINNED.get(wording.PROMPT_VERSION) == digest, (
         f"the prompt wording changed (digest {digest}) but PROMPT_VERSION is still {wording.PROMPT_VERSION!r}: "
-        "bump it, pin the new digest here, and refit the shipped calibration files (README, Decision quality)"
+        "bump it, pin the new digest here, and refit the shipped calibration files (docs/quality.md)"
     )
 
 

@@ -41,3 +41,61 @@ def test_folder_and_gguf_sources(tmp_path):
     first = gguf_cache_folder(source, str(tmp_path / "cache"))
     gguf.write_bytes(b"GGUF changed")
     assert gguf_cache_folder(source, str(tmp_path / "cache")) != first
+
+
+def _converted(folder):
+    """A folder as a conversion leaves it: its files, then the record of their sizes and hashes."""
+    import json
+
+    from openjev.engines.hf_model import files_record
+
+    folder.mkdir()
+    (folder / "model.safetensors").write_bytes(bytes(range(256)) * 64)
+    (folder / "config.json").write_text("{}")
+    (folder / ".openjev-complete").write_text(json.dumps({"source": "x.gguf", "files": files_record(folder)}))
+    return folder
+
+
+def test_a_converted_cache_is_checked_against_the_sizes_and_hashes_written(tmp_path):
+    from openjev.engines.hf_model import cache_problem
+
+    intact = _converted(tmp_path / "intact")
+    assert cache_problem(intact) is None
+
+    truncated = _converted(tmp_path / "truncated")
+    weights = truncated / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:1000])
+    problem = cache_problem(truncated)
+    assert problem is not None and str(weights) in problem and "truncated" in problem
+
+    flipped = _converted(tmp_path / "flipped")  # a sign bit flipped in place: same size
+    weights = flipped / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[4003] ^= 0x80
+    weights.write_bytes(bytes(data))
+    problem = cache_problem(flipped)
+    assert problem is not None and str(weights) in problem and "SHA-256" in problem
+
+    missing = _converted(tmp_path / "missing")
+    (missing / "config.json").unlink()
+    assert "missing" in (cache_problem(missing) or "")
+
+    added = _converted(tmp_path / "added")
+    (added / "model-00002.safetensors").write_bytes(b"x")
+    assert "not written by the conversion" in (cache_problem(added) or "")
+
+    old = _converted(tmp_path / "old")  # what openjev wrote before it recorded hashes
+    (old / ".openjev-complete").write_text("/some/model.gguf")
+    assert "records no sizes and hashes" in (cache_problem(old) or "")
+
+
+def test_preflight_refuses_a_cache_dir_that_is_a_file(tmp_path):
+    from openjev.config import load_settings
+    from openjev.engines.hf_model import preflight
+
+    blocker = tmp_path / "cache"
+    blocker.write_text("")
+    for cache_dir in (blocker, blocker / "below"):
+        with pytest.raises(ConfigError, match="is not a folder") as info:
+            preflight(load_settings({"cache_dir": str(cache_dir)}, environ={}))
+        assert str(blocker) in str(info.value)

@@ -42,7 +42,7 @@ def _layout_branch(pre, spans, tail, label=0):
         cuts.append((at, at + len(s)))
         ids += s
         at += len(s)
-    return Branch(tuple(ids + list(tail)), (label,), tuple(cuts))
+    return Branch(tuple(ids + list(tail)), (label,), parallel=tuple(cuts))
 
 
 def test_parallel_spans_see_the_head_and_themselves_and_the_tail_sees_every_span():

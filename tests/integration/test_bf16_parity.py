@@ -26,11 +26,19 @@ from openjev.core.types import (
     State,
     Turn,
 )
+from openjev.engines.dtype import cpu_flags, native_bf16
 from tests.tickets import QUESTIONS as TICKET_QUESTIONS
 
 pytestmark = pytest.mark.model
 
-BF16_MAX_PROB_DIFF = 0.05
+# The bound depends on how the CPU computes bfloat16. Native (AMX, AVX512-BF16, Arm bf16: the
+# path `--dtype auto` takes): 0.05. Without native support torch emulates bfloat16 with float32
+# arithmetic and rounds at other points; forced there (`--dtype bfloat16`, never chosen by auto)
+# the largest difference measured was 0.058 on a 2-core AMD EPYC with AVX2 only (every clear
+# argmax still agreed), so that path is held to 0.08. Emulation is also ~30x slower, so it is
+# checked on the first three states only (the states are independent requests).
+NATIVE = native_bf16(cpu_flags()) is not None
+BF16_MAX_PROB_DIFF = 0.05 if NATIVE else 0.08
 BF16_MIN_AGREEMENT = 0.9
 
 STATES = (
@@ -44,7 +52,7 @@ STATES = (
     "My password reset email never arrives. I checked the spam folder. I cannot log in to pay my invoice.",
     "The parcel was delivered to the wrong address, a neighbour brought it over, but the box was damaged and "
     "the lamp inside is broken.",
-)
+)[: None if NATIVE else 3]
 EXTRA_QUESTIONS = (
     ("positive", NoulQuestion("Is the customer satisfied?")),
     (

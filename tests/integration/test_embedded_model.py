@@ -193,7 +193,7 @@ def test_parallel_readout_is_order_free_and_exact_on_the_real_model(embedded, co
     [layout] = plans[0].branches
     assert len(layout.parallel) == len(team.options)
     linear = Branch(layout.input_ids, layout.label_ids)  # the same tokens, read one after another
-    one_span = Branch(layout.input_ids, layout.label_ids, ((layout.parallel[0][0], layout.parallel[-1][1]),))
+    one_span = Branch(layout.input_ids, layout.label_ids, parallel=((layout.parallel[0][0], layout.parallel[-1][1]),))
     probe = Plan.from_branches([layout, linear, one_span])
     [whole] = _run(_engine(embedded), probe)
     [sliced] = _run(_engine(embedded, batch_tokens=16, attention_budget=4_000), probe)

@@ -59,6 +59,7 @@ def test_zz_live_fuzz_figures(fuzz_server, capsys):
     with capsys.disabled():
         print_figures(f"live openjev serve, embedded model, max_examples={EXAMPLES}", FIGURES)
     assert FIGURES["POST /v1/systemone"][200] > 0 and FIGURES["POST /v1/systemone"][422] > 0
+    assert FIGURES["POST /v1/decisions"][200] > 0 and FIGURES["POST /v1/decisions"][400] > 0
     # the server is still healthy after the fuzz
     import httpx
 

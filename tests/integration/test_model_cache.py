@@ -2,6 +2,7 @@
 converting again, and gives the same model. (How much faster that is is measured by
 bench/bench_startup.py, not asserted here.)"""
 
+import pytest
 import torch
 
 from openjev.engines import hf_model
@@ -29,3 +30,38 @@ def test_cold_conversion_then_warm_load_from_cache(tmp_path, monkeypatch):
     assert tok.chat_template == tok2.chat_template
     with torch.inference_mode():
         assert torch.equal(cold(ids).logits, warm(ids).logits)
+
+
+def test_a_cache_edited_in_place_is_not_served(tmp_path, monkeypatch, caplog):
+    """A sign flipped in one weight (same size: only the hash tells) is found at load, while
+    the model loads beside the check, and the cache is converted again instead of served."""
+    import shutil
+
+    from openjev.config import load_settings
+    from openjev.engines.hf_model import cache_problem
+
+    source = resolve_source(None)
+    folder = gguf_cache_folder(source, str(tmp_path / "cache"))
+    user_cache = gguf_cache_folder(source, load_settings(environ={}).cache_dir)
+    if cache_problem(user_cache) is None:
+        shutil.copytree(user_cache, folder)
+    else:
+        load_model_and_tokenizer(source, cache_dir=str(tmp_path / "cache"), dtype=torch.float32, device="cpu")
+    weights = folder / "model.safetensors"
+    with open(weights, "r+b") as fh:  # one high bit of a weight near the middle of the file
+        fh.seek((weights.stat().st_size // 8) * 4 + 3)
+        byte = fh.read(1)[0]
+        fh.seek(-1, 1)
+        fh.write(bytes([byte ^ 0x80]))
+
+    class Converted(Exception):
+        pass
+
+    def convert(src, target):
+        assert target == folder
+        raise Converted
+
+    monkeypatch.setattr(hf_model, "_convert_gguf", convert)
+    with pytest.raises(Converted):
+        load_model_and_tokenizer(source, cache_dir=str(tmp_path / "cache"), dtype=torch.float32, device="cpu")
+    assert any(str(weights) in r.getMessage() and "SHA-256" in r.getMessage() for r in caplog.records)

@@ -1,8 +1,12 @@
-"""A real SGLang-protocol server on CPU: SGLang-JAX (`sgl_jax`) as a child process.
+"""A real SGLang-protocol server on CPU as a child process, of one of two kinds:
 
-Shared by tests/sglang and bench/bench_sglang.py. The server runs from .venv-sglang-jax
-(scripts/setup_sglang_jax.sh) in its own process group; its idle scheduler keeps about a
-core busy, so always `stop` it.
+- "jax": SGLang-JAX (`sgl_jax`), from .venv-sglang-jax (scripts/setup_sglang_jax.sh);
+- "torch": the real SGLang 0.5.23 (PyTorch), from .venv-sglang-torch
+  (scripts/setup_sglang_torch.sh, with the CPU test shims of tests/sglang_torch/shims).
+
+Shared by tests/sglang (parametrized over the kinds asked for: `enabled_kinds`), tests/scaleout,
+bench/bench_sglang.py and bench/bench_sglang_own.py. The server runs in its own process
+group; its idle scheduler keeps about a core busy, so always `stop` it.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from tests.net import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 SGL_JAX_PYTHON = REPO / ".venv-sglang-jax" / "bin" / "python"
+SGL_TORCH_PYTHON = REPO / ".venv-sglang-torch" / "bin" / "python"
 FLAGS = (
     "--device",
     "cpu",
@@ -31,6 +36,68 @@ FLAGS = (
     "--disable-precompile",
     "--disable-overlap-schedule",
 )
+
+
+@dataclass(frozen=True)
+class Kind:
+    """How to run one kind of SGLang-protocol server on this CPU."""
+
+    name: str  # "jax" | "torch": the test ids' suffix
+    python: Path
+    module: str
+    flags: tuple[str, ...]
+    env: tuple[tuple[str, str], ...]
+    opt_in: str  # the environment variable (set to 1) that asks for its suite
+    setup: str  # the script that installs it
+    jit_cache: bool  # whether it keeps a compilation cache (JAX_COMPILATION_CACHE_DIR)
+
+
+KINDS = {
+    "jax": Kind(
+        "jax",
+        SGL_JAX_PYTHON,
+        "sgl_jax.launch_server",
+        FLAGS,
+        (("JAX_PLATFORMS", "cpu"),),
+        "OPENJEV_SGLANG_JAX",
+        "scripts/setup_sglang_jax.sh",
+        jit_cache=True,
+    ),
+    "torch": Kind(
+        "torch",
+        SGL_TORCH_PYTHON,
+        "sglang.launch_server",
+        # torch_native attention: no CPU sgl-kernel (tests/sglang_torch/shims); --skip-server-warmup:
+        # `start` sends its own first request; CUDA graphs do not exist on CPU.
+        (
+            "--device",
+            "cpu",
+            "--attention-backend",
+            "torch_native",
+            "--disable-cuda-graph",
+            "--skip-server-warmup",
+            "--dtype",
+            "float32",
+        ),
+        (("SGLANG_USE_CPU_ENGINE", "1"),),
+        "OPENJEV_SGLANG_TORCH",
+        "scripts/setup_sglang_torch.sh",
+        jit_cache=False,
+    ),
+}
+
+
+def enabled_kinds() -> list[str]:
+    """The kinds whose suite was asked for (OPENJEV_SGLANG_JAX=1, OPENJEV_SGLANG_TORCH=1)."""
+    return [name for name, kind in KINDS.items() if os.environ.get(kind.opt_in) == "1"]
+
+
+def model_folder(kind: str, root: Path) -> Path:
+    """The embedded model's folder as `kind` reads it: SGLang-JAX's transformers 4.57 needs a
+    rewritten view (served_folder, under `root`); SGLang 0.5.23's transformers 5 reads the
+    converted folder itself."""
+    folder = embedded_model_folder()
+    return served_folder(folder, root / "model") if kind == "jax" else folder
 
 
 def sizing_flags(max_running: int, context_length: int, chunk: int) -> tuple[str, ...]:
@@ -101,12 +168,13 @@ def served_folder(source: Path, target: Path) -> Path:
 
 
 @dataclass
-class SglJaxServer:
-    """A running sgl_jax child, started and stopped by openjev's own launcher."""
+class SglServer:
+    """A running SGLang-protocol child (either kind), started and stopped by openjev's own launcher."""
 
     url: str
     process: SGLangProcess
     log_path: Path
+    kind: str = "jax"
 
     def log_tail(self, chars: int = 4000) -> str:
         try:
@@ -128,38 +196,41 @@ def start(
     context_length: int = 2048,
     chunk: int = 1024,
     jit_cache: Path | None = None,
-) -> SglJaxServer:
-    """Start sgl_jax serving `model_folder` (a served_folder) and wait for /health.
+    kind: str = "jax",
+) -> SglServer:
+    """Start a server of `kind` serving `model_folder` (model_folder(kind, ...)) and wait for /health.
 
     `max_running` must cover the branches a request sends at once (else later ones queue
     and find the prefix cached), `context_length` the longest branch. `jit_cache`: a folder
     for JAX's persistent compilation cache (sgl_jax reads JAX_COMPILATION_CACHE_DIR), so
-    that a server started again with the same sizes does not compile every shape anew.
+    that a server started again with the same sizes does not compile every shape anew (JAX
+    only; ignored for torch).
 
     Raises RuntimeError with the log's tail if it exits or is not healthy in time.
     """
+    spec = KINDS[kind]
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    env.update({"JAX_PLATFORMS": "cpu", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})
-    if jit_cache is not None:
+    env.update({"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", **dict(spec.env)})
+    if jit_cache is not None and spec.jit_cache:
         env["JAX_COMPILATION_CACHE_DIR"] = str(jit_cache)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     process = SGLangProcess(
-        python=str(SGL_JAX_PYTHON),
+        python=str(spec.python),
         model=str(model_folder),
         port=port or free_port(),
-        module="sgl_jax.launch_server",
-        extra_args=(*FLAGS, *sizing_flags(max_running, context_length, chunk)),
+        module=spec.module,
+        extra_args=(*spec.flags, *sizing_flags(max_running, context_length, chunk)),
         log_path=str(log_path),
         env=env,
         cwd=str(log_path.parent),
     )
     process.start()
-    server = SglJaxServer(process.url, process, log_path)
+    server = SglServer(process.url, process, log_path, kind)
     try:
         process.wait_healthy(timeout_s)
     except EngineUnavailable as e:
         server.stop()
-        raise RuntimeError(f"sgl_jax: {e}; log tail:\n{server.log_tail()}") from None
+        raise RuntimeError(f"{spec.module}: {e}; log tail:\n{server.log_tail()}") from None
     # /health answers before the server's own warm-up request has run (and a bad setting
     # crashes it there): one real request proves the forward pass works.
     try:
@@ -179,7 +250,7 @@ def start(
     except (httpx.HTTPError, KeyError, IndexError, TypeError, ValueError) as e:
         server.stop()
         raise RuntimeError(
-            f"sgl_jax is up but its first /generate failed ({e!r}); log tail:\n{server.log_tail()}"
+            f"{spec.module} is up but its first /generate failed ({e!r}); log tail:\n{server.log_tail()}"
         ) from None
     return server
 

@@ -1,4 +1,5 @@
-"""Engine faults against a real SGLang-JAX server behind a real `openjev serve --connect`.
+"""Engine faults against a real SGLang-protocol server (SGLang-JAX or SGLang 0.5.23 on PyTorch:
+tests/sglang/server.py KINDS, whichever are asked for) behind a real `openjev serve --connect`.
 
 The server is stopped (SIGSTOP: it accepts connections and never answers), killed (SIGKILL
 of its whole process group, mid-request) and started again on the same port; openjev is
@@ -11,7 +12,8 @@ never restarted. What a client sees is asserted, with bounds on how long each an
 - back on the same port: openjev uses it again (200), /health is 200.
 
 The tests run in file order and share one server and one openjev (their states depend on
-each other; that is the scenario). `make test-sglang` runs them with the rest of tests/sglang.
+each other; that is the scenario). `make test-sglang` and `make test-sglang-torch` run them with
+the rest of tests/sglang.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from tests.sglang import server as sgl
 pytestmark = [
     pytest.mark.model,
     pytest.mark.skipif(
-        os.environ.get("OPENJEV_SGLANG_JAX") != "1", reason="the SGLang-JAX suite runs with `make test-sglang`"
+        not sgl.enabled_kinds(), reason="the real SGLang suites run with `make test-sglang` / `make test-sglang-torch`"
     ),
 ]
 
@@ -41,6 +43,10 @@ DEADLINE_S = 10.0  # openjev's --engine-timeout-s: a stalled engine is answered 
 MARGIN_S = 3.0  # what an answer may take beyond the deadline (or beyond a kill)
 SIZING = {"max_running": 4, "context_length": 1024, "chunk": 512}
 RETRYABLE = {502, 503, 504}
+# How many times the ticket text the states in flight at the kill repeat: enough prefill that
+# they are still running 1.5 s in (SGLang on PyTorch prefills faster than SGLang-JAX's native
+# backend, which pads attention; both stay under the 1,024-token context).
+IN_FLIGHT_REPEAT = {"jax": 4, "torch": 14}
 
 
 @dataclass
@@ -107,15 +113,16 @@ def health(url: str) -> tuple[int, dict]:
     return r.status_code, r.json()
 
 
-@pytest.fixture(scope="module")
-def scene(tmp_path_factory):
-    """A SGLang-JAX server and an openjev --connect'ed to it. Yields a dict the tests share:
-    `sgl` is whichever server is current (a test replaces a killed one)."""
-    root = tmp_path_factory.mktemp("faults")
-    folder = sgl.served_folder(sgl.embedded_model_folder(), root / "model")
-    server = sgl.start(folder, root / "server-1.log", timeout_s=600, jit_cache=root / "jit", **SIZING)
+@pytest.fixture(scope="module", params=sgl.enabled_kinds())
+def scene(tmp_path_factory, request):
+    """A server of each kind asked for and an openjev --connect'ed to it. Yields a dict the
+    tests share: `sgl` is whichever server is current (a test replaces a killed one)."""
+    kind = request.param
+    root = tmp_path_factory.mktemp(f"faults_{kind}")
+    folder = sgl.model_folder(kind, root)
+    server = sgl.start(folder, root / "server-1.log", timeout_s=600, jit_cache=root / "jit", kind=kind, **SIZING)
     api = None
-    state = {"sgl": server, "folder": folder, "root": root}
+    state = {"sgl": server, "folder": folder, "root": root, "kind": kind}
     try:
         api = start_server(
             root,
@@ -172,7 +179,8 @@ def test_a_stalled_engine_is_answered_504_at_the_deadline_and_recovers(scene):
 
 def test_requests_in_flight_when_the_engine_is_killed_get_503_within_seconds(scene):
     api, server = scene["api"], scene["sgl"]
-    futures = ask_many(api.url, [20, 21, 22], repeat=4)  # new ~220-token states: seconds of prefill each
+    # new states (~220 tokens for jax, ~800 for torch): seconds of prefill each
+    futures = ask_many(api.url, [20, 21, 22], repeat=IN_FLIGHT_REPEAT[scene["kind"]])
     time.sleep(1.5)
     assert not any(f.done() for f in futures), "answered before the kill: nothing was in flight"
     killed = time.monotonic()
@@ -202,6 +210,7 @@ def test_a_connected_engine_that_comes_back_is_used_again(scene):
         timeout_s=600,
         port=port,
         jit_cache=scene["root"] / "jit",  # what the first server compiled: no compiling again
+        kind=scene["kind"],
         **SIZING,
     )
     back = time.monotonic() - t0

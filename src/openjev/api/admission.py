@@ -21,7 +21,7 @@ from openjev.api.keys import KeyEntry, KeyLimits
 from openjev.api.metrics import Metrics
 from openjev.core.plan import Plan
 from openjev.core.ports import Engine, PlanResult
-from openjev.errors import OpenjevError, Overloaded
+from openjev.errors import OpenjevError, Overloaded, TokensExceeded
 
 # The key of the request being served; set by the ops middleware, read here (contextvars
 # follow the request into the tasks it starts).
@@ -30,10 +30,25 @@ current_key: ContextVar[KeyEntry | None] = ContextVar("openjev_key", default=Non
 MAX_RETRY_AFTER_S = 60
 
 
+def charge_refused(key_limits: KeyLimits, exc: TokensExceeded) -> None:
+    """Charge the work a refused request cost (`exc.work_tokens`, tokens encoded before the
+    refusal) to the calling key's tokens/min bucket; nothing where no key is in use."""
+    entry = current_key.get()
+    if entry is not None and exc.work_tokens:
+        key_limits.charge_tokens(entry, exc.work_tokens)
+
+
 class DrainRate:
     """Distinct tokens the engine serves per second of *busy* time (at least one request in
-    flight) over the last `window_s`; None until a request was served. Idle time does not
-    count: after a quiet minute the rate still says what the engine can do."""
+    flight), measured over the last `window_s` of served requests.
+
+    It keeps its memory: once anything was measured, the rate stays known across idle time
+    (the window empties, the last measurement stands) and across failures (a request that
+    failed, timed out or was cancelled served no tokens, so it is no measurement of the
+    engine's speed: its busy time is not counted either). Forgetting it turned an overload
+    after a quiet minute into a wall of 504s, admitted with no rate to refuse them by.
+    None only until a first request was served.
+    """
 
     def __init__(self, window_s: float = 60.0, clock: Callable[[], float] = time.monotonic) -> None:
         self._window = window_s
@@ -41,6 +56,7 @@ class DrainRate:
         self._done: collections.deque[tuple[float, int, float]] = collections.deque()  # (t, tokens, busy s)
         self._active = 0
         self._mark: float | None = None  # start of the busy time not yet attributed
+        self._last: float | None = None  # the latest measurement, kept when the window empties
 
     def started(self) -> None:
         if self._active == 0:
@@ -55,7 +71,9 @@ class DrainRate:
         self._active -= 1
         if self._active == 0:
             self._mark = None
-        self._done.append((now, tokens, busy))
+        if tokens > 0:  # a failure measured nothing; its share of the busy time is dropped
+            self._done.append((now, tokens, busy))
+            self.per_second()  # remembered now, whenever it is next asked
 
     def per_second(self) -> float | None:
         now = self._clock()
@@ -63,9 +81,9 @@ class DrainRate:
             self._done.popleft()
         tokens = sum(t for _, t, _ in self._done)
         busy = sum(b for _, _, b in self._done)
-        if not tokens or busy <= 0:
-            return None
-        return tokens / busy
+        if tokens and busy > 0:
+            self._last = tokens / busy
+        return self._last
 
 
 class GatedEngine:

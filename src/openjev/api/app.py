@@ -14,8 +14,9 @@ from fastapi_offline import FastAPIOffline
 
 from openjev import __version__
 from openjev.api import handlers, routes, wire
+from openjev.api.faces import FaceMiddleware
 from openjev.api.hosts import HostMiddleware, HostPolicy
-from openjev.api.middleware import BodyMiddleware, RequestIdMiddleware
+from openjev.api.middleware import BodyMiddleware, HeadMiddleware, RequestIdMiddleware
 from openjev.api.ops import Operations, OpsMiddleware
 from openjev.api.routes import SYSTEMONE_ROUTES
 from openjev.api.runtime import Loader, Runtime, build_service, lifespan
@@ -25,7 +26,8 @@ from openjev.engines import load_engine
 __all__ = ["SYSTEMONE_ROUTES", "Loader", "Runtime", "build_service", "create_app"]
 
 DESCRIPTION = """\
-An open server for the Jev SystemOne decision API. Each question is answered by **reading**
+An open server for the Jev SystemOne decision API (`/v1/systemone`) and OpenAI's Decisions
+format (`/v1/decisions`), on one core. Each question is answered by **reading**
 the model: one prefill per branch and the probabilities of the answer labels at the last
 position. No text is generated.
 """
@@ -49,11 +51,13 @@ def create_app(
     app.state.settings = settings
     app.state.runtime = runtime
     app.state.ops = ops
+    app.add_middleware(HeadMiddleware)  # innermost: HEAD routed as GET
     app.add_middleware(BodyMiddleware, max_bytes=settings.max_body_bytes, timeout_s=settings.body_timeout_s)
     app.add_middleware(OpsMiddleware, ops=ops)  # keys checked before the body is read
     hosts = HostPolicy.of(settings)
     if hosts is not None:  # DNS rebinding: before the key and the body
         app.add_middleware(HostMiddleware, policy=hosts)
+    app.add_middleware(FaceMiddleware)  # errors of OpenAI's routes in OpenAI's shape (api/faces.py)
     app.add_middleware(RequestIdMiddleware)  # outermost of ours: ids on 413/415 too
     wire.install(app)  # every JSON body parsed strictly (api/wire.py); 422s that cannot fail
     handlers.install(app)

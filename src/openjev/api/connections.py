@@ -6,6 +6,12 @@
   opens and when the first byte of a keep-alive request arrives, cancelled when the head
   is complete; past it a partial head is answered 408 and an idle connection just closed;
 - a size limit on the head, complete or not (h11 bounds only an incomplete one): 431;
+- a send timeout: a response the client stops reading (the write buffer above its high-water
+  mark with no progress for --send-timeout-s) drops the connection, counted as a slow
+  reader; so does a closed connection whose unread answer is still buffered after it;
+- strict framing (api/framing.py): smuggling shapes, bare LF, obs-fold, malformed chunk
+  sizes and too many chunks are answered 400 (413) and the connection closed; a WebSocket
+  upgrade is refused the same way (nothing of it reaches the app);
 - a lingering close: when the server closes a connection whose client may still be
   sending (a 431, 408 or 413 answered before the request was read), it shuts its own
   side, then reads and drops what still arrives for a moment before closing. Closing a
@@ -24,6 +30,9 @@ import asyncio
 import http
 import json
 import logging
+import socket
+import struct
+import time
 import uuid
 from dataclasses import dataclass
 from typing import Any
@@ -32,6 +41,7 @@ import h11
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+from openjev.api.framing import BodyFraming, FramingError, LineScanner, check_head
 from openjev.api.middleware import REQUEST_ID_HEADER
 
 log = logging.getLogger(__name__)
@@ -48,11 +58,19 @@ class ConnectionLimits:
     max_connections: int
     head_timeout_s: float
     max_head_bytes: int
+    send_timeout_s: float = 10.0
+    max_body_chunks: int = 8192
     linger_s: float = LINGER_S
 
     @classmethod
     def of(cls, settings: Any) -> ConnectionLimits:
-        return cls(settings.max_connections, settings.head_timeout_s, settings.max_head_bytes)
+        return cls(
+            settings.max_connections,
+            settings.head_timeout_s,
+            settings.max_head_bytes,
+            settings.send_timeout_s,
+            settings.max_body_chunks,
+        )
 
 
 def http_protocol(limits: ConnectionLimits) -> type[BoundedH11Protocol]:
@@ -68,7 +86,7 @@ def http_protocol(limits: ConnectionLimits) -> type[BoundedH11Protocol]:
 
 
 # Per server, since start (exposed as openjev_connections_<name>_total; open as a gauge).
-COUNTS = ("refused", "head_timeouts", "heads_too_large")
+COUNTS = ("refused", "head_timeouts", "heads_too_large", "slow_readers", "parse_errors", "upgrades_refused")
 
 
 def raw_response(status: int, error_type: str, message: str, headers: tuple[tuple[str, str], ...] = ()) -> bytes:
@@ -87,28 +105,42 @@ def raw_response(status: int, error_type: str, message: str, headers: tuple[tupl
 
 class _Connection(h11.Connection):
     """h11's server side that also bounds a *complete* head (h11 bounds only an incomplete
-    one, so a large head arriving in one read passed), reports a complete head, and keeps
-    the protocol error it raised (uvicorn's handler gets only a message)."""
+    one, so a large head arriving in one read passed), checks framing strictly before h11
+    reads the bytes (api/framing.py), reports a complete head, and keeps the protocol error
+    it raised (uvicorn's handler gets only a message)."""
 
-    def __init__(self, max_head_bytes: int, on_head: Any) -> None:
+    def __init__(self, max_head_bytes: int, max_body_chunks: int, on_head: Any) -> None:
         super().__init__(h11.SERVER, max_incomplete_event_size=max_head_bytes)
         self.max_head_bytes = max_head_bytes
+        self.max_body_chunks = max_body_chunks
         self.on_head = on_head
         self.error: h11.RemoteProtocolError | None = None
+        self.head = LineScanner()
+        self.body = BodyFraming(max_body_chunks)
 
     def next_event(self) -> Any:
         try:
+            self._check_framing()
             event = super().next_event()
+            if isinstance(event, h11.Request):
+                self.on_head()
+                size = len(event.method) + len(event.target) + sum(len(k) + len(v) + 4 for k, v in event.headers)
+                if size > self.max_head_bytes:
+                    raise h11.RemoteProtocolError("request head too large", error_status_hint=431)
+                check_head(event)
+                self.head = LineScanner()  # the next head starts where this one's body ends
+                self.body = BodyFraming(self.max_body_chunks)
         except h11.RemoteProtocolError as exc:
             self.error = exc
             raise
-        if isinstance(event, h11.Request):
-            self.on_head()
-            size = len(event.method) + len(event.target) + sum(len(k) + len(v) + 4 for k, v in event.headers)
-            if size > self.max_head_bytes:
-                self.error = h11.RemoteProtocolError("request head too large", error_status_hint=431)
-                raise self.error
         return event
+
+    def _check_framing(self) -> None:
+        data = self._receive_buffer._data  # h11's own buffer: checked before h11 consumes it
+        if self.their_state is h11.IDLE:
+            self.head.scan(data)
+        elif self.their_state is h11.SEND_BODY:
+            self.body.check(self._reader, data)
 
 
 class _Transport:
@@ -142,7 +174,7 @@ class BoundedH11Protocol(H11Protocol):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.h11 = _Connection(self.limits.max_head_bytes, self._head_complete)
+        self.h11 = _Connection(self.limits.max_head_bytes, self.limits.max_body_chunks, self._head_complete)
         self.conn = self.h11
         self.raw: asyncio.Transport | None = None
         self.closing = False
@@ -150,6 +182,7 @@ class BoundedH11Protocol(H11Protocol):
         self.shutting_down = False
         self.head_timer: asyncio.TimerHandle | None = None
         self.linger_timer: asyncio.TimerHandle | None = None
+        self.send_timer: asyncio.TimerHandle | None = None
         self.dropped = 0
         self.counted_refusal = False
         self.counted_open = False
@@ -202,6 +235,7 @@ class BoundedH11Protocol(H11Protocol):
             type(self).open_connections -= 1
             self.counted_open = False
         self._cancel_head_timer()
+        self._cancel_send_timer()
         if self.linger_timer is not None:
             self.linger_timer.cancel()
             self.linger_timer = None
@@ -269,10 +303,11 @@ class BoundedH11Protocol(H11Protocol):
         """An idle keep-alive connection: closed at once (nothing unread, no answer to protect)."""
         if self.raw is not None and not self.raw.is_closing() and not self.closing:
             self.closing = True
-            self.raw.close()
+            self._close_raw()
 
     def send_400_response(self, msg: str) -> None:
-        """h11 refused the request (uvicorn answers plain-text 400 and closes at once)."""
+        """h11 (or our framing check) refused the request: a JSON answer that names the
+        problem without quoting the input, then a lingering close."""
         error = self.h11.error
         if self.raw is None:  # no transport: nothing to answer on
             return
@@ -283,10 +318,64 @@ class BoundedH11Protocol(H11Protocol):
                 "invalid_request",
                 f"the request head (request line and headers) exceeds {self.limits.max_head_bytes} bytes",
             )
+        elif isinstance(error, FramingError):
+            self.counts[error.counter] += 1
+            status = error.error_status_hint
+            kind = "payload_too_large" if status == 413 else "invalid_request"
+            response = raw_response(status, kind, error.public)
         else:  # h11's message may quote the input: not echoed
+            self.counts["parse_errors"] += 1
             response = raw_response(400, "invalid_request", "invalid HTTP request")
+        log.debug("request refused by the HTTP parser: %s", response.split(b"\r\n", 1)[0].decode("latin-1"))
         self.raw.write(response)
         self.linger_close()
+
+    # ---- the response: slow readers
+
+    def pause_writing(self) -> None:
+        """The write buffer passed its high-water mark: the client must read within the send timeout."""
+        if self.flow is not None:  # None on a refused connection (never handed to uvicorn)
+            super().pause_writing()
+        if self.send_timer is None and not self.closing:
+            self.send_timer = self.loop.call_later(self.limits.send_timeout_s, self._send_timed_out)
+
+    def resume_writing(self) -> None:
+        self._cancel_send_timer()
+        if self.flow is not None:
+            super().resume_writing()
+
+    def _cancel_send_timer(self) -> None:
+        if self.send_timer is not None:
+            self.send_timer.cancel()
+            self.send_timer = None
+
+    def _send_timed_out(self) -> None:
+        """The client read nothing of what we sent for the send timeout: dropped (abort: the
+        unread answer is discarded, not kept for a reader that does not read)."""
+        self.send_timer = None
+        raw = self.raw
+        if raw is None:
+            return
+        self.counts["slow_readers"] += 1
+        log.info("response not read within %g s (--send-timeout-s): connection dropped", self.limits.send_timeout_s)
+        self.closing = True
+        sock = raw.get_extra_info("socket")
+        if sock is not None:  # a reset: the kernel drops its unsent copy too, not kept for a reader that does not read
+            try:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            except OSError:
+                pass
+        raw.abort()
+
+    def _close_raw(self) -> None:
+        """Close; an answer still buffered (the client is not reading it) gets the send timeout
+        to leave, then the connection is dropped (close() alone would wait for it for ever)."""
+        raw = self.raw
+        if raw is None:
+            return
+        raw.close()
+        if raw.get_write_buffer_size() and self.send_timer is None:
+            self.send_timer = self.loop.call_later(self.limits.send_timeout_s, self._send_timed_out)
 
     # ---- closing
 
@@ -300,21 +389,52 @@ class BoundedH11Protocol(H11Protocol):
             return
         self.closing = True
         if self.shutting_down or not raw.can_write_eof():
-            raw.close()
+            self._close_raw()
             return
         try:
             raw.write_eof()
             raw.resume_reading()
         except (OSError, RuntimeError):
-            raw.close()
+            self._close_raw()
             return
-        self.linger_timer = self.loop.call_later(self.limits.linger_s, raw.close)
+        self.linger_timer = self.loop.call_later(self.limits.linger_s, self._close_raw)
+
+
+class _InvalidRequestThrottle(logging.Filter):
+    """uvicorn logs a warning for every request h11 (or our framing check) refuses; a flood of
+    bad requests must not flood the log: one line per WARN_EVERY_S (the metrics count them all)."""
+
+    MESSAGE = "Invalid HTTP request received."
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.last = float("-inf")
+        self.dropped = 0
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.msg != self.MESSAGE:
+            return True
+        now = time.monotonic()
+        if now - self.last < WARN_EVERY_S:
+            self.dropped += 1
+            return False
+        self.last = now
+        if self.dropped:
+            record.msg = f"{self.MESSAGE} ({self.dropped} more since the last such line; see openjev_connections_*)"
+            self.dropped = 0
+        return True
+
+
+_THROTTLE = _InvalidRequestThrottle()
 
 
 def uvicorn_config(app: Any, settings: Any, **options: Any) -> uvicorn.Config:
     """uvicorn's Config for `app` under `settings`' connection limits (the CLI's server, the
     in-process one of `openjev eval`, and the tests' all go through here)."""
     protocol = http_protocol(ConnectionLimits.of(settings))
+    uvicorn_log = logging.getLogger("uvicorn.error")
+    if _THROTTLE not in uvicorn_log.filters:
+        uvicorn_log.addFilter(_THROTTLE)
     ops = getattr(getattr(app, "state", None), "ops", None)
     if ops is not None:  # /metrics reads the counts at scrape time
         ops.connection_stats = protocol.stats
@@ -323,6 +443,8 @@ def uvicorn_config(app: Any, settings: Any, **options: Any) -> uvicorn.Config:
         host=options.pop("host", settings.host),
         port=options.pop("port", settings.port),
         http=protocol,
+        ws="none",  # WebSocket upgrades are refused by the protocol (api/framing.py), never taken over
+        proxy_headers=False,  # X-Forwarded-For only from --trusted-proxies (api/proxies.py)
         **options,
     )
 

@@ -103,6 +103,8 @@ def answer_to_wire(answer: core.Answer) -> dict[str, Any]:
         }
     if answer.order_agreement is not None:
         out["x_order_agreement"] = answer.order_agreement
+    if answer.abstain:  # the Jev contract has no refusal: the answer stays, marked (core/abstain.py)
+        out["x_abstain"] = True
     return out
 
 

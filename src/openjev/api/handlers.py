@@ -26,8 +26,18 @@ async def _openjev_error(request: Request, exc: Exception) -> JSONResponse:
 async def _http_error(request: Request, exc: Exception) -> JSONResponse:
     exc = cast(StarletteHTTPException, exc)  # registered for StarletteHTTPException only
     kind = "not_found" if exc.status_code == 404 else "invalid_request" if exc.status_code < 500 else "unknown"
+    message = str(exc.detail)
+    if exc.status_code == 404 and message == "Not Found":  # the router's: say what was not found
+        message = "no route at this path (the routes are listed at /openapi.json)"
+    elif exc.status_code == 405 and message == "Method Not Allowed":
+        allowed = (getattr(exc, "headers", None) or {}).get("Allow") or (getattr(exc, "headers", None) or {}).get(
+            "allow"
+        )
+        message = f"method {request.method} is not allowed on this route" + (
+            f" (allowed: {allowed})" if allowed else ""
+        )
     return JSONResponse(
-        {"detail": {"error_type": kind, "message": str(exc.detail)}},
+        {"detail": {"error_type": kind, "message": message}},
         status_code=exc.status_code,
         headers=getattr(exc, "headers", None),
     )

@@ -16,7 +16,8 @@ never reported as cached to another (api/tenancy.py). Keys that name the same
 Only names ever reach logs and metric labels. A key is matched by comparing SHA-256
 digests with hmac.compare_digest against every entry (no early exit), so neither the time
 nor the matching entry reveals how much of a guess was right. The file is re-read on
-SIGHUP; a file that does not parse keeps the previous keys (and says why in the log).
+SIGHUP; a file that cannot be read or parsed (missing, not UTF-8, malformed) keeps the
+previous keys and says why in the log; at startup the same file is a ConfigError (exit 2).
 """
 
 from __future__ import annotations
@@ -106,6 +107,20 @@ def parse_keys_file(text: str, source: str = "keys file") -> list[KeyEntry]:
     return entries
 
 
+def read_keys_text(path: str) -> str:
+    """The keys file's text; ConfigError naming the path and the reason (unreadable, not
+    UTF-8: the line of the first bad byte, never the bytes themselves, which may be a key)."""
+    try:
+        data = Path(path).read_bytes()
+    except OSError as e:
+        raise ConfigError(f"--api-keys-file {path}: {e.strerror or e}") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data[: e.start].count(b"\n") + 1
+        raise ConfigError(f"--api-keys-file {path} line {line}: not UTF-8 text (save the file as UTF-8)") from None
+
+
 def flag_entries(keys: Iterable[str]) -> list[KeyEntry]:
     return [KeyEntry(f"key{i}", digest_of(k)) for i, k in enumerate(keys, 1)]
 
@@ -147,10 +162,7 @@ class KeyRing:
     def _load(self) -> tuple[KeyEntry, ...]:
         if self._path is None:
             return self._entries  # keys given on the command line: nothing to read
-        try:
-            text = Path(self._path).read_text()
-        except OSError as e:
-            raise ConfigError(f"--api-keys-file {self._path}: {e.strerror}") from None
+        text = read_keys_text(self._path)
         from_file = parse_keys_file(text, self._path)
         names = {e.name for e in from_file}
         clash = [e.name for e in self._flag_entries if e.name in names]
@@ -166,6 +178,9 @@ class KeyRing:
             entries = self._load()
         except ConfigError as e:
             log.error("keys not reloaded, keeping %d: %s", len(self._entries), e)
+            return False
+        except Exception as e:
+            log.error("keys not reloaded, keeping %d: unexpected %s", len(self._entries), type(e).__name__, exc_info=e)
             return False
         self._entries = entries  # one reference swap: readers see the old or the new tuple
         log.info("keys reloaded: %d", len(entries))
@@ -197,10 +212,16 @@ class TokenBucket:
         self.level = min(self.capacity, self.level + (now - self._t) * self.rate)
         self._t = now
 
-    def wait_s(self, cost: float) -> float:
-        """0 if `cost` may be taken now (then it is), else seconds until it may."""
+    def charge(self, cost: float) -> None:
+        """Take `cost` now, into debt if need be."""
         self._refill()
-        need = min(cost, self.capacity)
+        self.level -= cost
+
+    def wait_s(self, cost: float, burst: float | None = None) -> float:
+        """0 if `cost` may be taken now (then it is), else seconds until it may. `cost`
+        passes once the level reaches min(cost, burst or the capacity)."""
+        self._refill()
+        need = min(cost, self.capacity if burst is None else burst)
         if self.level >= need:
             self.level -= cost
             return 0.0
@@ -216,7 +237,7 @@ class KeyLimits:
         self._lock = threading.Lock()
         self._clock = clock
 
-    def _take(self, entry: KeyEntry, kind: str, cost: float, what: str) -> None:
+    def _take(self, entry: KeyEntry, kind: str, cost: float, what: str, burst_less: float = 0, why: str = "") -> None:
         per_min = getattr(entry, kind)
         per_min = self._defaults[kind] if per_min is None else per_min
         if not per_min:
@@ -226,14 +247,44 @@ class KeyLimits:
             bucket = self._buckets.get(key)
             if bucket is None:
                 bucket = self._buckets[key] = TokenBucket(per_min, self._clock)
-            wait = bucket.wait_s(cost)
+            wait = bucket.wait_s(cost, max(0.0, bucket.capacity - burst_less))
         if wait > 0:
             raise RateLimited(
-                f"API key {entry.name!r} is over its {per_min} {what} per minute; retry later", retry_after_s=wait
+                f"API key {entry.name!r} is over its {per_min} {what} per minute{why}; retry later",
+                retry_after_s=wait,
             )
+
+    def charge_tokens(self, entry: KeyEntry, tokens: int) -> None:
+        """Take `tokens` from the key's tokens/min bucket whatever its level (it may go into
+        debt): work already done for a request that was then refused (compile bombs cost the
+        key as if they had run, so they cannot be repeated for free)."""
+        per_min = entry.tokens_per_min
+        per_min = self._defaults["tokens_per_min"] if per_min is None else per_min
+        if not per_min or tokens <= 0:
+            return
+        with self._lock:
+            key = (entry.name, "tokens_per_min", per_min)
+            bucket = self._buckets.get(key)
+            if bucket is None:
+                bucket = self._buckets[key] = TokenBucket(per_min, self._clock)
+            bucket.charge(tokens)
 
     def take_request(self, entry: KeyEntry) -> None:
         self._take(entry, "requests_per_min", 1, "requests")
+
+    def take_batch_items(self, entry: KeyEntry, extra: int) -> None:
+        """A batch's items beyond the first, which its request took at the door: every item
+        is one request. A batch that found the bucket full passes and leaves it in debt (as
+        a large request does with tokens), so a batch larger than the limit is not refused
+        forever but the key waits afterwards."""
+        self._take(
+            entry,
+            "requests_per_min",
+            extra,
+            "requests",
+            burst_less=1,
+            why=f" (a batch counts one per item, {extra + 1})",
+        )
 
     def take_tokens(self, entry: KeyEntry, tokens: int) -> None:
         self._take(entry, "tokens_per_min", tokens, "distinct tokens")

@@ -58,6 +58,11 @@ class _Live:
             "connections_refused": "connections refused with 503 at --max-connections, before any request",
             "connections_head_timeouts": "connections closed at --head-timeout-s (408 for a partial head)",
             "connections_heads_too_large": "requests refused with 431 (head over --max-head-bytes)",
+            "connections_slow_readers": "connections dropped because the client left a response unread "
+            "for --send-timeout-s",
+            "connections_parse_errors": "requests refused by the HTTP parser (400: malformed or smuggling-shaped "
+            "framing; 413: over --max-body-chunks), the connection closed",
+            "connections_upgrades_refused": "WebSocket upgrade requests refused (400, the connection closed)",
         }
         for name, help_text in counters.items():
             if name in values:
@@ -96,6 +101,12 @@ class Metrics:
             ("kind",),
             registry=r,
         )
+        self.batch_items = Counter(
+            "openjev_batch_items",
+            "batch items by status and API key name (each is also in rejections, answers and tokens)",
+            ("status", "key"),
+            registry=r,
+        )
         self.engine_calls = Counter("openjev_engine_calls", "plans sent to the engine", registry=r)
         self.engine_failures = Counter(
             "openjev_engine_failures", "engine calls that raised, by error_type", ("error_type",), registry=r
@@ -122,6 +133,12 @@ class Metrics:
             self.rejections.labels(str(status), error_type or "unknown").inc()
         if route == "/v1/systemone":
             self.phase.labels("total").observe(total_s)
+
+    def observe_item(self, status: int, key: str, error_type: str | None) -> None:
+        """One batch item's outcome (its answers and tokens go through observe_result)."""
+        self.batch_items.labels(str(status), key).inc()
+        if status >= 400:
+            self.rejections.labels(str(status), error_type or "unknown").inc()
 
     def observe_result(self, result: core.DecisionResult) -> None:
         for name in ("prepare", "queue", "prefill", "engine"):

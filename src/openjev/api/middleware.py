@@ -1,16 +1,17 @@
-"""Pure ASGI middleware: request ids on every response, and request bodies bounded and
-decoded before anything parses them."""
+"""Pure ASGI middleware: request ids on every response, request bodies bounded and decoded
+before anything parses them (and never read for a route that takes none), and HEAD served
+wherever GET is."""
 
 from __future__ import annotations
 
 import asyncio
-import io
 import uuid
 import zlib
 
 import zstandard
 from starlette.datastructures import Headers, MutableHeaders
 from starlette.responses import JSONResponse
+from starlette.routing import Match, Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from openjev.api import disclosure
@@ -68,8 +69,15 @@ class BodyMiddleware:
         self.timeout_s = timeout_s
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["method"] not in ("POST", "PUT", "PATCH"):
+        if scope["type"] != "http":
             await self.app(scope, receive, send)
+            return
+        if scope["method"] not in ("POST", "PUT", "PATCH") or not takes_body(scope):
+            # 404/405 from the router (or a GET's answer): a body sent along is never read
+            if announces_body(scope):
+                await self.app(scope, _no_body(), _closing(send))
+            else:
+                await self.app(scope, receive, send)
             return
         try:
             try:
@@ -122,25 +130,121 @@ class BodyMiddleware:
                 return b"".join(chunks), encoding
 
     def _decode(self, body: bytes, encoding: str) -> bytes:
-        limit = self.max_bytes
         if encoding == "identity" or not body:
             return body
-        too_large = PayloadTooLarge(f"decoded request body exceeds the limit of {limit} bytes")
         if encoding in ("gzip", "x-gzip"):
-            d = zlib.decompressobj(wbits=47)  # gzip or zlib framing, auto-detected
-            try:
-                out = d.decompress(body, limit + 1)
-            except zlib.error as e:
-                raise MalformedBody("body is not valid gzip", detail=str(e)) from None
-            if len(out) > limit:
-                raise too_large
-            if not d.eof:
-                raise MalformedBody("gzip body is truncated")
-            return out
+            return decode_gzip(body, self.max_bytes)
+        return decode_zstd(body, self.max_bytes)
+
+
+def _too_large(limit: int) -> PayloadTooLarge:
+    return PayloadTooLarge(f"decoded request body exceeds the limit of {limit} bytes")
+
+
+def decode_gzip(body: bytes, limit: int) -> bytes:
+    """Every gzip member in turn (concatenated members are one body, RFC 1952), at most
+    `limit` bytes out; a truncated member or bytes after the last one are refused, saying which."""
+    out = bytearray()
+    data = body
+    members = 0
+    while data:
+        if members and data[:2] != b"\x1f\x8b":
+            raise MalformedBody(f"gzip body has {len(data)} bytes of trailing data after its last member")
+        d = zlib.decompressobj(wbits=47)  # gzip or zlib framing, auto-detected
         try:
-            out = zstandard.ZstdDecompressor().stream_reader(io.BytesIO(body)).read(limit + 1)
-        except zstandard.ZstdError as e:
-            raise MalformedBody("body is not valid zstd", detail=str(e)) from None
+            out += d.decompress(data, limit + 1 - len(out))
+        except zlib.error as e:
+            raise MalformedBody("body is not valid gzip", detail=str(e)) from None
         if len(out) > limit:
-            raise too_large
-        return out
+            raise _too_large(limit)
+        if not d.eof:
+            raise MalformedBody("gzip body is truncated (its last member does not end)")
+        data = d.unused_data
+        members += 1
+    return bytes(out)
+
+
+ZSTD_STEP = 128  # input bytes per decompress call: bounds what one call can expand to (~4 MB)
+
+
+def decode_zstd(body: bytes, limit: int) -> bytes:
+    """Every zstd frame in turn, at most `limit` bytes out (plus one step's expansion while
+    decoding); a truncated frame or bytes after the last one are refused, saying which."""
+    out = bytearray()
+    pos = frames = 0
+    dctx = zstandard.ZstdDecompressor()
+    while pos < len(body):
+        obj = dctx.decompressobj()
+        try:
+            while not obj.eof and pos < len(body):
+                piece = body[pos : pos + ZSTD_STEP]
+                out += obj.decompress(piece)
+                if len(out) > limit:
+                    raise _too_large(limit)
+                pos += len(piece) - (len(obj.unused_data) if obj.eof else 0)
+        except zstandard.ZstdError as e:
+            if frames:
+                raise MalformedBody(
+                    f"zstd body has {len(body) - pos} bytes of trailing data after its last frame", detail=str(e)
+                ) from None
+            raise MalformedBody("body is not valid zstd", detail=str(e)) from None
+        if not obj.eof:
+            raise MalformedBody("zstd body is truncated (its last frame does not end)")
+        frames += 1
+    return bytes(out)
+
+
+def takes_body(scope: Scope) -> bool:
+    """Whether a route of the app (scope["app"], set by Starlette) takes this method on this
+    path; anything else is answered 404 or 405 by the router, and its body is not worth reading."""
+    router = getattr(scope.get("app"), "router", None)
+    for route in getattr(router, "routes", ()):
+        if isinstance(route, Route) and route.matches(scope)[0] is Match.FULL:
+            return True
+    return False
+
+
+def announces_body(scope: Scope) -> bool:
+    headers = Headers(scope=scope)
+    return "transfer-encoding" in headers or headers.get("content-length", "0").strip() not in ("", "0")
+
+
+def _no_body() -> Receive:
+    """An empty body, then nothing: a response that listens for the client leaving (a file,
+    a stream) must not pull the unread body through the server's receive."""
+    delivered = False
+
+    async def receive() -> Message:
+        nonlocal delivered
+        if not delivered:
+            delivered = True
+            return {"type": "http.request", "body": b"", "more_body": False}
+        await asyncio.Event().wait()  # cancelled with the response's listener
+        raise AssertionError("unreachable")
+
+    return receive
+
+
+def _closing(send: Send) -> Send:
+    """`send` with `connection: close` on the answer: the server then drops the unread body
+    with the connection (a lingering close) instead of reading it to keep the connection."""
+
+    async def send_closing(message: Message) -> None:
+        if message["type"] == "http.response.start":
+            MutableHeaders(scope=message)["connection"] = "close"
+        await send(message)
+
+    return send_closing
+
+
+class HeadMiddleware:
+    """HEAD is answered wherever GET is (RFC 9110 9.3.2): the app routes it as GET, and the
+    server (uvicorn, which still sees HEAD) sends the head of the answer without its body."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] == "HEAD":
+            scope = {**scope, "method": "GET"}
+        await self.app(scope, receive, send)

@@ -6,7 +6,8 @@ request-id one, outside the body reader):
 - the drain: /health says 503 and new decisions are refused once SIGTERM arrived; a
   request cut short by the drain timeout is answered 503;
 - GET /metrics (Prometheus text, from this app's registry);
-- one access log line and the request metrics per HTTP request, with no request text;
+- one access log line and the request metrics per HTTP request, with no request text,
+  and one per batch item (`record_item`, under the batch's request id);
 - exceptions nothing else handled: a JSON 500 and one log line (type and frames, no
   message), instead of uvicorn's plain-text 500 and its traceback with the message.
 """
@@ -14,7 +15,6 @@ request-id one, outside the body reader):
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import json
 import logging
 import time
@@ -31,6 +31,7 @@ from openjev.api.keys import KeyEntry, KeyLimits, KeyRing
 from openjev.api.logs import ACCESS
 from openjev.api.metrics import CONTENT_TYPE, Metrics
 from openjev.api.middleware import REQUEST_ID_HEADER, error_response, request_id_of
+from openjev.api.proxies import TrustedProxies
 from openjev.config import Settings
 from openjev.errors import AuthenticationError, Draining, OpenjevError
 from openjev.runtime.drain import Drain
@@ -56,22 +57,26 @@ ROUTES = (
 )
 
 
-# The API docs: behind the API's key with --docs auth (their static assets are not).
+# After the drain timeout, how long a response already streaming may take to end itself
+# (503 lines for its unfinished items, its summary, the final chunk) before it is cut.
+STREAM_END_S = 3.0
+
+# The API docs: behind the API's key with --docs auth, their static assets too (the largest
+# responses the server has: open, they let anyone hold connections with unread answers).
 DOCS_ROUTES = ("/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json")
+DOCS_ASSETS = "/static-offline-docs/"
 
 
 def route_of(path: str) -> str:
     return path if path in ROUTES else "other"
 
 
-def _loopback(scope: Scope) -> bool:
-    client = scope.get("client")
-    if not client:
+def _loopback(scope: Scope, proxies: TrustedProxies) -> bool:
+    """A client on this machine (a forwarded one only where --trusted-proxies says so)."""
+    if not scope.get("client"):
         return True  # in-process (tests, ASGI transports): nothing came over a network
-    try:
-        return ipaddress.ip_address(client[0]).is_loopback
-    except ValueError:
-        return False
+    client = proxies.client(scope)
+    return client is not None and client.is_loopback
 
 
 class Operations:
@@ -85,6 +90,7 @@ class Operations:
         self.drain = Drain(settings.drain_timeout)
         self.metrics = Metrics(self._probe)
         self.gate: GatedEngine | None = None
+        self.proxies = TrustedProxies(settings.trusted_proxies)
         # Set by the server's protocol (api/connections.py) when it serves this app.
         self.connection_stats: Callable[[], dict[str, float]] | None = None
 
@@ -99,6 +105,41 @@ class Operations:
             retry_after_s=self.settings.retry_after_s,
         )
         return self.gate
+
+    def record_item(
+        self,
+        scope: Scope,
+        index: int,
+        status: int,
+        line: dict[str, Any] | None,
+        result: Any,
+        started: float,
+    ) -> None:
+        """A batch item's metrics and access-log line, as a request of its own would have
+        them (answers, tokens, status, rejection), under the batch's request id."""
+        key = scope.get("state", {}).get("key_name") or "-"
+        error = (line or {}).get("error") or {}
+        error_type = error.get("error_type") if status >= 400 else ("client_closed_request" if status == 499 else None)
+        duration_s = time.perf_counter() - started
+        fields: dict[str, Any] = {
+            "request_id": request_id_of(scope),
+            "key": key,
+            "method": scope.get("method"),
+            "route": "/v1/systemone/batch",
+            "item": index,
+            "status": status,
+            "error_type": error_type,
+            "duration_ms": round(duration_s * 1000, 2),
+        }
+        try:
+            self.metrics.observe_item(status, key, error_type)
+            if result is not None:
+                self.metrics.observe_result(result)
+                fields.update(result_fields(result))
+        except Exception:  # metrics must never fail a request
+            log.exception("metrics failed")
+        level = logging.WARNING if status >= 500 and status != 503 else logging.INFO
+        access_log.log(level, "batch item", extra={"fields": fields})
 
     def _probe(self) -> dict[str, float]:
         service = getattr(self.runtime, "service", None)
@@ -171,8 +212,8 @@ class OpsMiddleware:
         guarded = (
             path.startswith("/v1/")
             or path in DECISION_ROUTES
-            or (path == "/metrics" and not _loopback(scope))
-            or (path in DOCS_ROUTES and self.ops.settings.docs == "auth")
+            or (path == "/metrics" and not _loopback(scope, self.ops.proxies))
+            or ((path in DOCS_ROUTES or path.startswith(DOCS_ASSETS)) and self.ops.settings.docs == "auth")
         )
         if not keys.enabled or not guarded:
             return None
@@ -189,7 +230,7 @@ class OpsMiddleware:
 
     async def _dispatch(self, scope: Scope, receive: Receive, send: Send, path: str, method: str) -> None:
         drain = self.ops.drain
-        if path == "/metrics" and method == "GET":
+        if path == "/metrics" and method in ("GET", "HEAD"):
             await Response(self.ops.metrics.exposition(), media_type=CONTENT_TYPE)(scope, receive, send)
             return
         if drain.draining and path == "/health":
@@ -223,6 +264,12 @@ class OpsMiddleware:
             if task in done:
                 task.result()
                 return
+            if started:  # a stream (the NDJSON batch) ends itself properly on the drain: let it
+                finished, _ = await asyncio.wait({task}, timeout=STREAM_END_S)
+                if task in finished:
+                    task.result()
+                    return
+                log.warning("a response stream did not end within %.0f s of the drain timeout", STREAM_END_S)
             task.cancel()  # the drain timeout passed: the engine work is abandoned
             try:
                 await task
@@ -255,14 +302,10 @@ class OpsMiddleware:
         }
         if result is not None:
             metrics.observe_result(result)
-            usage = result.usage
-            fields.update(
-                questions=len(result.answers),
-                tokens_distinct=usage.input_tokens,
-                tokens_computed=usage.computed_tokens,
-                tokens_cached=usage.cached_tokens,
-                timings_ms={k: round(v, 2) for k, v in result.timings_ms.items()},
-            )
+            fields.update(result_fields(result))
+        batch = scope["state"].get("batch")
+        if batch is not None:  # each item has its own line too (Operations.record_item)
+            fields.update({f"items_{k}" if k != "items" else k: v for k, v in batch.items()})
         if route == "/health" or route == "/health/live" or route == "/metrics":
             level = logging.DEBUG  # probes every few seconds would drown the requests
         else:
@@ -273,6 +316,18 @@ class OpsMiddleware:
         if self.bodies and status >= 400 and sent["error_body"]:
             fields["response_body"] = b"".join(sent["error_body"])[:4096].decode("utf-8", "replace")
         access_log.log(level, "request", extra={"fields": fields})
+
+
+def result_fields(result: Any) -> dict[str, Any]:
+    """An answered decision's access-log fields (counts and timings, never its text)."""
+    usage = result.usage
+    return {
+        "questions": len(result.answers),
+        "tokens_distinct": usage.input_tokens,
+        "tokens_computed": usage.computed_tokens,
+        "tokens_cached": usage.cached_tokens,
+        "timings_ms": {k: round(v, 2) for k, v in result.timings_ms.items()},
+    }
 
 
 def _error_type(body: bytes) -> str | None:

@@ -3,7 +3,8 @@ which cannot add body fields, keeps working unchanged):
 
 - `x-openjev-readout: letters | yesno | parallel` (parallel: in-process engine; others read
   letters with 4 rotations, and `x-openjev-readout` in the response says so)
-- `x-openjev-rotations: N` (letters only; 1..--max-rotations; default: the server's --rotations).
+- `x-openjev-rotations: N` (letters only; 1..--max-rotations in plain ASCII digits, so `0_0_4`
+  or `+4` is refused rather than read as 4; default: the server's --rotations).
   Without a readout header on a server whose default is parallel, it asks for letters
   (`x-openjev-rotations: 1` is the raw single reading on every server).
 - `x-openjev-calibration: none` answers uncalibrated (what `openjev calibrate` fits on);
@@ -14,6 +15,7 @@ A bad value is a 422 with `detail[]` pointing at the header, like any validation
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 
 from fastapi.exceptions import RequestValidationError
@@ -24,6 +26,7 @@ from openjev.core.readouts import READOUT_NAMES, ReadoutSpec
 READOUT_HEADER = "x-openjev-readout"
 ROTATIONS_HEADER = "x-openjev-rotations"
 CALIBRATION_HEADER = "x-openjev-calibration"
+_DIGITS = re.compile(r"[0-9]{1,4}")  # int() would also take "0_0_4", "+4" and non-ASCII digits
 
 
 def _invalid(header: str, value: str, msg: str) -> RequestValidationError:
@@ -42,10 +45,9 @@ def decide_options(headers: Mapping[str, str], settings: Settings) -> tuple[Read
     raw = headers.get(ROTATIONS_HEADER)
     rotations = settings.rotations
     if raw is not None:
-        try:
-            rotations = int(raw.strip())
-        except ValueError:
-            raise _invalid(ROTATIONS_HEADER, raw, "rotations must be an integer") from None
+        if not _DIGITS.fullmatch(raw.strip()):
+            raise _invalid(ROTATIONS_HEADER, raw, "rotations must be a whole number in plain digits (e.g. 4)")
+        rotations = int(raw.strip())
         if not 1 <= rotations <= settings.max_rotations:
             raise _invalid(ROTATIONS_HEADER, raw, f"rotations must be between 1 and {settings.max_rotations}")
     if raw is not None and READOUT_HEADER not in headers and name == "parallel":

@@ -11,24 +11,28 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
-from openjev.api import batch, convert, disclosure, documented, playground, schemas, tenancy
+from openjev.api import batch, convert, disclosure, documented, openai_routes, playground, schemas, tenancy, wire
+from openjev.api.admission import charge_refused
 from openjev.api.auth import require_key
 from openjev.api.overrides import decide_options
 from openjev.api.responses import FastJSONResponse
 from openjev.api.runtime import Runtime
 from openjev.config import Settings
+from openjev.core.types import DecisionRequest
 from openjev.core.wording import PROMPT_VERSION
-from openjev.errors import ClientDisconnected
+from openjev.errors import ClientDisconnected, TokensExceeded
 
 T = TypeVar("T")
 
 # POST routes with the /v1/systemone contract: the vendor's name first, then the aliases.
-SYSTEMONE_ROUTES = ("/v1/systemone", "/v1/decisions", "/api/alpha/decisions")
+# (/v1/decisions is OpenAI's Decisions format: api/openai_routes.py.)
+SYSTEMONE_ROUTES = ("/v1/systemone", "/api/alpha/decisions")
 
 
 def install(app: FastAPI, settings: Settings, runtime: Runtime) -> None:
     """Every route of the API (the playground's page included)."""
     install_decisions(app, settings, runtime)
+    openai_routes.install(app, settings, runtime, unless_disconnected)
     batch.install(app, settings, runtime.ready, unless_disconnected)
     playground.install(app)
     install_models(app, settings, runtime)
@@ -48,11 +52,15 @@ def install_decisions(app: FastAPI, settings: Settings, runtime: Runtime) -> Non
                     }
                 ]
             )
-        decision = tenancy.scoped(convert.request_of(body))
+        decision = tenancy.scoped(await convert_off_loop(request, body))
         spec, calibrate = decide_options(request.headers, settings)
         service, card = runtime.ready()
         model = convert.resolve_model(body.model, card.name)
-        result = await unless_disconnected(request, service.decide(decision, readout=spec, calibrate=calibrate))
+        try:
+            result = await unless_disconnected(request, service.decide(decision, readout=spec, calibrate=calibrate))
+        except TokensExceeded as exc:
+            charge_refused(request.app.state.ops.key_limits, exc)
+            raise
         request.state.result = result  # for the access log and metrics (api/ops.py)
         return FastJSONResponse(convert.result_to_wire(result, model), headers=convert.result_headers(result))
 
@@ -141,6 +149,14 @@ def install_health(app: FastAPI, runtime: Runtime) -> None:
     @app.get("/health/live", summary="200 while the process serves HTTP")
     async def live() -> dict[str, str]:
         return {"status": "ok"}
+
+
+async def convert_off_loop(request: Request, body: schemas.SystemOneRequest) -> DecisionRequest:
+    """The body as a core request; in a worker thread where the body is large (a state of
+    66,000 chat turns takes tens of milliseconds to convert: not on the event loop)."""
+    if len(await request.body()) <= wire.THREAD_FROM_BYTES:
+        return convert.request_of(body)
+    return await asyncio.to_thread(convert.request_of, body)
 
 
 async def unless_disconnected(request: Request, work: Awaitable[T]) -> T:

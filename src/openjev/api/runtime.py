@@ -17,6 +17,7 @@ from openjev.api import disclosure
 from openjev.api.ops import Operations
 from openjev.api.overrides import default_spec
 from openjev.config import MAX_CHOICE_OPTIONS, Settings
+from openjev.core.abstain import AbstainRule
 from openjev.core.prompts import PromptCompiler
 from openjev.core.readouts import ReadoutSpec
 from openjev.core.service import DecisionService, ServiceLimits
@@ -79,13 +80,17 @@ def build_service(settings: Settings, loaded: LoadedEngine) -> DecisionService:
         retry_after_s=settings.retry_after_s,
         temperature=settings.temperature,
         rotation_max_options=settings.rotation_max_options,
+        max_branches=settings.max_branches,
+        max_prompt_tokens=settings.max_prompt_tokens,
     )
+    abstain = AbstainRule(settings.abstain_min_label_mass, settings.abstain_min_order_agreement)
     return DecisionService(
         compiler,
         loaded.engine,
         limits,
         readout=spec,
         calibration=calibration,
+        abstain=abstain,
         parallel_layouts=bool(getattr(loaded.engine, "parallel_layouts", False)),
         parallel_fallback=ReadoutSpec("letters", settings.rotations),
     )

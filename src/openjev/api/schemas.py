@@ -1,4 +1,4 @@
-"""Wire schemas of the Jev SystemOne API (jev-contract.md). Pydantic lives only here.
+"""Wire schemas of the Jev SystemOne API (docs/api-jev.md). Pydantic lives only here.
 
 Request models validate shape and the contract's fixed ranges; configurable limits
 (questions per request, token budgets) are checked after parsing.
@@ -47,6 +47,15 @@ def chat_problem(value: Any) -> str | None:
         if item["content"] is None:
             return f"{where}[{i}].content is null: every chat turn needs content (text or JSON)"
     return None
+
+
+def _refuse_bad_chat(v: Any) -> Any:
+    """The `state` validator of every body that carries one: chat-shaped states with a
+    problem (chat_problem) are refused with its reason."""
+    problem = chat_problem(v)
+    if problem:
+        raise ValueError(problem)
+    return v
 
 
 def _blank(value: Any) -> bool:
@@ -155,10 +164,19 @@ class SystemOneRequest(BaseModel):
     @field_validator("state")
     @classmethod
     def _chat(cls, v: Any) -> Any:
-        problem = chat_problem(v)
-        if problem:
-            raise ValueError(problem)
-        return v
+        return _refuse_bad_chat(v)
+
+
+class StateItem(BaseModel):
+    """One item of a batch's states form: the state alone (its questions are the batch's,
+    validated and converted once)."""
+
+    state: Description
+
+    @field_validator("state")
+    @classmethod
+    def _chat(cls, v: Any) -> Any:
+        return _refuse_bad_chat(v)
 
 
 # ---- responses (documented in OpenAPI; the route builds plain dicts of this shape)

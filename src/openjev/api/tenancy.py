@@ -44,3 +44,13 @@ def scoped(request: DecisionRequest) -> DecisionRequest:
     if entry is None or not entry.cache_namespace:
         return request
     return dataclasses.replace(request, cache_namespace=entry.cache_namespace)
+
+
+def partitioned(request: DecisionRequest, partition: str) -> DecisionRequest:
+    """`request` in a partition of its namespace (OpenAI's `prompt_cache_key`): requests with
+    the same partition share the cache, others do not; "" leaves the namespace as it is. A
+    partition never leaves the caller's namespace (it is derived from it)."""
+    if not partition:
+        return request
+    derived = hashlib.sha256(f"{request.cache_namespace}\0{partition}".encode()).digest()
+    return dataclasses.replace(request, cache_namespace=base64.urlsafe_b64encode(derived).rstrip(b"=").decode())

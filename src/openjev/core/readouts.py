@@ -90,7 +90,15 @@ class Combined:
 
 
 class Readout(Protocol):
+    """`count(q)` is the number of readings of q, known without building any;
+    `reading(q, k)` builds the k-th alone (so a compiler can stop at a budget before
+    building the rest); `readings(q)` is all of them."""
+
     spec: ReadoutSpec
+
+    def count(self, question: Question) -> int: ...
+
+    def reading(self, question: Question, k: int) -> Reading: ...
 
     def readings(self, question: Question) -> list[Reading]: ...
 
@@ -137,6 +145,19 @@ class LettersReadout:
         shifts = [(k * n) // r for k in range(r)]  # evenly spaced, distinct since r <= n
         return [tuple((s + j) % n for j in range(n)) for s in shifts]
 
+    def count(self, question: Question) -> int:
+        n = n_options(question)
+        if n > self._max_rotated:
+            return 1
+        if isinstance(question, ScoreQuestion):
+            return 1 if self.spec.rotations == 1 else 2
+        return min(self.spec.rotations, n)
+
+    def reading(self, question: Question, k: int) -> Reading:
+        return Reading(
+            wording.letters_text(question, self.orders(question)[k], self._labels), self._ids[: n_options(question)]
+        )
+
     def readings(self, question: Question) -> list[Reading]:
         n = n_options(question)
         return [
@@ -169,10 +190,16 @@ class YesNoReadout:
         self._ids = (yes_id, no_id)
         self._temperature = temperature
 
-    def readings(self, question: Question) -> list[Reading]:
+    def count(self, question: Question) -> int:
+        return 1 if isinstance(question, NoulQuestion) else n_options(question)
+
+    def reading(self, question: Question, k: int) -> Reading:
         if isinstance(question, NoulQuestion):
-            return [Reading(wording.yesno_noul_text(question), self._ids)]
-        return [Reading(wording.yesno_candidate_text(question, i), self._ids) for i in range(n_options(question))]
+            return Reading(wording.yesno_noul_text(question), self._ids)
+        return Reading(wording.yesno_candidate_text(question, k), self._ids)
+
+    def readings(self, question: Question) -> list[Reading]:
+        return [self.reading(question, k) for k in range(self.count(question))]
 
     def combine(self, question: Question, logprobs: Sequence[Sequence[float]]) -> Combined:
         yes = [scoring.softmax(lp, self._temperature)[0] for lp in logprobs]
@@ -202,12 +229,20 @@ class ParallelReadout:
         self._temperature = temperature
         self._letters = LettersReadout(labels, label_ids, temperature=temperature)
 
-    def readings(self, question: Question) -> list[Reading]:
+    def count(self, question: Question) -> int:
         if not isinstance(question, ChoiceQuestion) or len(question.options) < 2:
-            return self._letters.readings(question)
+            return self._letters.count(question)
+        return 1
+
+    def reading(self, question: Question, k: int) -> Reading:
+        if not isinstance(question, ChoiceQuestion) or len(question.options) < 2:
+            return self._letters.reading(question, k)
         order = canonical_order(question)
         head, lines = wording.letters_parallel_parts(question, order, self._labels)
-        return [Reading(head, self._ids[: len(order)], tuple(lines))]
+        return Reading(head, self._ids[: len(order)], tuple(lines))
+
+    def readings(self, question: Question) -> list[Reading]:
+        return [self.reading(question, k) for k in range(self.count(question))]
 
     def combine(self, question: Question, logprobs: Sequence[Sequence[float]]) -> Combined:
         if not isinstance(question, ChoiceQuestion) or len(question.options) < 2:

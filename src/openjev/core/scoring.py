@@ -1,6 +1,6 @@
 """From label log-probs to answers: stable softmax, expectations and the vendor's confidence.
 
-Confidence follows the formulas jevcompat checks (jev-contract.md):
+Confidence follows the formulas jevcompat checks (docs/api-jev.md):
 - choice: (max p - 1/n) / (1 - 1/n)
 - score:  max(0, 1 - sum_i p_i |i - k| / D), k = argmax, D = (1/n) sum_i |i - (n-1)/2|
 both 1 when n == 1.

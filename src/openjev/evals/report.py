@@ -47,7 +47,9 @@ def markdown(summary: dict[str, Any], title: str) -> str:
         f"readout `{facts['readout']}`, calibration `{facts['calibration']}`; "
         f"{facts['items'] - facts['items_failed']}/{facts['items']} requests answered; "
         f"p50 latency {_cell(facts['latency_ms_p50'], '{:.0f}')} ms; "
-        f"tokens computed per request {_cell(facts['tokens_computed_per_request'], '{:.1f}')}",
+        f"tokens computed per request {_cell(facts['tokens_computed_per_request'], '{:.1f}')}; "
+        f"declined by the abstain rule {_cell(facts.get('abstained_share'), '{:.0%}')} "
+        "(evals/abstain_table.py: accuracy against coverage)",
     ]
     return "\n".join(lines) + "\n"
 

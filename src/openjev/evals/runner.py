@@ -171,7 +171,7 @@ async def run_items(
 def score(items: Sequence[Item], store: ResultStore) -> tuple[list[Scored], dict[str, Any]]:
     """Scored questions (answered items only) and facts about the run (failures, tokens, latency)."""
     scored: list[Scored] = []
-    failed, latencies, computed, prompt, distinct, mass = [], [], [], [], [], []
+    failed, latencies, computed, prompt, distinct, mass, abstained = [], [], [], [], [], [], []
     readouts, calibrations = set(), set()
     for item in items:
         main = store.records.get((item.id, "main"))
@@ -198,6 +198,7 @@ def score(items: Sequence[Item], store: ResultStore) -> tuple[list[Scored], dict
             q = item.request["questions"][qid]
             a = main["answers"][qid]
             mass.append(a.get("x_label_mass", float("nan")))
+            abstained.append(bool(a.get("x_abstain", False)))  # the server's abstain rule (core/abstain.py)
             if q["type"] == "noul":
                 scored.append(Scored("noul", (a["noul"], 1.0 - a["noul"]), 0 if expected else 1))
             elif q["type"] == "choice":
@@ -221,6 +222,7 @@ def score(items: Sequence[Item], store: ResultStore) -> tuple[list[Scored], dict
         "tokens_computed_per_request": _mean(computed),
         "tokens_prompt_per_request": _mean(prompt),
         "label_mass_mean": _mean([m for m in mass if m == m]),
+        "abstained_share": _mean([float(x) for x in abstained]),
     }
     return scored, facts
 

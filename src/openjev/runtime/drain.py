@@ -71,7 +71,7 @@ class Drain:
         if self.in_flight > 0:
             log.warning("drain timeout: %d requests still in flight are answered 503", self.in_flight)
             expired.set()
-            for _ in range(50):  # they answer within a few loop turns
+            for _ in range(200):  # they answer within a few loop turns; a stream ends itself (api/ops.py)
                 if self.in_flight == 0:
                     break
                 await asyncio.sleep(0.02)
@@ -82,14 +82,31 @@ class Drain:
 class DrainingServer(uvicorn.Server):
     """uvicorn's server with SIGTERM meaning 'drain, then exit 0'."""
 
-    def __init__(self, config: uvicorn.Config, drain: Drain) -> None:
+    def __init__(self, config: uvicorn.Config, drain: Drain, on_hangup: Callable[[], object] | None = None) -> None:
         super().__init__(config)
         self.drain = drain
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._on_hangup = on_hangup
 
     async def serve(self, sockets=None) -> None:
         self._loop = asyncio.get_running_loop()
-        await super().serve(sockets)
+        if self._on_hangup is not None:
+            # The loop's own handler: the signal only wakes the loop, and the reload runs
+            # as an ordinary callback on it (where nothing it raises can end the process).
+            self._loop.add_signal_handler(signal.SIGHUP, self._hangup)
+        try:
+            await super().serve(sockets)
+        finally:
+            if self._on_hangup is not None:
+                self._loop.remove_signal_handler(signal.SIGHUP)
+                signal.signal(signal.SIGHUP, signal.SIG_IGN)  # not SIG_DFL: a late SIGHUP must not kill the exit
+
+    def _hangup(self) -> None:
+        try:
+            if self._on_hangup is not None:
+                self._on_hangup()
+        except Exception:
+            log.exception("SIGHUP: reload failed; nothing changed")
 
     def handle_exit(self, sig: int, frame) -> None:
         if sig == signal.SIGTERM and not self.drain.draining and self._loop is not None:

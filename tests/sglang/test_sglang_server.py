@@ -1,27 +1,30 @@
-"""openjev's SGLang engine against a real SGLang-protocol server: SGLang-JAX on CPU.
+"""openjev's SGLang engine against real SGLang-protocol servers on CPU, parametrized over the
+server kind (tests/sglang/server.py: KINDS): SGLang-JAX ("jax") and the real SGLang 0.5.23 on
+PyTorch ("torch").
 
-Runs with `make test-sglang` (which installs SGLang-JAX with scripts/setup_sglang_jax.sh),
-so `make test` stays fast. The server loads the embedded model's converted float32 weights (the same the
-in-process engine uses), so every strategy must give the in-process engine's answers.
+`make test-sglang` runs the jax kind (it installs SGLang-JAX with scripts/setup_sglang_jax.sh),
+`make test-sglang-torch` the torch kind (scripts/setup_sglang_torch.sh), so `make test` stays
+fast. The server loads the embedded model's converted float32 weights (the same the in-process
+engine uses), so every strategy must give the in-process engine's answers.
 
     OPENJEV_SGLANG_JAX=1 .venv/bin/python -m pytest tests/sglang
+    OPENJEV_SGLANG_TORCH=1 .venv/bin/python -m pytest tests/sglang
 """
 
 from __future__ import annotations
 
 import asyncio
-import os
 
 import pytest
 
 from tests.sglang import server as sgl
 
-# Opt-in (`make test-sglang` sets OPENJEV_SGLANG_JAX=1): a few minutes of CPU. Once asked
-# for, a missing SGLang-JAX install is a failure, not a skip.
+# Opt-in (`make test-sglang` sets OPENJEV_SGLANG_JAX=1, `make test-sglang-torch`
+# OPENJEV_SGLANG_TORCH=1): minutes of CPU. Once asked for, a missing install is a failure, not a skip.
 pytestmark = [
     pytest.mark.model,
     pytest.mark.skipif(
-        os.environ.get("OPENJEV_SGLANG_JAX") != "1", reason="the SGLang-JAX suite runs with `make test-sglang`"
+        not sgl.enabled_kinds(), reason="the real SGLang suites run with `make test-sglang` / `make test-sglang-torch`"
     ),
 ]
 
@@ -68,12 +71,17 @@ def compiler(loaded):
     return PromptCompiler(loaded.tokenizer, max_labels=MAX_CHOICE_OPTIONS)
 
 
-@pytest.fixture(scope="module")
-def server(loaded, tmp_path_factory):
-    root = tmp_path_factory.mktemp("sgl_jax")
-    folder = sgl.served_folder(sgl.embedded_model_folder(), root / "model")
-    # Sized for these tests: up to 3 branches at once, ~320 tokens each (see sgl.sizing_flags).
-    srv = sgl.start(folder, root / "server.log", timeout_s=600, max_running=4, context_length=1024, chunk=512)
+@pytest.fixture(scope="module", params=sgl.enabled_kinds())
+def server(loaded, tmp_path_factory, request):
+    """One server of each kind asked for, started once for this module (its idle scheduler
+    burns a core: stopped after the last test)."""
+    kind = request.param
+    root = tmp_path_factory.mktemp(f"sgl_{kind}")
+    folder = sgl.model_folder(kind, root)
+    # Sized for these tests: up to 6 branches at once, up to ~1,000 tokens each (see sgl.sizing_flags).
+    srv = sgl.start(
+        folder, root / "server.log", timeout_s=600, max_running=4, context_length=1024, chunk=512, kind=kind
+    )
     try:
         yield srv
     finally:
@@ -165,8 +173,8 @@ async def test_cached_tokens_are_reported_and_staging_computes_less(compiler, se
 
 
 async def test_the_server_keeps_each_cache_namespace_to_itself(compiler, server):
-    """Per-key namespaces (api/tenancy.py) reach SGLang-JAX as `extra_key`, which its radix
-    cache keys on: a state sent under one namespace is found cached by that namespace's
+    """Per-key namespaces (api/tenancy.py) reach the server as `extra_key`, which its radix
+    cache keys on (SGLang-JAX and SGLang alike): a state sent under one namespace is found cached by that namespace's
     repeat, and computed again under another."""
 
     def plan_for(namespace: str):
@@ -225,3 +233,86 @@ def test_tokenizer_agreement_probe_catches_a_different_tokenizer(loaded, server)
 
     with pytest.raises(ModelUnsuitable):
         verify_tokenizer(server.url, Shifted())
+
+
+def only(server, *kinds: str) -> None:
+    if server.kind not in kinds:
+        pytest.skip(f"checked on the {'/'.join(kinds)} kind only (not yet run against {server.kind})")
+
+
+async def test_a_batch_mixing_logprob_and_plain_requests_is_served(server):
+    """sgl-project/sglang#34719: SGLang 0.5.19 crashed on a batch that mixed requests with and
+    without `return_logprob`, so every call we send asks for selected log-probs, warm-ups
+    included (http_protocol.py). This checks the server at hand: on SGLang 0.5.23 the mix is
+    served (the workaround is kept for older servers; it costs one label's log-prob)."""
+    import httpx
+
+    only(server, "torch")
+    assert sgl.flush_cache(server.url), "POST /flush_cache failed"
+    mark = len(server.log_path.read_text(errors="replace"))
+
+    def body(i: int) -> dict:
+        b: dict = {"input_ids": [4000 + i] * 40 + list(range(5000, 5060)), "sampling_params": {"max_new_tokens": 1}}
+        if i % 2 == 0:
+            b.update(return_logprob=True, logprob_start_len=-1, token_ids_logprob=[9, 10])
+        return b
+
+    async with httpx.AsyncClient(base_url=server.url, timeout=600) as client:
+        # A prefill in progress first, so that the eight below queue and are admitted together.
+        blocker = asyncio.create_task(
+            client.post("/generate", json={**body(100), "input_ids": list(range(6000, 6400))})
+        )
+        await asyncio.sleep(0.5)
+        replies = await asyncio.gather(*(client.post("/generate", json=body(i)) for i in range(8)))
+        (await blocker).raise_for_status()
+        healthy = (await client.get("/health")).status_code
+    for i, r in enumerate(replies):
+        assert r.status_code == 200, (i, r.text[:300])
+        meta = r.json()["meta_info"]
+        assert meta["completion_tokens"] == 1
+        if i % 2 == 0:
+            assert [e[1] for e in meta["output_token_ids_logprobs"][0]] == [9, 10]
+    assert healthy == 200
+    log = server.log_path.read_text(errors="replace")[mark:]
+    batches = [int(line.split("#new-seq: ")[1].split(",")[0]) for line in log.splitlines() if "#new-seq: " in line]
+    print("prefill batches (new sequences each):", batches)
+    assert max(batches) >= 2, "the mixed requests never shared a batch: nothing was tested"
+
+
+async def test_a_cancelled_request_is_aborted_on_the_server(compiler, server):
+    """A request cancelled mid-plan (client gone, deadline) aborts its calls on the server
+    (`/abort_request`), which drops them: what was still queued is never computed.
+
+    The server schedules first come, first served, so when a request sent after the
+    cancellation is answered, every call still queued before it would have been computed
+    too; asking for the plan again then shows, in computed tokens, what was dropped."""
+    only(server, "torch")
+    questions = (*QUESTIONS, *MORE_QUESTIONS)
+    plan = compiler.compile(DecisionRequest(State((Turn("user", TEXT.format(n=400) * 14),)), questions)).plan
+    assert len(plan.branches) >= 6 and plan.prompt_tokens > 5000 and max(len(b.input_ids) for b in plan.branches) < 1024
+    assert sgl.flush_cache(server.url), "POST /flush_cache failed"
+    engine = remote(server, "all")  # every branch at once: most of them wait in the server's queue
+    try:
+        with pytest.raises(TimeoutError):  # a plan answered within 2 s proves nothing: fail
+            await asyncio.wait_for(engine.run(plan), timeout=2.0)
+    finally:
+        await engine.close()  # waits for the aborts it sent
+    after = compiler.compile(DecisionRequest(state(401), QUESTIONS[:1])).plan
+    await run_with(remote(server, "all"), after)  # queued behind whatever was not dropped
+    again = await run_with(remote(server, "all"), plan)
+    print(f"plan {plan.prompt_tokens} tokens in {len(plan.branches)} branches; again computed {again.computed_tokens}")
+    # Not aborted, each branch would be cached but for its last token (computed == branches).
+    assert again.computed_tokens > 10 * len(plan.branches), again
+
+
+def test_server_info_names_the_model_through_a_current_route(server):
+    """openjev reads the server's settings (radix cache on? which model?) from /server_info,
+    falling back to the older /get_server_info (SGLang-JAX): SGLang 0.5.23 answers the new
+    route, so no deprecation warning lands in its log for each start-up check."""
+    from openjev.engines.sglang import server_info
+
+    info = server_info(server.url)
+    assert info.get("model_path"), sorted(info)[:20]
+    assert not info.get("disable_radix_cache")  # on, or not said (then openjev assumes on)
+    if server.kind == "torch":
+        assert "'/get_server_info' is deprecated" not in server.log_tail(100_000)

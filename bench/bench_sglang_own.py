@@ -1,0 +1,169 @@
+"""SGLang's own /v1/systemone beside openjev, on one real SGLang server (0.5.23, PyTorch, CPU).
+
+One SGLang server (.venv-sglang-torch: scripts/setup_sglang_torch.sh) serves the embedded
+model's converted float32 weights; three systems answer the same wire requests on this machine:
+
+- sglang:          SGLang's own POST /v1/systemone on that server
+- openjev_sglang:  `openjev serve --engine sglang --connect` to that same server
+- openjev:         `openjev serve --dtype float32` (in-process, the same weights)
+
+Each is a real HTTP server, measured in one run, systems alternating (bench/common.py requests):
+
+- latency: p50 of --repeats, cold (a ~1,000-token state never sent) and warm (the same state,
+  new questions), at 1 and 8 questions;
+- throughput: decisions/s with 4 clients (4 questions per request, ~300-token states);
+- quality on evals/data/test.jsonl (each system's default readout and calibration): accuracy,
+  ECE, Brier, mean label mass (x_label_mass);
+- jevcompat's conformance summary (MUST / SHOULD).
+
+JSON lines on stdout, one per section. The server's scheduler keeps a core busy while idle:
+everything is stopped at the end.
+
+    .venv/bin/python bench/bench_sglang_own.py [--repeats 3] [--skip-jevcompat] [--skip-eval]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(1, str(Path(__file__).resolve().parent.parent))  # the repo root, for tests.*
+
+import httpx
+from bench_vllm import System, jevcompat, throughput
+from common import machine, p50, payload
+from tests.integration.conftest import start_server, stop_server
+from tests.sglang import server as sgl
+
+from openjev.evals.dataset import load_items
+from openjev.evals.metrics import summarize
+from openjev.evals.runner import ResultStore, RunConfig, run_items, score
+
+KEY = "bench-key-1"
+REPO = Path(__file__).resolve().parent.parent
+TEST_SET = REPO / "evals" / "data" / "test.jsonl"
+
+
+async def latency(systems: list[System], repeats: int, sizes: tuple[int, ...], emit=None) -> dict:
+    """Cold and warm p50 per size; each size's row is also passed to `emit` as soon as it is measured."""
+    rows = []
+    async with httpx.AsyncClient(timeout=1800) as client:
+        for s in systems:  # warm-up: first-call costs (allocations, lazy imports)
+            await s.ask(client, payload(2, tag=7000 + systems.index(s)))
+        for n in sizes:
+            cold = {s.name: [] for s in systems}
+            warm = {s.name: [] for s in systems}
+            for rep in range(repeats):
+                for s in systems if rep % 2 == 0 else systems[::-1]:
+                    tag = 8000 + 1000 * n + 100 * systems.index(s) + rep
+                    cold[s.name].append(await s.ask(client, payload(n, tag=tag)))
+                    warm[s.name].append(await s.ask(client, payload(n, tag=tag, qtag=tag + 5000)))
+            row: dict = {"questions": n}
+            for s in systems:
+                row[f"{s.name}_cold_p50_ms"] = round(p50(cold[s.name]))
+                row[f"{s.name}_warm_p50_ms"] = round(p50(warm[s.name]))
+            rows.append(row)
+            if emit is not None:
+                emit({"section": "latency", "repeats": repeats, "results": [row]})
+    return {"section": "latency", "repeats": repeats, "state_tokens": "~1000", "results": rows}
+
+
+async def quality(system: System, key: str | None, folder: Path, concurrency: int) -> dict:
+    """The test set through `system` with its own defaults (no openjev headers but the key)."""
+    items = [replace(i, request={**i.request, "model": system.model}) for i in load_items(TEST_SET)]
+    store = ResultStore(folder, {"system": system.name}, restart=True)
+    t0 = time.perf_counter()
+    await run_items(system.url, items, RunConfig(flips=False), store, concurrency=concurrency, key=key, progress=False)
+    scored, facts = score(items, store)
+    summary = summarize(scored)
+    return {
+        "section": "quality",
+        "system": system.name,
+        "data": "evals/data/test.jsonl",
+        "items": facts["items"],
+        "items_failed": facts["items_failed"],
+        "questions": summary.get("questions"),
+        "accuracy": _r(summary.get("accuracy")),
+        "ece": _r(summary.get("ece")),
+        "brier": _r(summary.get("brier")),
+        "label_mass_mean": _r(facts["label_mass_mean"]),
+        "calibration": facts["calibration"],
+        "readout": facts["readout"],
+        "seconds": round(time.perf_counter() - t0),
+    }
+
+
+def _r(x: float | None) -> float | None:
+    return None if x is None else round(x, 3)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--sizes", type=int, nargs="+", default=[1, 8], help="questions per latency request")
+    parser.add_argument("--skip-throughput", action="store_true")
+    parser.add_argument("--clients", type=int, default=4)
+    parser.add_argument("--throughput-requests", type=int, default=8)
+    parser.add_argument("--eval-concurrency", type=int, default=2)
+    parser.add_argument("--skip-jevcompat", action="store_true")
+    parser.add_argument("--skip-eval", action="store_true")
+    args = parser.parse_args()
+    if not sgl.SGL_TORCH_PYTHON.exists():
+        sys.exit(f"no SGLang venv at {sgl.SGL_TORCH_PYTHON}: run scripts/setup_sglang_torch.sh")
+    root = Path(tempfile.mkdtemp(prefix="bench-sglang-own-"))
+    folder = sgl.model_folder("torch", root)
+    t0 = time.perf_counter()
+    # 8 branches of ~1,100 tokens at once (8 questions on a ~1,000-token state).
+    server = sgl.start(folder, root / "sglang.log", kind="torch", max_running=8, context_length=2048, chunk=1024)
+    head = {
+        "bench": "sglang_own",
+        "machine": machine(),
+        "model": "SmolLM2-135M-Instruct, embedded, float32",
+        "sglang": "sglang 0.5.23 (PyTorch 2.13.0 CPU, torch_native attention)",
+        "sglang_start_s": round(time.perf_counter() - t0),
+    }
+    lives = []
+    try:
+        common = ("--engine-timeout-s", "1800", "--max-in-flight", "64", "--max-queue-wait-s", "1000")
+        over = start_server(
+            root, "--engine", "sglang", "--connect", server.url, "--model", str(folder), *common, key=KEY
+        )
+        lives.append(over)
+        inproc = start_server(root, "--model", str(folder), "--dtype", "float32", *common, key=KEY)
+        lives.append(inproc)
+        model = httpx.get(server.url + "/v1/models", timeout=30).json()["data"][0]["id"]
+        systems = [
+            System("sglang", server.url, {}, model),
+            System("openjev_sglang", over.url, over.headers(), "jev-latest"),
+            System("openjev", inproc.url, inproc.headers(), "jev-latest"),
+        ]
+
+        def emit(row: dict) -> None:
+            print(json.dumps({**head, **row}), flush=True)
+
+        asyncio.run(latency(systems, args.repeats, tuple(args.sizes), emit))
+        if not args.skip_throughput:
+            emit(asyncio.run(throughput(systems, args.clients, args.throughput_requests, 4)))
+        if not args.skip_eval:
+            for s in systems:
+                key = None if s.name == "sglang" else KEY
+                emit(asyncio.run(quality(s, key, root / f"eval-{s.name}", args.eval_concurrency)))
+        if not args.skip_jevcompat:
+            for s in systems:
+                key = None if s.name == "sglang" else KEY
+                emit({"section": "jevcompat", **jevcompat(s, key, root / f"{s.name}.json")})
+    finally:
+        for live in lives:
+            stop_server(live)
+        server.stop()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,169 @@
+"""The dependency rule of docs/architecture.md, checked on the code's real imports (parsed
+with ast, never executed), and the repository's self-containment: no tracked file refers
+to a document outside it."""
+
+import ast
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "src" / "openjev"
+
+# Which parts of the package each part may import (docs/architecture.md, the layer table).
+# A part is a subpackage (core, engines, ...) or a top-level module (config, errors, cli, ...).
+ALLOWED: dict[str, set[str]] = {
+    "errors": set(),
+    "config": {"errors"},
+    "core": {"errors"},
+    "runtime": {"errors"},
+    "calibrations": {"core", "errors"},
+    "engines": {"core", "config", "errors", "runtime"},
+    "api": {"core", "engines", "config", "errors", "runtime", "calibrations", "openjev"},
+    "evals": {"api", "core", "config", "engines", "errors"},
+}
+# Third-party packages that only these parts may import.
+CONFINED = {
+    "pydantic": {"api"},
+    "fastapi": {"api"},
+    "fastapi_offline": {"api"},
+    "starlette": {"api"},
+    "torch": {"engines"},
+    "transformers": {"engines"},
+}
+
+
+def part_of(module: str) -> str:
+    """`openjev.core.plan` -> `core`, `openjev.config` -> `config`, `openjev` -> `openjev`."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else parts[0]
+
+
+def module_name(path: Path) -> str:
+    rel = path.relative_to(PACKAGE.parent).with_suffix("")
+    parts = list(rel.parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def imports_of(path: Path) -> list[tuple[int, str]]:
+    """(line, absolute module) of every import in the file, nested ones included."""
+    name = module_name(path)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            # `from openjev import calibrations` imports a module: count it as that module.
+            found += [
+                (node.lineno, f"{target}.{alias.name}" if is_module(f"{target}.{alias.name}") else target)
+                for alias in node.names
+            ]
+    return found
+
+
+def is_module(name: str) -> bool:
+    """Whether `name` is a module or package of openjev."""
+    if name.split(".")[0] != "openjev":
+        return False
+    path = PACKAGE.parent.joinpath(*name.split("."))
+    return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
+
+
+def all_imports() -> list[tuple[str, int, str, str]]:
+    """(importing part, line, imported module, file) for every module of the package."""
+    out = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        part = part_of(module_name(path))
+        rel = str(path.relative_to(ROOT))
+        out += [(part, line, target, rel) for line, target in imports_of(path)]
+    return out
+
+
+def test_the_rule_reads_real_imports():
+    # Guards the guard: a parser that found nothing would pass every rule below.
+    edges = {(part, part_of(t)) for part, _, t, _ in all_imports() if t.split(".")[0] == "openjev"}
+    assert ("engines", "core") in edges and ("api", "engines") in edges and ("cli", "api") in edges
+    assert any(t == "torch" or t.startswith("torch.") for part, _, t, _ in all_imports() if part == "engines")
+
+
+def test_each_layer_imports_only_the_layers_below_it():
+    wrong = [
+        f"{file}:{line}: {part} imports {target}"
+        for part, line, target, file in all_imports()
+        if target.split(".")[0] == "openjev"
+        and part in ALLOWED
+        and part_of(target) != part
+        and part_of(target) not in ALLOWED[part]
+    ]
+    assert not wrong, "imports against the dependency rule (docs/architecture.md):\n" + "\n".join(wrong)
+
+
+def test_the_core_uses_the_standard_library_only():
+    wrong = [
+        f"{file}:{line}: {target}"
+        for part, line, target, file in all_imports()
+        if part == "core" and target.split(".")[0] not in sys.stdlib_module_names | {"openjev"}
+    ]
+    assert not wrong, "the core is stdlib-only:\n" + "\n".join(wrong)
+
+
+@pytest.mark.parametrize("package", sorted(CONFINED))
+def test_frameworks_stay_in_their_layer(package):
+    wrong = [
+        f"{file}:{line}: {target}"
+        for part, line, target, file in all_imports()
+        if target.split(".")[0] == package and part not in CONFINED[package]
+    ]
+    assert not wrong, f"{package} is only for {sorted(CONFINED[package])}:\n" + "\n".join(wrong)
+
+
+# Documents that live outside the repository (the project's starting notes): a clone does
+# not have them, so nothing in it may point at them. Built from parts so that this file
+# does not match itself.
+OUTSIDE = re.compile(
+    "|".join(
+        [
+            re.escape("../" + "shared"),
+            re.escape("shared" + "/docs"),
+            re.escape("/work/" + "shared"),
+            r"(?<![\w-])" + re.escape("jev-" + "contract.md"),
+            r"(?<![\w-])" + re.escape("design" + ".md"),
+        ]
+    )
+)
+
+
+def tracked_files() -> list[Path]:
+    try:
+        listed = subprocess.run(
+            ["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True, timeout=60
+        ).stdout.decode()
+    except (OSError, subprocess.SubprocessError):
+        pytest.skip("not a git checkout: the tracked files are unknown")
+    return [ROOT / name for name in listed.split("\0") if name]
+
+
+def test_no_tracked_file_refers_outside_the_repository():
+    files = tracked_files()
+    assert any(f.name == "README.md" for f in files)
+    wrong = []
+    for path in files:
+        try:
+            text = path.read_text()
+        except (UnicodeDecodeError, FileNotFoundError, IsADirectoryError):
+            continue  # binary files (images), or deleted but not yet staged
+        for number, line in enumerate(text.splitlines(), 1):
+            if OUTSIDE.search(line):
+                wrong.append(f"{path.relative_to(ROOT)}:{number}: {line.strip()[:120]}")
+    assert not wrong, "references to documents outside the repository:\n" + "\n".join(wrong)
