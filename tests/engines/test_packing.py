@@ -79,3 +79,33 @@ def test_parallel_layouts_are_never_shared_even_when_identical():
     packed = pack(plan)
     assert len(packed) == 2 + 3 + 3 + 3  # head shared; each layout leaf and the linear tail on its own
     assert sorted(b for b, _ in packed.reads) == [0, 1, 2]
+
+
+def test_layouts_on_a_shared_prefix_index_the_whole_sequence_and_stay_unshared():
+    # Branches held as a shared prefix plus their own tokens (as the compiler makes them):
+    # the spans index the whole sequence, and the trie splits before the first span even
+    # where two layout branches' own tokens are identical.
+    state = (1, 2, 3)
+    own = (4, 5, 6, 7)  # 4: the question head, 5 and 6: one span each, 7: the tail
+    spans = ((4, 5), (5, 6))
+    a = Branch(own, (0,), state, parallel=spans)
+    b = Branch(own, (1,), state, parallel=spans)
+    linear = Branch((4, 9), (0,), state)
+    assert a.input_ids == (1, 2, 3, 4, 5, 6, 7) and a.share_limit == 4
+    plan = Plan.from_branches([a, b, linear])
+    assert plan.root.tokens == (1, 2, 3, 4)  # the state and the shared head, nothing past it
+    packed = pack(plan)
+    assert packed.root_len == 4
+    assert len(packed) == 4 + 3 + 3 + 1  # each layout leaf on its own; the linear tail
+    full = packed.visibility(0, len(packed))
+    for _, read in packed.reads[:2]:  # each layout's tail sees the state, the head and both its spans
+        seen = [packed.tokens[k] for k in range(len(packed)) if full[read, k]]
+        assert seen == [1, 2, 3, 4, 5, 6, 7]
+    five = [k for k, t in enumerate(packed.tokens) if t == 5]
+    assert all(packed.positions[k] == 4 for k in five)  # both spans at the first span's position
+    assert all(packed.positions[k] == 4 for k, t in enumerate(packed.tokens) if t == 6)
+    assert (
+        Branch(own, (0,), state, parallel=spans)
+        == Branch(state + own, (0,), parallel=spans)
+        != a.__class__(own, (0,), state)
+    )
