@@ -153,7 +153,7 @@ def table(args: argparse.Namespace) -> int:
         if not dev or not test:
             skipped.append(label)
             continue
-        fits = fit_readout([s for s, _ in dev])
+        fits = fit_readout([s for s, _ in dev], prior=args.prior)
         fits_doc.append({"readout": name, "rotations": rotations, "types": fits})
         tokens = readings.tokens(service, items["test"], ReadoutSpec(name, rotations))
         for calibrated in (False, True):
@@ -175,6 +175,13 @@ def table(args: argparse.Namespace) -> int:
         "data": {"files": ["dev.jsonl"], "items": len(items["dev"])},
         "fits": fits_doc,
     }
+    if args.default:
+        name, _, rot = args.default.partition(":")
+        label = name + (f", R={rot or 1}" if name == "letters" else "")
+        rule = choose(abstain[label]["dev"]) if label in abstain else None
+        doc["defaults"] = {"readout": name, "rotations": int(rot or 1)}
+        if rule is not None:
+            doc["defaults"]["abstain"] = rule.describe()
     calib.from_dict(doc)  # what we write must load
     (folder / "calibration-dev.json").write_text(json.dumps(doc, indent=2) + "\n")
     text = _markdown(args, rows, skipped, items, abstain)
@@ -306,6 +313,10 @@ def main() -> int:
     rec.add_argument("--limit", type=int)
     tab = sub.add_parser("table", help="derive the rows, fit on dev, report on test")
     tab.add_argument("--results", default="evals/results")
+    tab.add_argument(
+        "--default", metavar="READOUT[:ROTATIONS]", help="the model's default readout, named in the calibration file"
+    )
+    tab.add_argument("--prior", action="store_true", help="allow a per-position prior in the fit (default: T only)")
     for p in (rec, tab):
         p.add_argument("--model", required=True)
         p.add_argument("--out", default="evals/runs/readings")

@@ -65,7 +65,7 @@ def _cv_nll(logp: np.ndarray, correct: np.ndarray, n_bias: int, folds: int, seed
     return total / len(correct)
 
 
-def fit_type(samples: Sequence[Scored], *, folds: int = 5, seed: int = 0) -> dict:
+def fit_type(samples: Sequence[Scored], *, folds: int = 5, seed: int = 0, prior: bool = True) -> dict:
     """The fit for one question type, with the evidence for its form:
     {"temperature", "bias", "n", "nll_before", "nll_after", "cv_nll": {...}, "form"}."""
     logp, correct = _arrays(samples)
@@ -76,7 +76,7 @@ def fit_type(samples: Sequence[Scored], *, folds: int = 5, seed: int = 0) -> dic
     if can_cv:
         cv["temperature"] = _cv_nll(logp, correct, 0, folds, seed)
         cv["temperature+prior"] = _cv_nll(logp, correct, n_bias, folds, seed) if n_bias else float("inf")
-    use_bias = can_cv and n_bias > 0 and cv["temperature+prior"] < cv["temperature"] - MIN_GAIN
+    use_bias = prior and can_cv and n_bias > 0 and cv["temperature+prior"] < cv["temperature"] - MIN_GAIN
     theta = _fit(logp, correct, n_bias if use_bias else 0)
     return {
         "temperature": float(np.exp(theta[0])),
@@ -89,11 +89,13 @@ def fit_type(samples: Sequence[Scored], *, folds: int = 5, seed: int = 0) -> dic
     }
 
 
-def fit_readout(scored: Sequence[Scored]) -> dict[str, dict]:
-    """Fits per question type present (types with fewer than 10 questions are left out)."""
+def fit_readout(scored: Sequence[Scored], *, prior: bool = True) -> dict[str, dict]:
+    """Fits per question type present (types with fewer than 10 questions are left out).
+    `prior=False`: a temperature per type only (one parameter: what a small dev set can
+    support without overfitting; the cross-validated NLL of the prior form is still reported)."""
     out = {}
     for qtype in ("noul", "choice", "score"):
         samples = [s for s in scored if s.qtype == qtype]
         if len(samples) >= 10:
-            out[qtype] = fit_type(samples)
+            out[qtype] = fit_type(samples, prior=prior)
     return out
