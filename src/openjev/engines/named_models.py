@@ -161,6 +161,7 @@ def assemble(chunks: Sequence[Path], target: Path, *, sha256: str, size: int | N
             raise ValueError(f"assembled {written} bytes, {size} were pinned")
         if digest.hexdigest() != sha256:
             raise ValueError(f"assembled file has SHA-256 {digest.hexdigest()}, {sha256} was pinned")
+        os.chmod(tmp, 0o644)  # mkstemp's 0600 would hide a shared cache's model from other users
         os.replace(tmp, target)
     except BaseException:
         tmp.unlink(missing_ok=True)
