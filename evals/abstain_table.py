@@ -37,6 +37,7 @@ class Read:
     correct: bool
     label_mass: float
     order_agreement: float | None
+    top_probability: float = 1.0  # the answer's own top probability (a confidence floor compared beside the rule)
 
 
 def reads(data: str, run: str) -> list[Read]:

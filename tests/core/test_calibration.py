@@ -78,3 +78,28 @@ def test_binding_names_what_differs():
         calib.check_binding(cal, fingerprint="sha256:abc", prompt_version="3", base_temperature=1.0)
     with pytest.raises(ConfigError, match="--temperature"):
         calib.check_binding(cal, fingerprint="sha256:abc", prompt_version="2", base_temperature=0.5)
+
+
+def test_a_document_may_name_the_models_measured_defaults():
+    doc = {**DOC, "defaults": {"readout": "letters", "rotations": 4, "abstain": {"min_label_mass": 0.6}}}
+    cal = calib.from_dict(doc)
+    assert cal.default_readout == ReadoutSpec("letters", 4)
+    assert cal.default_abstain is not None and cal.default_abstain.describe() == {
+        "min_label_mass": 0.6,
+        "min_order_agreement": 0.0,
+    }
+    plain = calib.from_dict(DOC)
+    assert plain.default_readout is None and plain.default_abstain is None
+
+
+@pytest.mark.parametrize(
+    "defaults,match",
+    [
+        ({"readout": "letters", "rotations": 1}, "has no fit"),  # only letters R=4 is fitted
+        ({"readout": "words"}, "unknown readout"),
+        ({"abstain": {"min_label_mass": 2}}, "between 0 and 1"),
+    ],
+)
+def test_defaults_without_a_fit_or_out_of_range_are_refused(defaults, match):
+    with pytest.raises(ConfigError, match=match):
+        calib.from_dict({**DOC, "defaults": defaults})

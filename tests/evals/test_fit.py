@@ -57,3 +57,10 @@ def test_types_with_too_few_questions_are_left_out():
     fits = fit_readout(few + many)
     assert set(fits) == {"score"}
     assert fits["score"]["temperature"] > 1  # 70 % confident, 50 % right: soften
+
+
+def test_a_temperature_only_fit_never_takes_a_prior():
+    samples = [Scored("choice", (0.7, 0.2, 0.1), i % 3) for i in range(60)]  # position 0 over-predicted
+    assert fit_type(samples)["form"] in ("temperature", "temperature+prior")
+    only = fit_type(samples, prior=False)
+    assert only["form"] == "temperature" and only["bias"] == [] and "temperature+prior" in only["cv_nll"]

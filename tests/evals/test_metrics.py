@@ -35,3 +35,17 @@ def test_by_type_and_empty_groups():
     out = by_type([Scored("score", (0.2, 0.8), 1)])
     assert out["noul"] == {"questions": 0} and out["score"]["accuracy"] == 1.0 and out["all"]["questions"] == 1
     assert out["score"]["order_flip_rate"] is None and out["score"]["accuracy_at_0.9"] is None
+
+
+def test_coverage_and_accuracy_on_the_answered_questions():
+    scored = [
+        Scored("noul", (0.8, 0.2), 0),  # answered, right
+        Scored("noul", (0.6, 0.4), 1, abstained=True),  # declined (wrong, but not counted)
+        Scored("choice", (0.2, 0.8), 0),  # answered, wrong
+        Scored("choice", (0.9, 0.1), 0, abstained=True),  # declined (right, not counted either)
+    ]
+    s = summarize(scored)
+    assert s["accuracy"] == 0.5  # every question, declined or not
+    assert s["coverage"] == 0.5 and s["accuracy_answered"] == 0.5
+    assert summarize(scored[:2])["accuracy_answered"] == 1.0
+    assert summarize([scored[1]])["coverage"] == 0.0 and summarize([scored[1]])["accuracy_answered"] is None

@@ -91,6 +91,9 @@ def test_eval_command_writes_summary_table_and_diagram(fake_server, tmp_path, ca
     assert summary["run"]["readout"] == ["letters;rotations=2"]
     assert set(summary["metrics"]) == {"noul", "choice", "score", "all"}
     assert 0 <= summary["metrics"]["all"]["ece"] <= 1 and summary["metrics"]["choice"]["order_flip_rate"] is not None
+    # under the server's abstain rule: the share answered, and the accuracy on those
+    assert summary["metrics"]["all"]["coverage"] == pytest.approx(1 - summary["run"]["abstained_share"])
+    assert "acc. answered" in (out / "summary.md").read_text()
     assert (out / "reliability.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "| all |" in (out / "summary.md").read_text() and "| all |" in capsys.readouterr().out
 

@@ -186,7 +186,7 @@ def install(
             body,
             service,
             card.name,
-            spec,
+            spec or service.default_readout,
             calibrate,
             request_id_of(request.scope),
             request.app.state.ops.key_limits,

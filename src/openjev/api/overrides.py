@@ -37,8 +37,13 @@ def default_spec(settings: Settings) -> ReadoutSpec:
     return ReadoutSpec(settings.readout, settings.rotations)
 
 
-def decide_options(headers: Mapping[str, str], settings: Settings) -> tuple[ReadoutSpec, bool]:
-    """(readout spec, whether to calibrate) for one request."""
+def decide_options(headers: Mapping[str, str], settings: Settings) -> tuple[ReadoutSpec | None, bool]:
+    """(readout spec, whether to calibrate) for one request. The spec is None where neither
+    readout header was sent: the service's default applies (which may be the served model's
+    measured one, from its calibration file). A header sent alone takes the other part from
+    --readout/--rotations."""
+    if READOUT_HEADER not in headers and ROTATIONS_HEADER not in headers:
+        return None, _calibrate(headers)
     name = headers.get(READOUT_HEADER, settings.readout).strip().lower()
     if name not in READOUT_NAMES:
         raise _invalid(READOUT_HEADER, name, f"unknown readout; expected one of: {', '.join(READOUT_NAMES)}")
@@ -52,7 +57,11 @@ def decide_options(headers: Mapping[str, str], settings: Settings) -> tuple[Read
             raise _invalid(ROTATIONS_HEADER, raw, f"rotations must be between 1 and {settings.max_rotations}")
     if raw is not None and READOUT_HEADER not in headers and name == "parallel":
         name = "letters"  # rotations are a letters parameter: asking for them asks for letters
+    return ReadoutSpec(name, rotations), _calibrate(headers)
+
+
+def _calibrate(headers: Mapping[str, str]) -> bool:
     cal = headers.get(CALIBRATION_HEADER, "default").strip().lower()
     if cal not in ("default", "none"):
         raise _invalid(CALIBRATION_HEADER, cal, "expected 'default' or 'none'")
-    return ReadoutSpec(name, rotations), cal == "default"
+    return cal == "default"

@@ -18,6 +18,7 @@ from openjev.api.ops import Operations
 from openjev.api.overrides import default_spec
 from openjev.config import MAX_CHOICE_OPTIONS, Settings
 from openjev.core.abstain import AbstainRule
+from openjev.core.calibration import Calibration
 from openjev.core.prompts import PromptCompiler
 from openjev.core.readouts import ReadoutSpec
 from openjev.core.service import DecisionService, ServiceLimits
@@ -58,7 +59,9 @@ def build_service(settings: Settings, loaded: LoadedEngine) -> DecisionService:
         base_temperature=settings.temperature,
     )
     spec = default_spec(settings)
+    abstain = AbstainRule(settings.abstain_min_label_mass, settings.abstain_min_order_agreement)
     if calibration is not None:
+        spec, abstain = model_defaults(settings, calibration, spec, abstain)
         log.info(
             "calibration %s (%s) applied to %s",
             calibration.id,
@@ -83,7 +86,6 @@ def build_service(settings: Settings, loaded: LoadedEngine) -> DecisionService:
         max_branches=settings.max_branches,
         max_prompt_tokens=settings.max_prompt_tokens,
     )
-    abstain = AbstainRule(settings.abstain_min_label_mass, settings.abstain_min_order_agreement)
     return DecisionService(
         compiler,
         loaded.engine,
@@ -94,6 +96,34 @@ def build_service(settings: Settings, loaded: LoadedEngine) -> DecisionService:
         parallel_layouts=bool(getattr(loaded.engine, "parallel_layouts", False)),
         parallel_fallback=ReadoutSpec("letters", settings.rotations),
     )
+
+
+def model_defaults(
+    settings: Settings, calibration: Calibration, spec: ReadoutSpec, abstain: AbstainRule
+) -> tuple[ReadoutSpec, AbstainRule]:
+    """The served model's measured defaults, from its calibration file, where the operator
+    left the global ones: --readout/--rotations at letters/4 take the file's readout, the two
+    --abstain-* floors at their defaults take the file's floors. A flag set to anything else
+    wins (a flag set to the global default itself cannot be told from none)."""
+    glob = Settings()
+    if calibration.default_readout is not None and (settings.readout, settings.rotations) == (
+        glob.readout,
+        glob.rotations,
+    ):
+        spec = calibration.default_readout
+        log.info(
+            "default readout %s: the one measured for this model (calibration %s)", spec.describe(), calibration.id
+        )
+    floors = (settings.abstain_min_label_mass, settings.abstain_min_order_agreement)
+    if calibration.default_abstain is not None and floors == (
+        glob.abstain_min_label_mass,
+        glob.abstain_min_order_agreement,
+    ):
+        abstain = calibration.default_abstain
+        log.info(
+            "abstain floors %s: the ones measured for this model (calibration %s)", abstain.describe(), calibration.id
+        )
+    return spec, abstain
 
 
 def lifespan(

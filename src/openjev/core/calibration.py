@@ -10,6 +10,11 @@ positions (a small model's "A"). Position i is the option's index in the request
 0 = true, 1 = false; score: the level). Fitting lives beside the server (`openjev
 calibrate`, numpy/scipy); the request path only applies a fit.
 
+A calibration file may also name the model's measured defaults (`"defaults"`): the readout
+(and rotations) the server reads with when its operator chose none, and the abstain rule's
+floors; both chosen on the same dev data as the fits (evals/quality_model_table.py). The
+default readout must be one the file has a fit for.
+
 A calibration file is bound to what produced its inputs: the model's weights
 fingerprint, the prompt wording's version, the base softmax temperature, and per fit the
 readout and rotations. Anything else is refused (`check_binding`), because a fit for
@@ -25,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from openjev.core.abstain import AbstainRule
 from openjev.core.readouts import ReadoutSpec
 from openjev.errors import ConfigError
 
@@ -60,6 +66,8 @@ class Calibration:
     base_temperature: float
     fits: tuple[ReadoutFit, ...]
     source: str = ""
+    default_readout: ReadoutSpec | None = None  # the model's measured default readout, if named
+    default_abstain: AbstainRule | None = None  # the model's measured abstain floors, if named
 
     def fit_for(self, spec: ReadoutSpec, qtype: str) -> TypeFit | None:
         for fit in self.fits:
@@ -125,6 +133,18 @@ def from_dict(data: Mapping[str, Any], source: str = "") -> Calibration:
         specs = [f.spec for f in fits]
         if len(set(specs)) != len(specs):
             raise ValueError("two fits for the same readout")
+        defaults = data.get("defaults") or {}
+        default_readout = None
+        if "readout" in defaults:
+            default_readout = ReadoutSpec(str(defaults["readout"]), int(defaults.get("rotations", 1)))
+            if default_readout not in specs:
+                raise ValueError(f"default readout {default_readout.describe()!r} has no fit")
+        default_abstain = None
+        if "abstain" in defaults:
+            floors = defaults["abstain"]
+            default_abstain = AbstainRule(
+                float(floors.get("min_label_mass", 0.0)), float(floors.get("min_order_agreement", 0.0))
+            )
         return Calibration(
             id=str(data["id"]),
             model_name=str(data["model"]["name"]),
@@ -133,6 +153,8 @@ def from_dict(data: Mapping[str, Any], source: str = "") -> Calibration:
             base_temperature=float(data.get("base_temperature", 1.0)),
             fits=tuple(fits),
             source=source,
+            default_readout=default_readout,
+            default_abstain=default_abstain,
         )
     except (KeyError, TypeError, ValueError, AttributeError, ConfigError) as e:
         where = source or "calibration"

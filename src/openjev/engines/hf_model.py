@@ -22,6 +22,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from openjev.engines import named_models
 from openjev.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -59,11 +60,18 @@ def embedded_gguf() -> Path:
     raise ConfigError(f"{EMBEDDED_PACKAGE} carries no .gguf file")
 
 
-def resolve_source(model: str | None) -> ModelSource:
-    """Turn the --model setting into a ModelSource; raises ConfigError for a missing path."""
+def resolve_source(model: str | None, cache_dir: str | None = None) -> ModelSource:
+    """Turn the --model setting into a ModelSource; raises ConfigError for a missing path or
+    a named model (named_models.py) not installed in `cache_dir` (default: the default cache)."""
     if model is None:
         path = embedded_gguf()
         return ModelSource(path.parent, path.name, EMBEDDED_NAME, EMBEDDED_DESCRIPTION, EMBEDDED_RELEASE_DATE)
+    entry = named_models.named(model)
+    if entry is not None:
+        from openjev.config import Settings
+
+        path = named_models.installed_gguf(entry, cache_dir if cache_dir is not None else Settings().cache_dir)
+        return ModelSource(path.parent, path.name, entry.name, entry.description, entry.release_date)
     path = Path(model).expanduser()
     if not path.exists():
         raise ConfigError(f"--model {model!r}: no such file or folder (models are never downloaded)")
@@ -120,7 +128,7 @@ def preflight(settings) -> None:
     """Fail fast on a model setting that cannot load (missing path, wrong kind of file) and,
     for a GGUF, on a cache folder that could never hold its conversion (found before the
     conversion's seconds are spent, not after)."""
-    source = resolve_source(settings.model)
+    source = resolve_source(settings.model, settings.cache_dir)
     if source.gguf_file is not None:
         check_cache_dir(settings.cache_dir)
         if not (gguf_cache_folder(source, settings.cache_dir) / _COMPLETE).exists():
@@ -206,6 +214,16 @@ def load_model_and_tokenizer(source: ModelSource, *, cache_dir: str, dtype, devi
             "(fix or delete it, or pass another --cache-dir)"
         ) from None
     return (*_load_folder(folder, dtype, device), False)
+
+
+def ensure_converted(source: ModelSource, cache_dir: str) -> tuple[Path, bool]:
+    """(converted folder, whether it was converted now): a GGUF's conversion, made once
+    (`openjev model install`); a cache whose record's sizes match is kept (each load checks
+    its hashes)."""
+    cached = gguf_cache_folder(source, cache_dir)
+    if (cached / _COMPLETE).exists() and sizes_problem(cached) is None:
+        return cached, False
+    return _convert_gguf(source, cached), True
 
 
 def _load_folder(folder: Path, dtype, device: str):

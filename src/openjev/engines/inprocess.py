@@ -132,7 +132,7 @@ def _pick_device(setting: str) -> str:
 def load(settings: Settings) -> LoadedEngine:
     """Load the model named by settings (blocking) and wrap it as an engine."""
     t0 = time.perf_counter()
-    source = resolve_source(settings.model)
+    source = resolve_source(settings.model, settings.cache_dir)
     device = _pick_device(settings.device)
     choice = pick_dtype(settings.dtype, device)
     log.info("dtype %s", choice.reason)

@@ -78,7 +78,7 @@ def fit_type(samples: Sequence[Scored], *, folds: int = 5, seed: int = 0, prior:
     if can_cv:
         cv["temperature"] = _cv_nll(logp, correct, 0, folds, seed)
         cv["temperature+prior"] = _cv_nll(logp, correct, n_bias, folds, seed) if n_bias else float("inf")
-    use_bias = can_cv and n_bias > 0 and cv["temperature+prior"] < cv["temperature"] - MIN_GAIN
+    use_bias = prior and can_cv and n_bias > 0 and cv["temperature+prior"] < cv["temperature"] - MIN_GAIN
     theta = _fit(logp, correct, n_bias if use_bias else 0)
     return {
         "temperature": float(np.exp(theta[0])),
@@ -91,13 +91,15 @@ def fit_type(samples: Sequence[Scored], *, folds: int = 5, seed: int = 0, prior:
     }
 
 
-def fit_readout(scored: Sequence[Scored], *, order_free: Sequence[str] = ()) -> dict[str, dict]:
+def fit_readout(scored: Sequence[Scored], *, order_free: Sequence[str] = (), prior: bool = True) -> dict[str, dict]:
     """Fits per question type present (types with fewer than 10 questions are left out).
     `order_free`: question types the readout reads independently of the caller's option
-    order; they get no per-position correction."""
+    order; they get no per-position correction. `prior=False`: a temperature per type only
+    (one parameter: what a small dev set can support without overfitting; the
+    cross-validated NLL of the prior form is still reported)."""
     out = {}
     for qtype in ("noul", "choice", "score"):
         samples = [s for s in scored if s.qtype == qtype]
         if len(samples) >= 10:
-            out[qtype] = fit_type(samples, prior=qtype not in order_free)
+            out[qtype] = fit_type(samples, prior=prior and qtype not in order_free)
     return out

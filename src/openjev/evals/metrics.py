@@ -10,7 +10,9 @@ request's order; score: levels) and the index of the correct option.
   (share of questions) x |accuracy - mean top probability|;
 - accuracy at p >= 0.9 and its coverage (share of questions answered that confidently);
 - order-flip rate: share of choice questions whose top option changes when the options
-  are rotated by one position.
+  are rotated by one position;
+- under the server's abstain rule (core/abstain.py): coverage (share of questions answered,
+  not declined) and accuracy on the answered ones.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ class Scored:
     probs: tuple[float, ...]
     correct: int
     flipped: bool | None = None  # choice questions read in a rotated order too; None otherwise
+    abstained: bool = False  # declined by the server's abstain rule (the answer's x_abstain)
 
     @property
     def top(self) -> int:
@@ -66,6 +69,7 @@ def summarize(scored: Sequence[Scored]) -> dict[str, float | int | None]:
     ece = math.fsum(count / n * abs(acc - conf) for count, conf, acc in reliability(scored) if count)
     confident = [s for s in scored if s.probs[s.top] >= CONFIDENT]
     flips = [s.flipped for s in scored if s.flipped is not None]
+    answered = [s for s in scored if not s.abstained]
     return {
         "questions": n,
         "accuracy": sum(s.top == s.correct for s in scored) / n,
@@ -76,6 +80,8 @@ def summarize(scored: Sequence[Scored]) -> dict[str, float | int | None]:
         "coverage_at_0.9": len(confident) / n,
         "mean_confidence": math.fsum(s.probs[s.top] for s in scored) / n,
         "order_flip_rate": sum(flips) / len(flips) if flips else None,
+        "coverage": len(answered) / n,
+        "accuracy_answered": sum(s.top == s.correct for s in answered) / len(answered) if answered else None,
     }
 
 

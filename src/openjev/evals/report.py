@@ -20,6 +20,8 @@ COLUMNS = [
     ("accuracy_at_0.9", "acc@p>=0.9", "{:.3f}"),
     ("coverage_at_0.9", "coverage@0.9", "{:.3f}"),
     ("order_flip_rate", "order flips", "{:.3f}"),
+    ("coverage", "coverage", "{:.3f}"),
+    ("accuracy_answered", "acc. answered", "{:.3f}"),
 ]
 
 
@@ -48,8 +50,9 @@ def markdown(summary: dict[str, Any], title: str) -> str:
         f"{facts['items'] - facts['items_failed']}/{facts['items']} requests answered; "
         f"p50 latency {_cell(facts['latency_ms_p50'], '{:.0f}')} ms; "
         f"tokens computed per request {_cell(facts['tokens_computed_per_request'], '{:.1f}')}; "
-        f"declined by the abstain rule {_cell(facts.get('abstained_share'), '{:.0%}')} "
-        "(evals/abstain_table.py: accuracy against coverage)",
+        f"declined by the abstain rule {_cell(facts.get('abstained_share'), '{:.0%}')}: "
+        "coverage is the share answered, acc. answered the accuracy on those "
+        "(evals/abstain_table.py: accuracy against coverage over a grid of floors)",
     ]
     return "\n".join(lines) + "\n"
 

@@ -198,18 +198,25 @@ def score(items: Sequence[Item], store: ResultStore) -> tuple[list[Scored], dict
             q = item.request["questions"][qid]
             a = main["answers"][qid]
             mass.append(a.get("x_label_mass", float("nan")))
-            abstained.append(bool(a.get("x_abstain", False)))  # the server's abstain rule (core/abstain.py)
+            declined = bool(a.get("x_abstain", False))  # the server's abstain rule (core/abstain.py)
+            abstained.append(declined)
             if q["type"] == "noul":
-                scored.append(Scored("noul", (a["noul"], 1.0 - a["noul"]), 0 if expected else 1))
+                scored.append(Scored("noul", (a["noul"], 1.0 - a["noul"]), 0 if expected else 1, abstained=declined))
             elif q["type"] == "choice":
                 names = list(q["criteria"])
                 flipped = None if flip_answers is None else flip_answers[qid]["choice"] != a["choice"]
                 scored.append(
-                    Scored("choice", tuple(a["probabilities"][n] for n in names), names.index(expected), flipped)
+                    Scored(
+                        "choice",
+                        tuple(a["probabilities"][n] for n in names),
+                        names.index(expected),
+                        flipped,
+                        abstained=declined,
+                    )
                 )
             else:
                 probs = tuple(a["probabilities"][str(i)] for i in range(len(q["criteria"])))
-                scored.append(Scored("score", probs, int(expected)))
+                scored.append(Scored("score", probs, int(expected), abstained=declined))
     facts = {
         "items": len(items),
         "items_failed": len(failed),
