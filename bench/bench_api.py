@@ -85,7 +85,7 @@ def _loaded_with_instant_engine():
 def serve(port: int) -> None:
     import uvicorn
 
-    from openjev.api.app import create_app
+    from openjev.api.server.app import create_app
     from openjev.config import load_settings
 
     loaded = _loaded_with_instant_engine()
@@ -97,8 +97,8 @@ def serve(port: int) -> None:
 
 def _quiet_logs() -> None:
     try:
-        from openjev.api import logs
-    except ImportError:  # a version before api/logs.py (side-by-side runs)
+        from openjev.api.operations import logs
+    except ImportError:  # a version before api/operations/logs.py (side-by-side runs)
         import logging
 
         logging.basicConfig(level=logging.WARNING)
@@ -170,7 +170,7 @@ async def many_clients(port: int, clients: int, total: int) -> dict:
 
 
 def in_process(n: int = 400) -> dict:
-    from openjev.api.app import create_app
+    from openjev.api.server.app import create_app
     from openjev.config import load_settings
 
     loaded = _loaded_with_instant_engine()
@@ -228,10 +228,10 @@ def split(n: int = 300) -> dict:
     import orjson
     from starlette.responses import JSONResponse
 
-    from openjev.api import convert, schemas
+    from openjev.api.contract import convert, schemas
 
     try:
-        from openjev.api.responses import FastJSONResponse
+        from openjev.api.contract.responses import FastJSONResponse
     except ImportError:  # measuring a version before it: orjson as it would be used
 
         class FastJSONResponse(JSONResponse):

@@ -154,8 +154,8 @@ def server_part() -> list[dict]:
 
 
 def prepare_part() -> list[dict]:
-    from openjev.api import convert, schemas
-    from openjev.api.runtime import build_service
+    from openjev.api.contract import convert, schemas
+    from openjev.api.server.assembly import build_service
     from openjev.config import load_settings
     from openjev.core.readouts import ReadoutSpec
     from openjev.engines import load_engine

@@ -56,7 +56,7 @@ class Settings:
         "API docs (/docs, /redoc, /openapi.json): public, off, or auth (the API's bearer key when keys are "
         "configured, open when none are, like the API)",
     )
-    # connections (api/connections.py: checked before a request reaches the app)
+    # connections (api/operations/connections.py: checked before a request reaches the app)
     max_connections: int = _opt(
         1024, "open HTTP connections at once; beyond it a new connection is answered 503 and closed"
     )

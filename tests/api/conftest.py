@@ -5,7 +5,7 @@ from contextlib import asynccontextmanager
 import httpx
 import pytest
 
-from openjev.api.app import create_app
+from openjev.api.server.app import create_app
 from openjev.config import load_settings
 from openjev.engines import LoadedEngine, ModelCard
 from tests.fakes import FakeEngine, FakeTokenizer

@@ -10,7 +10,7 @@ import re
 
 import pytest
 
-from openjev.api import convert
+from openjev.api.contract import convert
 from tests import bombs
 from tests.api.conftest import running_app
 

@@ -3,7 +3,7 @@ the log sees (the backend's URL and reply, a foreign exception's text)."""
 
 import httpx
 
-from openjev.api.logs import JsonFormatter
+from openjev.api.operations.logs import JsonFormatter
 from openjev.engines.sglang import SGLangEngine
 from openjev.errors import EngineUnavailable
 from tests.api.conftest import running_app
@@ -64,7 +64,7 @@ async def test_a_batch_item_failure_keeps_its_detail_for_the_log():
     assert any(
         rec.get("request_id") == rid and "hunter2" in rec["msg"]
         for rec in logs.json_lines()
-        if rec["logger"] == "openjev.api.batch"
+        if rec["logger"] == "openjev.api.server.batch"
     )
 
 

@@ -4,7 +4,7 @@ import asyncio
 
 import httpx
 
-from openjev.api.app import create_app
+from openjev.api.server.app import create_app
 from openjev.config import load_settings
 from openjev.engines import LoadedEngine
 from tests.api.conftest import CARD

@@ -1,6 +1,6 @@
 """Hardening round two, the HTTP layer (issue 16, findings 2, 6 and part of 11), over real
 sockets against a real uvicorn on loopback serving the app (the server's own protocol,
-api/connections.py), with a fake engine whose recorded plans show what reached it.
+api/operations/connections.py), with a fake engine whose recorded plans show what reached it.
 
 Each test asserts the status, a message naming the problem, that nothing reached the
 engine, and that the next valid request is answered."""

@@ -19,7 +19,7 @@ from collections import Counter, defaultdict
 import pytest
 import schemathesis
 
-from openjev.api.app import create_app
+from openjev.api.server.app import create_app
 from openjev.config import load_settings
 from tests.api.conftest import fake_loader
 from tests.fakes import FakeEngine

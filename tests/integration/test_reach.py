@@ -8,7 +8,7 @@ import sys
 import httpx
 import pytest
 
-from openjev.api.app import SYSTEMONE_ROUTES
+from openjev.api.server.app import SYSTEMONE_ROUTES
 from tests.integration.test_live_server import README_EXAMPLE
 
 pytestmark = pytest.mark.model

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import httpx
 
+from openjev.engines.server_process import SGLangProcess
 from openjev.errors import EngineUnavailable
-from openjev.runtime.sglang_process import SGLangProcess
 from tests.net import free_port
 
 REPO = Path(__file__).resolve().parents[2]

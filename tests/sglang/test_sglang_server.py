@@ -173,7 +173,7 @@ async def test_cached_tokens_are_reported_and_staging_computes_less(compiler, se
 
 
 async def test_the_server_keeps_each_cache_namespace_to_itself(compiler, server):
-    """Per-key namespaces (api/tenancy.py) reach the server as `extra_key`, which its radix
+    """Per-key namespaces (api/identity/tenancy.py) reach the server as `extra_key`, which its radix
     cache keys on (SGLang-JAX and SGLang alike): a state sent under one namespace is found cached by that namespace's
     repeat, and computed again under another."""
 

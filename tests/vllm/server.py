@@ -14,9 +14,9 @@ from pathlib import Path
 
 import httpx
 
+from openjev.engines.server_process import SGLangProcess
 from openjev.engines.vllm import child_args
 from openjev.errors import EngineUnavailable
-from openjev.runtime.sglang_process import SGLangProcess
 from tests.net import free_port
 
 REPO = Path(__file__).resolve().parents[2]

@@ -183,7 +183,7 @@ async def test_cached_tokens_add_up_and_a_seen_state_comes_from_cache(compiler, 
 
 
 async def test_the_server_keeps_each_cache_namespace_to_itself(compiler, server):
-    """Per-key namespaces (api/tenancy.py) reach vLLM as `cache_salt`: a state sent under one
+    """Per-key namespaces (api/identity/tenancy.py) reach vLLM as `cache_salt`: a state sent under one
     namespace is found cached by that namespace's next request, and computed again under
     another (whose own branches may still share it within their batch)."""
 

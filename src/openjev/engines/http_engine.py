@@ -30,7 +30,7 @@ from openjev.engines.submission import RecentPrefixes, choose, execute
 from openjev.errors import EngineError, EngineTimeout, EngineUnavailable, OpenjevError
 
 if TYPE_CHECKING:
-    from openjev.runtime.sglang_process import SGLangProcess
+    from openjev.engines.server_process import SGLangProcess
 
 log = logging.getLogger(__name__)
 

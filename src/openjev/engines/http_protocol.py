@@ -38,7 +38,7 @@ def request_body(rid: str, input_ids: Sequence[int], label_ids: Sequence[int], s
         "return_text_in_logprobs": False,
         "rid": rid,
     }
-    if salt:  # the radix cache's namespace (GenerateReqInput.extra_key; api/tenancy.py)
+    if salt:  # the radix cache's namespace (GenerateReqInput.extra_key; api/identity/tenancy.py)
         body["extra_key"] = salt
     return body
 

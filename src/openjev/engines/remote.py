@@ -26,7 +26,7 @@ from openjev.errors import ConfigError, ModelUnsuitable
 if TYPE_CHECKING:
     from openjev.engines import LoadedEngine
     from openjev.engines.http_engine import SGLangEngine
-    from openjev.runtime.sglang_process import SGLangProcess
+    from openjev.engines.server_process import SGLangProcess
 
 log = logging.getLogger(__name__)
 
@@ -118,7 +118,7 @@ def load(
     from openjev.engines import LoadedEngine, ModelCard
     from openjev.engines.hf_model import file_date, weights_fingerprint
     from openjev.engines.hf_tokenizer import HFChatTokenizer
-    from openjev.runtime.sglang_process import SGLangProcess, wait_healthy
+    from openjev.engines.server_process import SGLangProcess, wait_healthy
 
     t0 = time.perf_counter()
     folder = tokenizer_folder(settings, kind)

@@ -41,7 +41,7 @@ def kind(settings: Settings) -> remote.ServerKind:
 
 def preflight(settings: Settings) -> None:
     """Settings that cannot work are refused before the server listens."""
-    from openjev.runtime.sglang_process import check_args
+    from openjev.engines.server_process import check_args
 
     remote.preflight(settings, kind(settings))
     check_args(settings.sglang_args, settings.strategy)
@@ -67,7 +67,7 @@ def verify_tokenizer(
 def check(url: str, tokenizer: ChatTokenizer, settings: Settings) -> dict[str, Any]:
     """Refuse a server with its radix cache off (unless --strategy all) or another
     tokenizer; returns {"model": the server's model path, if it says}."""
-    from openjev.runtime.sglang_process import check_args
+    from openjev.engines.server_process import check_args
 
     info = server_info(url)
     if info.get("disable_radix_cache") and settings.strategy != "all":

@@ -116,7 +116,7 @@ def request_body(rid: str, input_ids: Sequence[int], label_ids: Sequence[int], s
         "output_mode": "tokens",
         "stream": False,
     }
-    if salt:  # the prefix cache's namespace (GenerateRequest.cache_salt; api/tenancy.py)
+    if salt:  # the prefix cache's namespace (GenerateRequest.cache_salt; api/identity/tenancy.py)
         body["cache_salt"] = salt
     return body
 

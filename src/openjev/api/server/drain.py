@@ -71,7 +71,7 @@ class Drain:
         if self.in_flight > 0:
             log.warning("drain timeout: %d requests still in flight are answered 503", self.in_flight)
             expired.set()
-            for _ in range(200):  # they answer within a few loop turns; a stream ends itself (api/ops.py)
+            for _ in range(200):  # they answer within a few loop turns; a stream ends itself (api/server/ops.py)
                 if self.in_flight == 0:
                     break
                 await asyncio.sleep(0.02)

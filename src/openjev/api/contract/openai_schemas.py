@@ -1,6 +1,6 @@
 """Wire schemas of OpenAI's Decisions API (`POST /v1/decisions`), as the official `openai`
 3.57 SDK types it (`openai/types/decision_create_params.py`, `openai/types/decision.py`).
-Pydantic lives only here; api/openai_convert.py maps these to the core's types.
+Pydantic lives only here; api/contract/openai_convert.py maps these to the core's types.
 
 Request objects refuse unknown fields (OpenAI answers an unknown parameter with a 400);
 configurable limits (questions per request, token budgets) are checked after parsing.

@@ -14,7 +14,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import Match, Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from openjev.api import disclosure
+from openjev.api.operations import disclosure
 from openjev.errors import MalformedBody, OpenjevError, PayloadTooLarge, RequestTimeout, UnsupportedEncoding
 
 REQUEST_ID_HEADER = "x-typesafe-request-id"

@@ -10,8 +10,8 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from openjev.api import disclosure
-from openjev.api.middleware import REQUEST_ID_HEADER, error_response, request_id_of
+from openjev.api.operations import disclosure
+from openjev.api.operations.middleware import REQUEST_ID_HEADER, error_response, request_id_of
 from openjev.errors import OpenjevError
 
 log = logging.getLogger(__name__)

@@ -1,10 +1,10 @@
 """POST /v1/decisions: OpenAI's Decisions API over the same DecisionService as /v1/systemone.
 
-The body is converted once (api/openai_convert.py) into the core's DecisionRequest; from
-there it is the same path: the caller's cache namespace (api/tenancy.py, here partitioned by
+The body is converted once (api/contract/openai_convert.py) into the core's DecisionRequest; from
+there it is the same path: the caller's cache namespace (api/identity/tenancy.py, here partitioned by
 `prompt_cache_key`), the readout-override headers, admission and per-key limits (the gated
-engine, api/ops.py), calibration, the abstain rule, metrics and the access log. Its errors
-leave in OpenAI's shape (api/faces.py).
+engine, api/server/ops.py), calibration, the abstain rule, metrics and the access log. Its errors
+leave in OpenAI's shape (api/contract/faces.py).
 """
 
 from __future__ import annotations
@@ -15,14 +15,15 @@ from typing import Any
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from openjev.api import convert, documented, tenancy
-from openjev.api import openai_convert as oc
-from openjev.api import openai_schemas as oa
-from openjev.api.auth import require_key
-from openjev.api.middleware import request_id_of
-from openjev.api.overrides import decide_options
-from openjev.api.responses import FastJSONResponse
-from openjev.api.runtime import Runtime
+from openjev.api.contract import convert, documented
+from openjev.api.contract import openai_convert as oc
+from openjev.api.contract import openai_schemas as oa
+from openjev.api.contract.overrides import decide_options
+from openjev.api.contract.responses import FastJSONResponse
+from openjev.api.identity import tenancy
+from openjev.api.identity.auth import require_key
+from openjev.api.operations.middleware import request_id_of
+from openjev.api.server.assembly import Runtime
 from openjev.config import Settings
 
 log = logging.getLogger(__name__)
@@ -70,7 +71,7 @@ def install(app: FastAPI, settings: Settings, runtime: Runtime, unless_disconnec
                 },
             )
         result = await unless_disconnected(request, service.decide(decision, readout=spec, calibrate=calibrate))
-        request.state.result = result  # for the access log and metrics (api/ops.py)
+        request.state.result = result  # for the access log and metrics (api/server/ops.py)
         return FastJSONResponse(oc.result_to_wire(body, result, model), headers=convert.result_headers(result))
 
     app.add_api_route(

@@ -10,7 +10,7 @@ Keys come from `--api-key` (named key1, key2, ... in the order given) and from
     dave:yet-another-key cache_group=team-a
 
 Each key has its own namespace in the engine's prefix cache: a state one key sent is
-never reported as cached to another (api/tenancy.py). Keys that name the same
+never reported as cached to another (api/identity/tenancy.py). Keys that name the same
 `cache_group` opt in to share one namespace (one team's keys, a service's replicas).
 
 Only names ever reach logs and metric labels. A key is matched by comparing SHA-256
@@ -50,7 +50,7 @@ class KeyEntry:
     requests_per_min: int | None = None  # None: the server default (--key-requests-per-min)
     tokens_per_min: int | None = None
     cache_group: str | None = None  # keys of one group share a prefix-cache namespace
-    cache_namespace: str = ""  # the namespace's salt (api/tenancy.py), set by the KeyRing
+    cache_namespace: str = ""  # the namespace's salt (api/identity/tenancy.py), set by the KeyRing
 
 
 def digest_of(key: str) -> bytes:
@@ -127,7 +127,7 @@ def flag_entries(keys: Iterable[str]) -> list[KeyEntry]:
 
 def with_namespaces(entries: Iterable[KeyEntry]) -> tuple[KeyEntry, ...]:
     """`entries` with their cache namespaces: each key its own, a cache_group's keys one."""
-    from openjev.api.tenancy import namespace_id, salt
+    from openjev.api.identity.tenancy import namespace_id, salt
 
     entries = tuple(entries)
     members: dict[str, list[bytes]] = {}

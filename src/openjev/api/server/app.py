@@ -1,8 +1,8 @@
 """The app factory: builds the object graph once (settings -> engine -> compiler -> service)
 and wires it to the middleware, the error handlers and the routes. Each piece lives with
-its job: api/runtime.py (the graph and its lifecycle: the model loads in the background,
-/health says 503 until it is ready, /health/live answers throughout), api/handlers.py (the
-error shapes), api/routes.py (decisions, models, limits, health)."""
+its job: api/server/assembly.py (the graph and its lifecycle: the model loads in the background,
+/health says 503 until it is ready, /health/live answers throughout), api/server/handlers.py (the
+error shapes), api/server/routes.py (decisions, models, limits, health)."""
 
 from __future__ import annotations
 
@@ -13,13 +13,14 @@ from fastapi import FastAPI
 from fastapi_offline import FastAPIOffline
 
 from openjev import __version__
-from openjev.api import handlers, routes, wire
-from openjev.api.faces import FaceMiddleware
-from openjev.api.hosts import HostMiddleware, HostPolicy
-from openjev.api.middleware import BodyMiddleware, HeadMiddleware, RequestIdMiddleware
-from openjev.api.ops import Operations, OpsMiddleware
-from openjev.api.routes import SYSTEMONE_ROUTES
-from openjev.api.runtime import Loader, Runtime, build_service, lifespan
+from openjev.api.contract import wire
+from openjev.api.contract.faces import FaceMiddleware
+from openjev.api.identity.hosts import HostMiddleware, HostPolicy
+from openjev.api.operations.middleware import BodyMiddleware, HeadMiddleware, RequestIdMiddleware
+from openjev.api.server import handlers, routes
+from openjev.api.server.assembly import Loader, Runtime, build_service, lifespan
+from openjev.api.server.ops import Operations, OpsMiddleware
+from openjev.api.server.routes import SYSTEMONE_ROUTES
 from openjev.config import Settings
 from openjev.engines import load_engine
 
@@ -41,12 +42,12 @@ def create_app(
     """The ASGI app. `loader` loads the engine (off the event loop, at startup); a failure is
     kept for /health and passed to `on_fatal` (the CLI exits non-zero on it)."""
     runtime = Runtime(settings)
-    ops = Operations(settings, runtime)  # keys, limits, metrics, drain (api/ops.py)
+    ops = Operations(settings, runtime)  # keys, limits, metrics, drain (api/server/ops.py)
     meta: dict[str, Any] = {"title": "openjev", "version": __version__, "description": DESCRIPTION}
     run = lifespan(runtime, ops, loader, on_fatal)
     if settings.docs == "off":  # `openjev schema` (app.openapi()) works either way
         app = FastAPI(**meta, lifespan=run, openapi_url=None, docs_url=None, redoc_url=None)
-    else:  # docs with their assets served from the package; `auth` is checked in api/ops.py
+    else:  # docs with their assets served from the package; `auth` is checked in api/server/ops.py
         app = FastAPIOffline(**meta, lifespan=run)
     app.state.settings = settings
     app.state.runtime = runtime
@@ -57,9 +58,9 @@ def create_app(
     hosts = HostPolicy.of(settings)
     if hosts is not None:  # DNS rebinding: before the key and the body
         app.add_middleware(HostMiddleware, policy=hosts)
-    app.add_middleware(FaceMiddleware)  # errors of OpenAI's routes in OpenAI's shape (api/faces.py)
+    app.add_middleware(FaceMiddleware)  # errors of OpenAI's routes in OpenAI's shape (api/contract/faces.py)
     app.add_middleware(RequestIdMiddleware)  # outermost of ours: ids on 413/415 too
-    wire.install(app)  # every JSON body parsed strictly (api/wire.py); 422s that cannot fail
+    wire.install(app)  # every JSON body parsed strictly (api/contract/wire.py); 422s that cannot fail
     handlers.install(app)
     routes.install(app, settings, runtime)
     return app

@@ -1,5 +1,5 @@
 """The routes over the runtime: decisions (/v1/systemone and its aliases; the batch lives in
-api/batch.py), models, limits and health."""
+api/server/batch.py), models, limits and health."""
 
 from __future__ import annotations
 
@@ -11,12 +11,15 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
-from openjev.api import batch, convert, disclosure, documented, openai_routes, playground, schemas, tenancy, wire
-from openjev.api.admission import charge_refused
-from openjev.api.auth import require_key
-from openjev.api.overrides import decide_options
-from openjev.api.responses import FastJSONResponse
-from openjev.api.runtime import Runtime
+from openjev.api.contract import convert, documented, schemas, wire
+from openjev.api.contract.overrides import decide_options
+from openjev.api.contract.responses import FastJSONResponse
+from openjev.api.identity import tenancy
+from openjev.api.identity.admission import charge_refused
+from openjev.api.identity.auth import require_key
+from openjev.api.operations import disclosure
+from openjev.api.server import batch, openai_routes, playground
+from openjev.api.server.assembly import Runtime
 from openjev.config import Settings
 from openjev.core.types import DecisionRequest
 from openjev.core.wording import PROMPT_VERSION
@@ -25,7 +28,7 @@ from openjev.errors import ClientDisconnected, TokensExceeded
 T = TypeVar("T")
 
 # POST routes with the /v1/systemone contract: the vendor's name first, then the aliases.
-# (/v1/decisions is OpenAI's Decisions format: api/openai_routes.py.)
+# (/v1/decisions is OpenAI's Decisions format: api/server/openai_routes.py.)
 SYSTEMONE_ROUTES = ("/v1/systemone", "/api/alpha/decisions")
 
 
@@ -61,7 +64,7 @@ def install_decisions(app: FastAPI, settings: Settings, runtime: Runtime) -> Non
         except TokensExceeded as exc:
             charge_refused(request.app.state.ops.key_limits, exc)
             raise
-        request.state.result = result  # for the access log and metrics (api/ops.py)
+        request.state.result = result  # for the access log and metrics (api/server/ops.py)
         return FastJSONResponse(convert.result_to_wire(result, model), headers=convert.result_headers(result))
 
     # The same handler under the route names other Jev-compatible servers use.

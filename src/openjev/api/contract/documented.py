@@ -1,8 +1,8 @@
 """What each route can answer besides 200, as the OpenAPI document states it: every status
 with its real body (the contract's two error shapes), so that clients and the fuzz tests
 (tests/api/test_fuzz.py, schemathesis) can hold the server to it. Keep in step with
-errors.py (statuses of OpenjevError), api/wire.py (415, 422), api/ops.py (401, 429, 503),
-api/hosts.py (400) and api/connections.py (408, 431; its 503 for a connection beyond
+errors.py (statuses of OpenjevError), api/contract/wire.py (415, 422), api/server/ops.py (401, 429, 503),
+api/identity/hosts.py (400) and api/operations/connections.py (408, 431; its 503 for a connection beyond
 --max-connections is answered before any route is known, like the 400 for unparseable HTTP).
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from openjev.api import schemas
+from openjev.api.contract import schemas
 
 Responses = dict[int | str, dict[str, Any]]
 
@@ -79,7 +79,7 @@ HEALTH: Responses = {
     },
 }
 
-# The per-request readout headers (api/overrides.py); a bad value is a 422 naming the header.
+# The per-request readout headers (api/contract/overrides.py); a bad value is a 422 naming the header.
 READOUT_HEADERS: list[dict[str, Any]] = [
     {
         "name": "x-openjev-readout",

@@ -2,7 +2,7 @@
 
 h11 is lenient where a proxy in front of us may not be, and two parsers that split the same
 bytes into different requests are what request smuggling needs. So a request is refused
-(400 and the connection closed, api/connections.py) when its head or body framing is one
+(400 and the connection closed, api/operations/connections.py) when its head or body framing is one
 that RFC 9112 lets a server reject and that no honest client sends:
 
 - Content-Length together with Transfer-Encoding (RFC 9112 6.3: a smuggling shape);

@@ -3,7 +3,7 @@
 A prefix cache shared by every caller tells one caller, through `x-openjev-cached-tokens`,
 `usage.x_cached_tokens` and its latency, how much of its state someone else sent lately.
 With API keys configured each key gets its own namespace; keys that name the same
-`cache_group` in the keys file share one (api/keys.py). Without keys (one tenant)
+`cache_group` in the keys file share one (api/identity/keys.py). Without keys (one tenant)
 everything shares the empty namespace, as before.
 
 The namespace travels as data: the route puts it on the DecisionRequest, the compiler on
@@ -19,7 +19,7 @@ import dataclasses
 import hashlib
 import hmac
 
-from openjev.api.admission import current_key
+from openjev.api.identity.admission import current_key
 from openjev.core.types import DecisionRequest
 
 

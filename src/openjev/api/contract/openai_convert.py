@@ -24,8 +24,8 @@ from typing import Any
 
 from fastapi.exceptions import RequestValidationError
 
-from openjev.api import openai_schemas as oa
-from openjev.api.convert import text_of
+from openjev.api.contract import openai_schemas as oa
+from openjev.api.contract.convert import text_of
 from openjev.core import scoring
 from openjev.core import types as core
 
@@ -33,7 +33,7 @@ Loc = tuple[str | int, ...]
 
 
 def invalid(loc: Loc, msg: str, kind: str = "value_error") -> RequestValidationError:
-    """A 400 on this face (api/faces.py), `param` naming `loc`."""
+    """A 400 on this face (api/contract/faces.py), `param` naming `loc`."""
     return RequestValidationError([{"loc": ("body", *loc), "msg": msg, "type": kind}])
 
 

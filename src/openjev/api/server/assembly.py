@@ -13,9 +13,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from openjev import calibrations
-from openjev.api import disclosure
-from openjev.api.ops import Operations
-from openjev.api.overrides import default_spec
+from openjev.api.contract.overrides import default_spec
+from openjev.api.operations import disclosure
+from openjev.api.server.ops import Operations
 from openjev.config import MAX_CHOICE_OPTIONS, Settings
 from openjev.core.abstain import AbstainRule
 from openjev.core.prompts import PromptCompiler

@@ -14,7 +14,7 @@ prefix cache then serves the state to them instead of each computing it (concurr
 would each compute it). Items with different states run concurrently, at most half the
 in-flight slots at a time so single requests still get in.
 
-Items count as requests do (api/ops.py): each takes one of its key's requests/min, each is
+Items count as requests do (api/server/ops.py): each takes one of its key's requests/min, each is
 admitted to the engine on its own (a 529 line carries `retry_after`, like the header), and
 each gets its own metrics and access-log line under the batch's request id. A drain that
 runs out of time ends an NDJSON stream properly: a 503 line for every unfinished item,
@@ -36,12 +36,13 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from openjev.api import convert, documented, schemas, tenancy, wire
-from openjev.api.admission import charge_refused, current_key
-from openjev.api.auth import require_key
-from openjev.api.keys import KeyLimits
-from openjev.api.middleware import request_id_of
-from openjev.api.overrides import decide_options
+from openjev.api.contract import convert, documented, schemas, wire
+from openjev.api.contract.overrides import decide_options
+from openjev.api.identity import tenancy
+from openjev.api.identity.admission import charge_refused, current_key
+from openjev.api.identity.auth import require_key
+from openjev.api.identity.keys import KeyLimits
+from openjev.api.operations.middleware import request_id_of
 from openjev.config import Settings
 from openjev.core.prompts import CompiledRequest
 from openjev.core.readouts import ReadoutSpec
@@ -105,7 +106,7 @@ class _Item:
 
 
 def _error_line(item: _Item, exc: OpenjevError) -> dict[str, Any]:
-    """The item's public error; its private detail (api/disclosure.py) goes to the log only."""
+    """The item's public error; its private detail (api/operations/disclosure.py) goes to the log only."""
     if exc.detail:
         log.warning(
             "batch item %d failed: %s", item.index, exc.detail, extra={"fields": {"request_id": item.request_id}}

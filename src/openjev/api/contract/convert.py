@@ -5,14 +5,14 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from openjev.api import schemas
+from openjev.api.contract import schemas
 from openjev.core import types as core
 from openjev.errors import InvalidInput, ModelNotFound, Unsupported
 
 
 def text_of(value: Any) -> str:
     """Text as the model sees it: strings as they are, anything else as compact JSON.
-    Requests reach here through api/wire.py (finite numbers, bounded depth, no lone
+    Requests reach here through api/contract/wire.py (finite numbers, bounded depth, no lone
     surrogates); anything else that cannot be written is a 422, never a 500."""
     if isinstance(value, str):
         return value

@@ -1,4 +1,4 @@
-"""The playground: one static page (api/static/playground.html, shipped in the wheel) at
+"""The playground: one static page (api/server/static/playground.html, shipped in the wheel) at
 GET / and /playground. It calls the API from the browser on the same origin, so it needs
 no CDN, no CORS and no server-side state; with auth on, the key is typed into the page."""
 
@@ -13,7 +13,7 @@ PAGE = "playground.html"
 
 
 def page() -> str:
-    return resources.files("openjev.api").joinpath("static", PAGE).read_text(encoding="utf-8")
+    return resources.files("openjev.api.server").joinpath("static", PAGE).read_text(encoding="utf-8")
 
 
 def install(app: FastAPI) -> None:

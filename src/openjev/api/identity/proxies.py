@@ -2,7 +2,7 @@
 --trusted-proxies (any peer can write the header).
 
 Used where the answer depends on the client being local (`/metrics` is open to loopback
-clients without a key). uvicorn's own proxy-header handling is off (api/connections.py): it
+clients without a key). uvicorn's own proxy-header handling is off (api/operations/connections.py): it
 trusted 127.0.0.1 by default, so behind a proxy on the same host every client counted as
 local, and any local process could name any client.
 """

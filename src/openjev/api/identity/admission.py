@@ -17,8 +17,8 @@ import time
 from collections.abc import Callable
 from contextvars import ContextVar
 
-from openjev.api.keys import KeyEntry, KeyLimits
-from openjev.api.metrics import Metrics
+from openjev.api.identity.keys import KeyEntry, KeyLimits
+from openjev.api.operations.metrics import Metrics
 from openjev.core.plan import Plan
 from openjev.core.ports import Engine, PlanResult
 from openjev.errors import OpenjevError, Overloaded, TokensExceeded

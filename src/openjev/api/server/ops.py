@@ -25,16 +25,16 @@ from starlette.datastructures import Headers
 from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from openjev.api import disclosure
-from openjev.api.admission import GatedEngine, current_key, stats_of
-from openjev.api.keys import KeyEntry, KeyLimits, KeyRing
-from openjev.api.logs import ACCESS
-from openjev.api.metrics import CONTENT_TYPE, Metrics
-from openjev.api.middleware import REQUEST_ID_HEADER, error_response, request_id_of
-from openjev.api.proxies import TrustedProxies
+from openjev.api.identity.admission import GatedEngine, current_key, stats_of
+from openjev.api.identity.keys import KeyEntry, KeyLimits, KeyRing
+from openjev.api.identity.proxies import TrustedProxies
+from openjev.api.operations import disclosure
+from openjev.api.operations.logs import ACCESS
+from openjev.api.operations.metrics import CONTENT_TYPE, Metrics
+from openjev.api.operations.middleware import REQUEST_ID_HEADER, error_response, request_id_of
+from openjev.api.server.drain import Drain
 from openjev.config import Settings
 from openjev.errors import AuthenticationError, Draining, OpenjevError
-from openjev.runtime.drain import Drain
 
 log = logging.getLogger(__name__)
 access_log = logging.getLogger(ACCESS)
@@ -91,7 +91,7 @@ class Operations:
         self.metrics = Metrics(self._probe)
         self.gate: GatedEngine | None = None
         self.proxies = TrustedProxies(settings.trusted_proxies)
-        # Set by the server's protocol (api/connections.py) when it serves this app.
+        # Set by the server's protocol (api/operations/connections.py) when it serves this app.
         self.connection_stats: Callable[[], dict[str, float]] | None = None
 
     def gated(self, engine):

@@ -13,7 +13,7 @@ import logging
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from openjev.api.middleware import error_response, request_id_of
+from openjev.api.operations.middleware import error_response, request_id_of
 from openjev.config import Settings, is_loopback_name
 from openjev.errors import RequestError
 

@@ -4,7 +4,7 @@ The rule (errors.py): a response carries an error's public `message` (what kind 
 failure, whether a retry may help) and the request id header; the private `detail` (a
 foreign exception's text, a backend's URL or reply, a path) goes to the access log line
 with the same request id. The routes and the ops middleware `remember` the error they
-answer with; the access log (api/ops.py) writes its detail.
+answer with; the access log (api/server/ops.py) writes its detail.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@
 - a send timeout: a response the client stops reading (the write buffer above its high-water
   mark with no progress for --send-timeout-s) drops the connection, counted as a slow
   reader; so does a closed connection whose unread answer is still buffered after it;
-- strict framing (api/framing.py): smuggling shapes, bare LF, obs-fold, malformed chunk
+- strict framing (api/operations/framing.py): smuggling shapes, bare LF, obs-fold, malformed chunk
   sizes and too many chunks are answered 400 (413) and the connection closed; a WebSocket
   upgrade is refused the same way (nothing of it reaches the app);
 - a lingering close: when the server closes a connection whose client may still be
@@ -21,7 +21,7 @@
 uvicorn has no head timeout of its own (`timeout_keep_alive` covers only idle
 keep-alive connections), and its `limit_concurrency` answers 503 only once a complete
 head arrived, so it does not bound connections that never send one. The body's time
-limit sits in api/middleware.py (BodyMiddleware), where the body is read.
+limit sits in api/operations/middleware.py (BodyMiddleware), where the body is read.
 """
 
 from __future__ import annotations
@@ -41,8 +41,8 @@ import h11
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from openjev.api.framing import BodyFraming, FramingError, LineScanner, check_head
-from openjev.api.middleware import REQUEST_ID_HEADER
+from openjev.api.operations.framing import BodyFraming, FramingError, LineScanner, check_head
+from openjev.api.operations.middleware import REQUEST_ID_HEADER
 
 log = logging.getLogger(__name__)
 
@@ -106,7 +106,7 @@ def raw_response(status: int, error_type: str, message: str, headers: tuple[tupl
 class _Connection(h11.Connection):
     """h11's server side that also bounds a *complete* head (h11 bounds only an incomplete
     one, so a large head arriving in one read passed), checks framing strictly before h11
-    reads the bytes (api/framing.py), reports a complete head, and keeps the protocol error
+    reads the bytes (api/operations/framing.py), reports a complete head, and keeps the protocol error
     it raised (uvicorn's handler gets only a message)."""
 
     def __init__(self, max_head_bytes: int, max_body_chunks: int, on_head: Any) -> None:
@@ -169,7 +169,7 @@ class BoundedH11Protocol(H11Protocol):
 
     @classmethod
     def stats(cls) -> dict[str, float]:
-        """For /metrics (api/ops.py reads it at scrape time)."""
+        """For /metrics (api/server/ops.py reads it at scrape time)."""
         return {"connections_open": cls.open_connections, **{f"connections_{k}": v for k, v in cls.counts.items()}}
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -443,8 +443,8 @@ def uvicorn_config(app: Any, settings: Any, **options: Any) -> uvicorn.Config:
         host=options.pop("host", settings.host),
         port=options.pop("port", settings.port),
         http=protocol,
-        ws="none",  # WebSocket upgrades are refused by the protocol (api/framing.py), never taken over
-        proxy_headers=False,  # X-Forwarded-For only from --trusted-proxies (api/proxies.py)
+        ws="none",  # WebSocket upgrades are refused by the protocol (api/operations/framing.py), never taken over
+        proxy_headers=False,  # X-Forwarded-For only from --trusted-proxies (api/identity/proxies.py)
         **options,
     )
 

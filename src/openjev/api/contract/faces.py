@@ -1,7 +1,7 @@
 """The face of a request: which wire format its errors leave in, chosen by route path.
 
-Errors are made in several places (the body reader, the key check and limits in api/ops.py,
-the Host check, the strict JSON parse and its validation handler in api/wire.py, the routes'
+Errors are made in several places (the body reader, the key check and limits in api/server/ops.py,
+the Host check, the strict JSON parse and its validation handler in api/contract/wire.py, the routes'
 handlers), all in Jev's shape: `{"detail": {"error_type", "message"}}` or, for validation,
 `{"detail": [{loc, msg, type}]}`. That stays the one canonical form. A route of another face
 gets its errors converted here, once, on the way out, like its answers are converted by its
@@ -24,7 +24,7 @@ from typing import Any
 from starlette.datastructures import MutableHeaders
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from openjev.api.openai_schemas import ITEM_TAGS
+from openjev.api.contract.openai_schemas import ITEM_TAGS
 
 log = logging.getLogger(__name__)
 
