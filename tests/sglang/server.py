@@ -19,7 +19,7 @@ from pathlib import Path
 
 import httpx
 
-from openjev.engines.server_process import SGLangProcess
+from openjev.engines.server_process import ServerProcess
 from openjev.errors import EngineUnavailable
 from tests.net import free_port
 
@@ -172,7 +172,7 @@ class SglServer:
     """A running SGLang-protocol child (either kind), started and stopped by openjev's own launcher."""
 
     url: str
-    process: SGLangProcess
+    process: ServerProcess
     log_path: Path
     kind: str = "jax"
 
@@ -214,7 +214,7 @@ def start(
     if jit_cache is not None and spec.jit_cache:
         env["JAX_COMPILATION_CACHE_DIR"] = str(jit_cache)
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    process = SGLangProcess(
+    process = ServerProcess(
         python=str(spec.python),
         model=str(model_folder),
         port=port or free_port(),

@@ -30,7 +30,7 @@ from openjev.engines.submission import RecentPrefixes, choose, execute
 from openjev.errors import EngineError, EngineTimeout, EngineUnavailable, OpenjevError
 
 if TYPE_CHECKING:
-    from openjev.engines.server_process import SGLangProcess
+    from openjev.engines.server_process import ServerProcess
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +67,7 @@ class SGLangEngine:
         self.recent = RecentPrefixes()
         self.strategies_used: dict[str, int] = {}
         self._aborts: set[asyncio.Task] = set()  # fire-and-forget aborts, kept alive until done
-        self.process: SGLangProcess | None = None  # the child server, when we started it (stopped on close)
+        self.process: ServerProcess | None = None  # the child server, when we started it (stopped on close)
 
     def _http(self) -> tuple[httpx.AsyncClient, asyncio.Semaphore]:
         # Created on first use, inside the serving event loop.

@@ -26,7 +26,7 @@ from openjev.errors import ConfigError, ModelUnsuitable
 if TYPE_CHECKING:
     from openjev.engines import LoadedEngine
     from openjev.engines.http_engine import SGLangEngine
-    from openjev.engines.server_process import SGLangProcess
+    from openjev.engines.server_process import ServerProcess
 
 log = logging.getLogger(__name__)
 
@@ -118,14 +118,14 @@ def load(
     from openjev.engines import LoadedEngine, ModelCard
     from openjev.engines.hf_model import file_date, weights_fingerprint
     from openjev.engines.hf_tokenizer import HFChatTokenizer
-    from openjev.engines.server_process import SGLangProcess, wait_healthy
+    from openjev.engines.server_process import ServerProcess, wait_healthy
 
     t0 = time.perf_counter()
     folder = tokenizer_folder(settings, kind)
     tokenizer = HFChatTokenizer(AutoTokenizer.from_pretrained(folder, local_files_only=True))
-    process: SGLangProcess | None = None
+    process: ServerProcess | None = None
     if kind.python:
-        process = SGLangProcess(
+        process = ServerProcess(
             python=kind.python,
             model=str(settings.model),  # set: preflight refuses a child without --model
             port=kind.port,

@@ -51,7 +51,7 @@ def wait_healthy(url: str, timeout_s: float, process: subprocess.Popen | None = 
 
 
 @dataclass
-class SGLangProcess:
+class ServerProcess:
     python: str
     model: str
     port: int
