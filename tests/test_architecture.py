@@ -143,6 +143,57 @@ def test_each_group_of_the_api_imports_only_the_groups_it_may():
     assert not wrong, "imports across api/'s groups against the rule (docs/architecture.md):\n" + "\n".join(wrong)
 
 
+def import_graph() -> dict[str, set[str]]:
+    """Module -> the openjev modules it imports (a package counts as its __init__)."""
+    graph: dict[str, set[str]] = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        name = module_name(path)
+        graph[name] = {t for _, t in imports_of(path) if is_module(t) and t != name}
+    return graph
+
+
+def cycle_in(graph: dict[str, set[str]]) -> list[str] | None:
+    """One circle of `graph` (its modules in order, the first repeated at the end), or None."""
+    done: set[str] = set()
+    for start in sorted(graph):
+        if start in done:
+            continue
+        path: list[str] = []
+        on_path: set[str] = set()
+        stack: list[tuple[str, list[str]]] = [(start, sorted(graph.get(start, ())))]
+        path.append(start)
+        on_path.add(start)
+        while stack:
+            node, todo = stack[-1]
+            if not todo:
+                stack.pop()
+                path.pop()
+                on_path.discard(node)
+                done.add(node)
+                continue
+            nxt = todo.pop()
+            if nxt in on_path:
+                return [*path[path.index(nxt) :], nxt]
+            if nxt not in done:
+                stack.append((nxt, sorted(graph.get(nxt, ()))))
+                path.append(nxt)
+                on_path.add(nxt)
+    return None
+
+
+def test_the_cycle_finder_finds_a_cycle():
+    # Guards the guard: a finder that never finds one would pass the test below.
+    assert cycle_in({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert cycle_in({"a": {"b"}, "b": set(), "c": {"a", "b"}}) is None
+    assert len(import_graph()) > 50 and sum(map(len, import_graph().values())) > 100
+
+
+def test_the_import_graph_has_no_cycle():
+    # Imports inside functions count too: a circle hidden in a function is still a circle.
+    cycle = cycle_in(import_graph())
+    assert cycle is None, "an import circle: " + " -> ".join(cycle or [])
+
+
 def test_the_core_uses_the_standard_library_only():
     wrong = [
         f"{file}:{line}: {target}"

@@ -15,17 +15,12 @@ import collections
 import math
 import time
 from collections.abc import Callable
-from contextvars import ContextVar
 
-from openjev.api.identity.keys import KeyEntry, KeyLimits
+from openjev.api.identity.keys import KeyLimits, current_key
 from openjev.api.operations.metrics import Metrics
 from openjev.core.plan import Plan
 from openjev.core.ports import Engine, PlanResult
 from openjev.errors import OpenjevError, Overloaded, TokensExceeded
-
-# The key of the request being served; set by the ops middleware, read here (contextvars
-# follow the request into the tasks it starts).
-current_key: ContextVar[KeyEntry | None] = ContextVar("openjev_key", default=None)
 
 MAX_RETRY_AFTER_S = 60
 

@@ -22,6 +22,7 @@ previous keys and says why in the log; at startup the same file is a ConfigError
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import hashlib
 import hmac
@@ -30,6 +31,7 @@ import re
 import threading
 import time
 from collections.abc import Iterable
+from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -50,7 +52,13 @@ class KeyEntry:
     requests_per_min: int | None = None  # None: the server default (--key-requests-per-min)
     tokens_per_min: int | None = None
     cache_group: str | None = None  # keys of one group share a prefix-cache namespace
-    cache_namespace: str = ""  # the namespace's salt (api/identity/tenancy.py), set by the KeyRing
+    cache_namespace: str = ""  # the namespace's salt (`salt` below), set by the KeyRing
+
+
+# The key of the request being served: set by the admission middleware at the door, read
+# by the token gate (admission), the cache namespace (tenancy) and the batch (contextvars
+# follow the request into the tasks it starts).
+current_key: ContextVar[KeyEntry | None] = ContextVar("openjev_key", default=None)
 
 
 def digest_of(key: str) -> bytes:
@@ -125,10 +133,23 @@ def flag_entries(keys: Iterable[str]) -> list[KeyEntry]:
     return [KeyEntry(f"key{i}", digest_of(k)) for i, k in enumerate(keys, 1)]
 
 
+def namespace_id(name: str, cache_group: str | None) -> str:
+    """Which namespace a key belongs to: its group's, else its own."""
+    return f"group:{cache_group}" if cache_group else f"key:{name}"
+
+
+def salt(ns_id: str, member_digests: list[bytes]) -> str:
+    """The namespace's token: HMAC-SHA256 of its id under a secret only this server's keys
+    give (the SHA-256 digests of its members' keys), urlsafe base64 without padding (43
+    characters, 256 bits). Replicas with the same keys compute the same salt; a group whose
+    membership changes gets a new one (its cache starts cold)."""
+    secret = hashlib.sha256(b"openjev cache namespace\0" + b"".join(sorted(member_digests))).digest()
+    mac = hmac.new(secret, ns_id.encode(), hashlib.sha256).digest()
+    return base64.urlsafe_b64encode(mac).rstrip(b"=").decode()
+
+
 def with_namespaces(entries: Iterable[KeyEntry]) -> tuple[KeyEntry, ...]:
     """`entries` with their cache namespaces: each key its own, a cache_group's keys one."""
-    from openjev.api.identity.tenancy import namespace_id, salt
-
     entries = tuple(entries)
     members: dict[str, list[bytes]] = {}
     for e in entries:

@@ -17,25 +17,9 @@ from __future__ import annotations
 import base64
 import dataclasses
 import hashlib
-import hmac
 
-from openjev.api.identity.admission import current_key
+from openjev.api.identity.keys import current_key
 from openjev.core.types import DecisionRequest
-
-
-def namespace_id(name: str, cache_group: str | None) -> str:
-    """Which namespace a key belongs to: its group's, else its own."""
-    return f"group:{cache_group}" if cache_group else f"key:{name}"
-
-
-def salt(ns_id: str, member_digests: list[bytes]) -> str:
-    """The namespace's token: HMAC-SHA256 of its id under a secret only this server's keys
-    give (the SHA-256 digests of its members' keys), urlsafe base64 without padding (43
-    characters, 256 bits). Replicas with the same keys compute the same salt; a group whose
-    membership changes gets a new one (its cache starts cold)."""
-    secret = hashlib.sha256(b"openjev cache namespace\0" + b"".join(sorted(member_digests))).digest()
-    mac = hmac.new(secret, ns_id.encode(), hashlib.sha256).digest()
-    return base64.urlsafe_b64encode(mac).rstrip(b"=").decode()
 
 
 def scoped(request: DecisionRequest) -> DecisionRequest:

@@ -39,9 +39,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from openjev.api.contract import convert, documented, schemas, wire
 from openjev.api.contract.overrides import decide_options
 from openjev.api.identity import tenancy
-from openjev.api.identity.admission import charge_refused, current_key
+from openjev.api.identity.admission import charge_refused
 from openjev.api.identity.auth import require_key
-from openjev.api.identity.keys import KeyLimits
+from openjev.api.identity.keys import KeyLimits, current_key
 from openjev.api.operations.middleware import request_id_of
 from openjev.config import Settings
 from openjev.core.prompts import CompiledRequest

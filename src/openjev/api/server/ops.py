@@ -25,8 +25,8 @@ from starlette.datastructures import Headers
 from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from openjev.api.identity.admission import GatedEngine, current_key, stats_of
-from openjev.api.identity.keys import KeyEntry, KeyLimits, KeyRing
+from openjev.api.identity.admission import GatedEngine, stats_of
+from openjev.api.identity.keys import KeyEntry, KeyLimits, KeyRing, current_key
 from openjev.api.identity.proxies import TrustedProxies
 from openjev.api.operations import disclosure
 from openjev.api.operations.logs import ACCESS
