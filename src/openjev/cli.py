@@ -110,6 +110,7 @@ def serve(settings: Settings) -> int:
     config = uvicorn_config(  # with the connection limits (api/operations/connections.py)
         app,
         settings,
+        connection_stats_to=ops.watch_connections,
         log_level=settings.log_level,
         log_config=None,
         access_log=False,

@@ -33,7 +33,16 @@ def serving(engine: FakeEngine | None = None, **overrides) -> Iterator[tuple[str
     settings = load_settings(overrides, environ={})
     app = create_app(settings, loader=fake_loader(engine or FakeEngine()))
     port = free_port()
-    server = uvicorn.Server(uvicorn_config(app, settings, host="127.0.0.1", port=port, log_level="warning"))
+    server = uvicorn.Server(
+        uvicorn_config(
+            app,
+            settings,
+            connection_stats_to=app.state.ops.watch_connections,
+            host="127.0.0.1",
+            port=port,
+            log_level="warning",
+        )
+    )
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     url = f"http://127.0.0.1:{port}"

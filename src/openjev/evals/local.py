@@ -35,7 +35,16 @@ def local_server(settings: Settings, *, timeout_s: float = 600.0, loader=None) -
     failed: list[BaseException] = []
     app = create_app(settings, loader=loader or load_engine, on_fatal=failed.append)
     port = _free_port()
-    server = uvicorn.Server(uvicorn_config(app, settings, host="127.0.0.1", port=port, log_level="warning"))
+    server = uvicorn.Server(
+        uvicorn_config(
+            app,
+            settings,
+            connection_stats_to=app.state.ops.watch_connections,
+            host="127.0.0.1",
+            port=port,
+            log_level="warning",
+        )
+    )
     thread = threading.Thread(target=server.run, name="openjev-local-server", daemon=True)
     thread.start()
     url = f"http://127.0.0.1:{port}"

@@ -1,6 +1,6 @@
 """The face of a request: which wire format its errors leave in, chosen by route path.
 
-Errors are made in several places (the body reader, the key check and limits in api/server/ops.py,
+Errors are made in several places (the body reader, the key check and limits in api/identity/admission.py,
 the Host check, the strict JSON parse and its validation handler in api/contract/wire.py, the routes'
 handlers), all in Jev's shape: `{"detail": {"error_type", "message"}}` or, for validation,
 `{"detail": [{loc, msg, type}]}`. That stays the one canonical form. A route of another face

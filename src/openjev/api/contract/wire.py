@@ -38,6 +38,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
 
+from openjev.api.contract.responses import VALIDATION_ERROR, ErrorResponse
 from openjev.errors import UnsupportedMediaType
 
 log = logging.getLogger(__name__)
@@ -257,6 +258,23 @@ def check_media_type(content_type: str | None) -> None:
         raise UnsupportedMediaType(f"JSON bodies are UTF-8; charset={show(charset)!r} is not supported")
 
 
+class ParsedRequest(Request):
+    """A request whose body was read and parsed here: FastAPI's handler asks for it through
+    the public `body()` and `json()` and gets it without a second read or parse (`json()`
+    may return the validated body model: pydantic does not validate an instance again)."""
+
+    def __init__(self, request: Request, body: bytes, value: Any) -> None:
+        super().__init__(request.scope, request.receive)
+        self._parsed_body = body
+        self._parsed = value
+
+    async def body(self) -> bytes:
+        return self._parsed_body
+
+    async def json(self) -> Any:
+        return self._parsed
+
+
 class WireRoute(APIRoute):
     """An APIRoute whose JSON body is parsed by `parse_json` (the app's `max_json_depth`)
     before FastAPI validates it. Routes without a body are untouched; an empty body is left
@@ -277,7 +295,7 @@ class WireRoute(APIRoute):
                     value = parse_json(body, max_depth=depth)
                 else:  # up to ~0.6 s for a body near the 2 MiB limit: off the event loop
                     value = await asyncio.to_thread(self._parse_and_validate, body, depth)
-                request._json = value  # what Request.json() returns
+                request = ParsedRequest(request, body, value)
             return await handler(request)
 
         return parse_then_handle
@@ -356,11 +374,13 @@ def safe_errors(errors: Any) -> list[dict[str, Any]]:
 async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
     """The 422 handler; echoes only what `safe_errors` made safe, and cannot fail."""
     try:
-        return JSONResponse({"detail": safe_errors(exc.errors())}, status_code=422)
+        return ErrorResponse({"detail": safe_errors(exc.errors())}, status_code=422, error_type=VALIDATION_ERROR)
     except Exception:  # never a 500 for a bad request: a plain 422 instead
         log.exception("could not render a validation error")
-        return JSONResponse(
-            {"detail": [{"loc": ["body"], "msg": "the request is invalid", "type": "value_error"}]}, status_code=422
+        return ErrorResponse(
+            {"detail": [{"loc": ["body"], "msg": "the request is invalid", "type": "value_error"}]},
+            status_code=422,
+            error_type=VALIDATION_ERROR,
         )
 
 

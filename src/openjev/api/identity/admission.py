@@ -1,8 +1,12 @@
-"""Admission in tokens: the engine port wrapped with a server-wide bound on distinct tokens
-in flight (529 beyond, Retry-After from the measured drain rate) and the calling key's
-tokens/min bucket (429 beyond).
+"""Admission: every rule on who gets in and how much, in one module.
 
-It sits between the DecisionService and the engine, so it sees each plan after the
+- At the door (`AdmissionMiddleware`), before the body is read: which paths need a key,
+  the key itself (401), and the key's requests/min bucket on the decision routes (429).
+- In tokens (`GatedEngine`): the engine port wrapped with a server-wide bound on distinct
+  tokens in flight (529 beyond, Retry-After from the measured drain rate) and the calling
+  key's tokens/min bucket (429 beyond); `charge_refused` charges a refused request's work.
+
+The gate sits between the DecisionService and the engine, so it sees each plan after the
 compile and the per-request budgets and before any engine work, and it needs no change
 to the core. Fairness between the admitted requests stays inside the engine (the
 in-process scheduler serves them slice by slice, round-robin).
@@ -16,11 +20,16 @@ import math
 import time
 from collections.abc import Callable
 
-from openjev.api.identity.keys import KeyLimits, current_key
+from starlette.datastructures import Headers
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from openjev.api.contract.paths import DECISION_ROUTES
+from openjev.api.identity.keys import KeyEntry, KeyLimits, KeyRing, current_key
+from openjev.api.identity.proxies import TrustedProxies
 from openjev.api.operations.metrics import Metrics
 from openjev.core.plan import Plan
 from openjev.core.ports import Engine, PlanResult
-from openjev.errors import OpenjevError, Overloaded, TokensExceeded
+from openjev.errors import AuthenticationError, OpenjevError, Overloaded, TokensExceeded
 
 MAX_RETRY_AFTER_S = 60
 
@@ -172,3 +181,67 @@ def stats_of(engine: object) -> dict[str, float]:
     """An engine's optional `stats()` (the in-process engine has one), else nothing."""
     stats = getattr(engine, "stats", None)
     return dict(stats()) if callable(stats) else {}
+
+
+# The API docs: behind the API's key with --docs auth, their static assets too (the largest
+# responses the server has: open, they let anyone hold connections with unread answers).
+DOCS_ROUTES = ("/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json")
+DOCS_ASSETS = "/static-offline-docs/"
+
+
+def _loopback(scope: Scope, proxies: TrustedProxies) -> bool:
+    """A client on this machine (a forwarded one only where --trusted-proxies says so)."""
+    if not scope.get("client"):
+        return True  # in-process (tests, ASGI transports): nothing came over a network
+    client = proxies.client(scope)
+    return client is not None and client.is_loopback
+
+
+class AdmissionMiddleware:
+    """At the door, before the body is read or parsed: the caller's key where the path needs
+    one (an unauthenticated request is a 401 whatever it sends) and, on a decision route,
+    one of its requests/min (429 beyond). The key is the request's from then on
+    (`current_key`, and its name in the request's state for the log and the metrics)."""
+
+    def __init__(
+        self, app: ASGIApp, keys: KeyRing, key_limits: KeyLimits, proxies: TrustedProxies, docs_auth: bool
+    ) -> None:
+        self.app = app
+        self.keys = keys
+        self.key_limits = key_limits
+        self.proxies = proxies
+        self.docs_auth = docs_auth
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        entry = self._authenticate(scope, scope["path"])
+        scope.setdefault("state", {})["key_name"] = entry.name if entry else None
+        token = current_key.set(entry)
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            current_key.reset(token)
+
+    def _authenticate(self, scope: Scope, path: str) -> KeyEntry | None:
+        """The caller's key where one is needed (raises 401/429); None where none is."""
+        keys = self.keys
+        guarded = (
+            path.startswith("/v1/")
+            or path in DECISION_ROUTES
+            or (path == "/metrics" and not _loopback(scope, self.proxies))
+            or ((path in DOCS_ROUTES or path.startswith(DOCS_ASSETS)) and self.docs_auth)
+        )
+        if not keys.enabled or not guarded:
+            return None
+        header = Headers(scope=scope).get("authorization", "")
+        scheme, _, given = header.partition(" ")
+        if scheme.lower() != "bearer" or not given.strip():
+            raise AuthenticationError("missing API key: send Authorization: Bearer <key>")
+        entry = keys.identify(given.strip())
+        if entry is None:
+            raise AuthenticationError("invalid API key")
+        if path in DECISION_ROUTES:
+            self.key_limits.take_request(entry)
+        return entry

@@ -34,6 +34,7 @@ import socket
 import struct
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -169,7 +170,7 @@ class BoundedH11Protocol(H11Protocol):
 
     @classmethod
     def stats(cls) -> dict[str, float]:
-        """For /metrics (api/server/ops.py reads it at scrape time)."""
+        """For /metrics (api/server/ops.py reads it at scrape time, once handed over by uvicorn_config)."""
         return {"connections_open": cls.open_connections, **{f"connections_{k}": v for k, v in cls.counts.items()}}
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -428,16 +429,22 @@ class _InvalidRequestThrottle(logging.Filter):
 _THROTTLE = _InvalidRequestThrottle()
 
 
-def uvicorn_config(app: Any, settings: Any, **options: Any) -> uvicorn.Config:
+StatsSource = Callable[[], dict[str, float]]
+
+
+def uvicorn_config(
+    app: Any, settings: Any, *, connection_stats_to: Callable[[StatsSource], None] | None = None, **options: Any
+) -> uvicorn.Config:
     """uvicorn's Config for `app` under `settings`' connection limits (the CLI's server, the
-    in-process one of `openjev eval`, and the tests' all go through here)."""
+    in-process one of `openjev eval`, and the tests' all go through here). The protocol's
+    connection counts are handed to `connection_stats_to` (the app's operations, for
+    /metrics to read at scrape time)."""
     protocol = http_protocol(ConnectionLimits.of(settings))
     uvicorn_log = logging.getLogger("uvicorn.error")
     if _THROTTLE not in uvicorn_log.filters:
         uvicorn_log.addFilter(_THROTTLE)
-    ops = getattr(getattr(app, "state", None), "ops", None)
-    if ops is not None:  # /metrics reads the counts at scrape time
-        ops.connection_stats = protocol.stats
+    if connection_stats_to is not None:
+        connection_stats_to(protocol.stats)
     return uvicorn.Config(
         app,
         host=options.pop("host", settings.host),

@@ -3,8 +3,8 @@
 The rule (errors.py): a response carries an error's public `message` (what kind of
 failure, whether a retry may help) and the request id header; the private `detail` (a
 foreign exception's text, a backend's URL or reply, a path) goes to the access log line
-with the same request id. The routes and the ops middleware `remember` the error they
-answer with; the access log (api/server/ops.py) writes its detail.
+with the same request id. The routes and the error middleware `remember` the error they
+answer with; the access log (api/operations/access.py) writes its detail.
 """
 
 from __future__ import annotations

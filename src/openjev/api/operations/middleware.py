@@ -5,28 +5,35 @@ wherever GET is."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import uuid
 import zlib
 
 import zstandard
 from starlette.datastructures import Headers, MutableHeaders
-from starlette.responses import JSONResponse
 from starlette.routing import Match, Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from openjev.api.contract.paths import route_of
+from openjev.api.contract.responses import ErrorResponse
 from openjev.api.operations import disclosure
 from openjev.errors import MalformedBody, OpenjevError, PayloadTooLarge, RequestTimeout, UnsupportedEncoding
+
+log = logging.getLogger(__name__)
 
 REQUEST_ID_HEADER = "x-typesafe-request-id"
 
 
-def error_response(exc: OpenjevError, request_id: str | None = None) -> JSONResponse:
+def error_response(exc: OpenjevError, request_id: str | None = None) -> ErrorResponse:
     """The contract's non-validation error shape: {"detail": {"error_type", "message"}}."""
     headers = dict(exc.headers)
     if request_id:
         headers[REQUEST_ID_HEADER] = request_id
-    return JSONResponse(
-        {"detail": {"error_type": exc.error_type, "message": exc.message}}, status_code=exc.status, headers=headers
+    return ErrorResponse(
+        {"detail": {"error_type": exc.error_type, "message": exc.message}},
+        status_code=exc.status,
+        error_type=exc.error_type,
+        headers=headers,
     )
 
 
@@ -248,3 +255,49 @@ class HeadMiddleware:
         if scope["type"] == "http" and scope["method"] == "HEAD":
             scope = {**scope, "method": "GET"}
         await self.app(scope, receive, send)
+
+
+class ErrorMiddleware:
+    """Errors raised by the middleware inside it (admission, the drain) and anything nothing
+    else handled: an OpenjevError leaves in the contract's shape with its public message
+    (its detail kept for the log, api/operations/disclosure.py); any other exception, a bug,
+    is a JSON 500 and one log line (type and frames, no message: it may quote input),
+    instead of uvicorn's plain-text 500 and its traceback with the message."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def send_tracked(message: Message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        path, method = scope["path"], scope["method"]
+        try:
+            await self.app(scope, receive, send_tracked)
+        except OpenjevError as exc:
+            exc = disclosure.public(exc)
+            disclosure.remember(scope, exc)
+            await error_response(exc, request_id_of(scope))(scope, receive, send_tracked)
+        except Exception as exc:  # a bug: answer JSON, log without the message (it may quote input)
+            log.error(
+                "unexpected error on %s %s",
+                method,
+                route_of(path),
+                exc_info=exc,
+                extra={"fields": {"request_id": request_id_of(scope)}},
+            )
+            if not started:
+                response = ErrorResponse(
+                    {"detail": {"error_type": "unknown", "message": "internal error"}},
+                    status_code=500,
+                    error_type="unknown",
+                )
+                await response(scope, receive, send_tracked)

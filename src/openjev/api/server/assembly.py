@@ -15,9 +15,9 @@ from typing import Any
 from openjev import calibrations
 from openjev.api.contract.overrides import default_spec
 from openjev.api.operations import disclosure
-from openjev.api.server.ops import Operations
 from openjev.config import MAX_CHOICE_OPTIONS, Settings
 from openjev.core.abstain import AbstainRule
+from openjev.core.ports import Engine
 from openjev.core.prompts import PromptCompiler
 from openjev.core.service import DecisionService, ServiceLimits
 from openjev.core.wording import PROMPT_VERSION
@@ -88,12 +88,13 @@ def build_service(settings: Settings, loaded: LoadedEngine) -> DecisionService:
 
 def lifespan(
     runtime: Runtime,
-    ops: Operations,
+    gate: Callable[[Engine], Engine],
     loader: Loader,
     on_fatal: Callable[[BaseException], None] | None,
 ) -> Callable[[Any], AbstractAsyncContextManager[None]]:
     """The app's lifespan: load the engine in the background (a failure is kept for /health
-    and passed to `on_fatal`), close it at shutdown."""
+    and passed to `on_fatal`), close it at shutdown. The service calls the engine through
+    `gate` (admission's token gate)."""
     settings = runtime.settings
 
     def fatal(exc: BaseException) -> None:
@@ -105,7 +106,7 @@ def lifespan(
     async def load() -> None:
         try:
             loaded = await asyncio.to_thread(loader, settings)
-            loaded = dataclasses.replace(loaded, engine=ops.gated(loaded.engine))
+            loaded = dataclasses.replace(loaded, engine=gate(loaded.engine))
             runtime.loaded = loaded
             runtime.service = await asyncio.to_thread(build_service, settings, loaded)
             if loaded.supervise is not None:

@@ -14,7 +14,7 @@ prefix cache then serves the state to them instead of each computing it (concurr
 would each compute it). Items with different states run concurrently, at most half the
 in-flight slots at a time so single requests still get in.
 
-Items count as requests do (api/server/ops.py): each takes one of its key's requests/min, each is
+Items count as requests do (api/identity/admission.py): each takes one of its key's requests/min, each is
 admitted to the engine on its own (a 529 line carries `retry_after`, like the header), and
 each gets its own metrics and access-log line under the batch's request id. A drain that
 runs out of time ends an NDJSON stream properly: a 503 line for every unfinished item,
@@ -123,7 +123,7 @@ def _error_line(item: _Item, exc: OpenjevError) -> dict[str, Any]:
 
 
 # Called with each item once it has its line (answered, failed, or cut by the drain or a
-# client gone): the item's metrics and access-log line (Operations.record_item).
+# client gone): the item's metrics and access-log line (AccessLog.record_item, api/operations/access.py).
 ItemRecorder = Callable[[_Item, int], None]
 
 
@@ -198,7 +198,7 @@ def install(
 
         def record(item: _Item, status: int) -> None:
             state.batch["succeeded" if status == 200 else "failed"] += 1
-            ops.record_item(request.scope, item.index, status, item.line, item.result, item.started)
+            ops.access.record_item(request.scope, item.index, status, item.line, item.result, item.started)
 
         accept = request.headers.get("accept", "")
         if "application/json" in accept and NDJSON not in accept:

@@ -18,6 +18,11 @@ import time
 from collections.abc import Callable
 
 import uvicorn
+from starlette.responses import JSONResponse
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from openjev.api.contract.paths import DECISION_ROUTES
+from openjev.errors import Draining
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +76,7 @@ class Drain:
         if self.in_flight > 0:
             log.warning("drain timeout: %d requests still in flight are answered 503", self.in_flight)
             expired.set()
-            for _ in range(200):  # they answer within a few loop turns; a stream ends itself (api/server/ops.py)
+            for _ in range(200):  # they answer within a few loop turns; a stream ends itself (DrainMiddleware)
                 if self.in_flight == 0:
                     break
                 await asyncio.sleep(0.02)
@@ -117,3 +122,73 @@ class DrainingServer(uvicorn.Server):
 
     def _exit(self) -> None:
         self.should_exit = True
+
+
+# After the drain timeout, how long a response already streaming may take to end itself
+# (503 lines for its unfinished items, its summary, the final chunk) before it is cut.
+STREAM_END_S = 3.0
+
+
+class DrainMiddleware:
+    """The drain at the door: /health says 503 once SIGTERM arrived and new decisions are
+    refused (503, retryable); the decisions in flight are counted, and one cut short by
+    the drain timeout is answered 503 (a stream, the NDJSON batch, ends itself)."""
+
+    def __init__(self, app: ASGIApp, drain: Drain) -> None:
+        self.app = app
+        self.drain = drain
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        drain, path = self.drain, scope["path"]
+        if drain.draining and path == "/health":
+            await JSONResponse(
+                {"status": "draining", "in_flight": drain.in_flight}, status_code=503, headers={"Retry-After": "5"}
+            )(scope, receive, send)
+            return
+        if path not in DECISION_ROUTES:
+            await self.app(scope, receive, send)
+            return
+        if drain.draining:
+            raise Draining("the server is shutting down; retry on another replica or later")
+        drain.enter()
+        try:
+            await self._under_the_drain(scope, receive, send)
+        finally:
+            drain.leave()
+
+    async def _under_the_drain(self, scope: Scope, receive: Receive, send: Send) -> None:
+        started = False
+
+        async def send_once(message: Message) -> None:
+            nonlocal started
+            started = True
+            await send(message)
+
+        task = asyncio.ensure_future(self.app(scope, receive, send_once))
+        expired = asyncio.ensure_future(self.drain.expired.wait())
+        try:
+            done, _ = await asyncio.wait({task, expired}, return_when=asyncio.FIRST_COMPLETED)
+        except BaseException:  # we are cancelled (server shutdown): so is the request
+            task.cancel()
+            raise
+        finally:
+            expired.cancel()
+        if task in done:
+            task.result()
+            return
+        if started:  # a stream (the NDJSON batch) ends itself properly on the drain: let it
+            finished, _ = await asyncio.wait({task}, timeout=STREAM_END_S)
+            if task in finished:
+                task.result()
+                return
+            log.warning("a response stream did not end within %.0f s of the drain timeout", STREAM_END_S)
+        task.cancel()  # the drain timeout passed: the engine work is abandoned
+        try:
+            await task
+        except BaseException:  # noqa: BLE001, S110 - cancelled on purpose; its outcome no longer matters
+            pass
+        if not started:
+            raise Draining("the server shut down before this request finished; retry")

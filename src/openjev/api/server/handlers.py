@@ -10,6 +10,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from openjev.api.contract.responses import ErrorResponse
 from openjev.api.operations import disclosure
 from openjev.api.operations.middleware import REQUEST_ID_HEADER, error_response, request_id_of
 from openjev.errors import OpenjevError
@@ -36,9 +37,10 @@ async def _http_error(request: Request, exc: Exception) -> JSONResponse:
         message = f"method {request.method} is not allowed on this route" + (
             f" (allowed: {allowed})" if allowed else ""
         )
-    return JSONResponse(
+    return ErrorResponse(
         {"detail": {"error_type": kind, "message": message}},
         status_code=exc.status_code,
+        error_type=kind,
         headers=getattr(exc, "headers", None),
     )
 
@@ -46,9 +48,10 @@ async def _http_error(request: Request, exc: Exception) -> JSONResponse:
 async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
     # Runs outside our middleware (Starlette's ServerErrorMiddleware), so add the id here.
     log.exception("unexpected error")
-    return JSONResponse(
+    return ErrorResponse(
         {"detail": {"error_type": "unknown", "message": "internal error"}},
         status_code=500,
+        error_type="unknown",
         headers={REQUEST_ID_HEADER: request_id_of(request.scope) or ""},
     )
 

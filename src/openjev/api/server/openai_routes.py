@@ -3,7 +3,7 @@
 The body is converted once (api/contract/openai_convert.py) into the core's DecisionRequest; from
 there it is the same path: the caller's cache namespace (api/identity/tenancy.py, here partitioned by
 `prompt_cache_key`), the readout-override headers, admission and per-key limits (the gated
-engine, api/server/ops.py), calibration, the abstain rule, metrics and the access log. Its errors
+engine, api/identity/admission.py), calibration, the abstain rule, metrics and the access log. Its errors
 leave in OpenAI's shape (api/contract/faces.py).
 """
 
@@ -71,7 +71,7 @@ def install(app: FastAPI, settings: Settings, runtime: Runtime, unless_disconnec
                 },
             )
         result = await unless_disconnected(request, service.decide(decision, readout=spec, calibrate=calibrate))
-        request.state.result = result  # for the access log and metrics (api/server/ops.py)
+        request.state.result = result  # for the access log and metrics (api/operations/access.py)
         return FastJSONResponse(oc.result_to_wire(body, result, model), headers=convert.result_headers(result))
 
     app.add_api_route(

@@ -64,7 +64,7 @@ def install_decisions(app: FastAPI, settings: Settings, runtime: Runtime) -> Non
         except TokensExceeded as exc:
             charge_refused(request.app.state.ops.key_limits, exc)
             raise
-        request.state.result = result  # for the access log and metrics (api/server/ops.py)
+        request.state.result = result  # for the access log and metrics (api/operations/access.py)
         return FastJSONResponse(convert.result_to_wire(result, model), headers=convert.result_headers(result))
 
     # The same handler under the route names other Jev-compatible servers use.
