@@ -4,7 +4,8 @@ the log sees (the backend's URL and reply, a foreign exception's text)."""
 import httpx
 
 from openjev.api.operations.logs import JsonFormatter
-from openjev.engines.sglang import SGLangEngine
+from openjev.engines.http_engine import HTTPEngine
+from openjev.engines.http_protocol import SGLANG
 from openjev.errors import EngineUnavailable
 from tests.api.conftest import running_app
 from tests.api.test_ops import Captured
@@ -19,8 +20,8 @@ def _leaks(text: str) -> bool:
     return any(s in text for s in ("10.9.8.7", "hunter2", "/srv/models"))
 
 
-def _sglang(handler) -> SGLangEngine:
-    return SGLangEngine(BACKEND, transport=httpx.MockTransport(handler))
+def _sglang(handler) -> HTTPEngine:
+    return HTTPEngine(BACKEND, SGLANG, transport=httpx.MockTransport(handler))
 
 
 async def _post_and_log(engine, path="/v1/systemone", body=VALID, **headers):

@@ -7,7 +7,8 @@ import httpx
 import pytest
 
 from openjev.core.plan import Branch, Plan
-from openjev.engines.sglang import SGLangEngine, parse_reply
+from openjev.engines.http_engine import HTTPEngine
+from openjev.engines.http_protocol import SGLANG, parse_reply
 from openjev.errors import EngineError, EngineTimeout, EngineUnavailable
 from tests.fakes import FakeSGLang, fake_logprobs
 
@@ -24,11 +25,11 @@ def _plan(n: int = 4, state=STATE) -> Plan:
     return Plan.from_branches(branches)
 
 
-def _engine(fake: FakeSGLang, **kw) -> SGLangEngine:
-    return SGLangEngine("http://sglang.test", transport=fake.transport(), **kw)
+def _engine(fake: FakeSGLang, **kw) -> HTTPEngine:
+    return HTTPEngine("http://sglang.test", SGLANG, transport=fake.transport(), **kw)
 
 
-async def _run(engine: SGLangEngine, plan: Plan):
+async def _run(engine: HTTPEngine, plan: Plan):
     try:
         return await engine.run(plan)
     finally:
@@ -178,7 +179,7 @@ async def test_unreachable_engine_is_unavailable():
     def refuse(request):
         raise httpx.ConnectError("connection refused", request=request)
 
-    engine = SGLangEngine("http://sglang.test", transport=httpx.MockTransport(refuse))
+    engine = HTTPEngine("http://sglang.test", SGLANG, transport=httpx.MockTransport(refuse))
     with pytest.raises(EngineUnavailable):
         await _run(engine, _plan())
 
@@ -191,7 +192,7 @@ async def test_call_timeout_is_504_and_aborts_on_the_server():
             raise httpx.ReadTimeout("timed out", request=request)
         return await fake.handle(request)
 
-    engine = SGLangEngine("http://sglang.test", transport=httpx.MockTransport(handle), strategy="all")
+    engine = HTTPEngine("http://sglang.test", SGLANG, transport=httpx.MockTransport(handle), strategy="all")
     with pytest.raises(EngineTimeout):
         await _run(engine, _plan(2))
     assert len(fake.aborted) == 2  # the server was told to drop both
@@ -210,7 +211,7 @@ async def test_a_failing_branch_cancels_and_aborts_its_siblings():
 
     loop = asyncio.get_running_loop()
     t0 = loop.time()
-    engine = SGLangEngine("http://sglang.test", transport=httpx.MockTransport(handle), strategy="all")
+    engine = HTTPEngine("http://sglang.test", SGLANG, transport=httpx.MockTransport(handle), strategy="all")
     with pytest.raises(EngineError):
         await _run(engine, _plan())
     assert loop.time() - t0 < 0.45  # did not wait for the slow siblings
@@ -312,7 +313,7 @@ async def test_a_backend_error_reply_and_url_stay_out_of_the_public_message():
             return httpx.Response(500, text="Traceback: /srv/models/secret/config.json KeyError token=hunter2")
         return httpx.Response(200)
 
-    engine = SGLangEngine("http://10.9.8.7:30000", transport=httpx.MockTransport(handler))
+    engine = HTTPEngine("http://10.9.8.7:30000", SGLANG, transport=httpx.MockTransport(handler))
     with pytest.raises(EngineError) as failed:
         await _run(engine, _plan())
     assert failed.value.message == "the engine answered 500"
@@ -323,7 +324,7 @@ async def test_an_unreachable_backend_is_named_only_in_the_detail():
     def handler(request):
         raise httpx.ConnectError("connection refused by 10.9.8.7")
 
-    engine = SGLangEngine("http://10.9.8.7:30000", transport=httpx.MockTransport(handler))
+    engine = HTTPEngine("http://10.9.8.7:30000", SGLANG, transport=httpx.MockTransport(handler))
     with pytest.raises(EngineUnavailable) as failed:
         await _run(engine, _plan())
     assert "10.9.8.7" not in failed.value.message and "10.9.8.7" in failed.value.detail
@@ -377,7 +378,7 @@ async def test_probe_says_whether_the_server_answers_its_health(answer, expected
         seen.append(request.url.path)
         return answer(request)
 
-    engine = SGLangEngine("http://sglang.test", transport=httpx.MockTransport(handle))
+    engine = HTTPEngine("http://sglang.test", SGLANG, transport=httpx.MockTransport(handle))
     try:
         problem = await engine.probe()
     finally:
@@ -393,7 +394,7 @@ async def test_an_unreachable_engine_is_503_with_retry_after():
     def refuse(request):
         raise httpx.RemoteProtocolError("Server disconnected without sending a response", request=request)
 
-    engine = SGLangEngine("http://sglang.test", transport=httpx.MockTransport(refuse), retry_after_s=3)
+    engine = HTTPEngine("http://sglang.test", SGLANG, transport=httpx.MockTransport(refuse), retry_after_s=3)
     with pytest.raises(EngineUnavailable) as info:
         await _run(engine, _plan())
     assert info.value.status == 503 and info.value.headers["Retry-After"] == "3"
@@ -407,7 +408,7 @@ async def test_a_recent_reply_answers_the_probe_without_asking_health():
         paths.append(request.url.path)
         return await fake.handle(request)
 
-    engine = SGLangEngine("http://sglang.test", transport=httpx.MockTransport(handle), probe_timeout_s=30)
+    engine = HTTPEngine("http://sglang.test", SGLANG, transport=httpx.MockTransport(handle), probe_timeout_s=30)
     try:
         assert await engine.probe() is None  # nothing answered yet: asks /health
         await engine.run(_plan(1))
@@ -426,7 +427,7 @@ async def test_a_call_that_cannot_reach_the_server_outweighs_a_recent_reply():
             raise httpx.ConnectError("connection refused", request=request)
         return await fake.handle(request)
 
-    engine = SGLangEngine("http://sglang.test", transport=httpx.MockTransport(handle), probe_timeout_s=30)
+    engine = HTTPEngine("http://sglang.test", SGLANG, transport=httpx.MockTransport(handle), probe_timeout_s=30)
     try:
         await engine.run(_plan(1))
         down.append(True)  # the server dies

@@ -7,10 +7,11 @@ import httpx
 import pytest
 
 from openjev.core.plan import Branch, Plan
+from openjev.engines.http_engine import HTTPEngine
 from openjev.engines.vllm import (
     ID_PREFIX,
     MAX_IDS_PER_CALL,
-    VLLMEngine,
+    VLLM,
     check_server,
     child_args,
     parse_reply,
@@ -32,11 +33,11 @@ def _plan(n: int = 4, state=STATE, labels=LABELS) -> Plan:
     return Plan.from_branches(branches)
 
 
-def _engine(fake: FakeVLLM, **kw) -> VLLMEngine:
-    return VLLMEngine("http://vllm.test", transport=fake.transport(), **kw)
+def _engine(fake: FakeVLLM, **kw) -> HTTPEngine:
+    return HTTPEngine("http://vllm.test", VLLM, transport=fake.transport(), **kw)
 
 
-async def _run(engine: VLLMEngine, plan: Plan):
+async def _run(engine: HTTPEngine, plan: Plan):
     try:
         return await engine.run(plan)
     finally:
@@ -165,7 +166,7 @@ async def test_unreachable_engine_is_unavailable():
         raise httpx.ConnectError("connection refused", request=request)
 
     with pytest.raises(EngineUnavailable):
-        await _run(VLLMEngine("http://vllm.test", transport=httpx.MockTransport(refuse)), _plan())
+        await _run(HTTPEngine("http://vllm.test", VLLM, transport=httpx.MockTransport(refuse)), _plan())
 
 
 async def test_call_timeout_is_504_and_aborts_on_the_server():
@@ -176,7 +177,7 @@ async def test_call_timeout_is_504_and_aborts_on_the_server():
             raise httpx.ReadTimeout("timed out", request=request)
         return await fake.handle(request)
 
-    engine = VLLMEngine("http://vllm.test", transport=httpx.MockTransport(handle), strategy="all")
+    engine = HTTPEngine("http://vllm.test", VLLM, transport=httpx.MockTransport(handle), strategy="all")
     with pytest.raises(EngineTimeout):
         await _run(engine, _plan(2))
     assert len(fake.aborted) == 2 and all(rid.startswith(ID_PREFIX) for rid in fake.aborted)

@@ -40,7 +40,9 @@ from openjev.core.types import (  # noqa: E402
     State,
     Turn,
 )
-from openjev.engines.sglang import SGLangEngine, verify_tokenizer  # noqa: E402
+from openjev.engines.http_engine import HTTPEngine  # noqa: E402
+from openjev.engines.http_protocol import SGLANG  # noqa: E402
+from openjev.engines.sglang import verify_tokenizer  # noqa: E402
 from openjev.errors import ModelUnsuitable  # noqa: E402
 from tests.tickets import QUESTIONS, TEXT  # noqa: E402
 
@@ -94,8 +96,8 @@ def reference_engine(loaded):
     return TransformersEngine(loaded.engine.model, prefix_cache_bytes=0)
 
 
-def remote(server, strategy: str) -> SGLangEngine:
-    return SGLangEngine(server.url, strategy=strategy, call_timeout_s=600)  # a CPU forward takes seconds
+def remote(server, strategy: str) -> HTTPEngine:
+    return HTTPEngine(server.url, SGLANG, strategy=strategy, call_timeout_s=600)  # a CPU forward takes seconds
 
 
 async def run_with(engine, plan):

@@ -43,7 +43,8 @@ from openjev.core.types import (  # noqa: E402
     State,
     Turn,
 )
-from openjev.engines.vllm import MAX_IDS_PER_CALL, VLLMEngine, check_server, verify_tokenizer  # noqa: E402
+from openjev.engines.http_engine import HTTPEngine  # noqa: E402
+from openjev.engines.vllm import MAX_IDS_PER_CALL, VLLM, check_server, verify_tokenizer  # noqa: E402
 from openjev.errors import ModelUnsuitable  # noqa: E402
 from tests.tickets import QUESTIONS, TEXT  # noqa: E402
 
@@ -103,8 +104,8 @@ def reference_engine(loaded):
     return TransformersEngine(loaded.engine.model, prefix_cache_bytes=0)
 
 
-def remote(server, strategy: str) -> VLLMEngine:
-    return VLLMEngine(server.url, strategy=strategy, call_timeout_s=600)  # a CPU forward takes seconds
+def remote(server, strategy: str) -> HTTPEngine:
+    return HTTPEngine(server.url, VLLM, strategy=strategy, call_timeout_s=600)  # a CPU forward takes seconds
 
 
 async def run_with(engine, plan):

@@ -17,10 +17,10 @@ import httpx
 from openjev.config import Settings
 from openjev.core.ports import ChatTokenizer
 from openjev.engines import LoadedEngine, http_protocol, remote
-from openjev.engines.http_engine import SGLangEngine
-from openjev.engines.http_protocol import parse_reply
+from openjev.engines.http_engine import HTTPEngine
+from openjev.engines.http_protocol import SGLANG
 
-__all__ = ["SGLangEngine", "load", "parse_reply", "preflight", "verify_tokenizer"]
+__all__ = ["load", "preflight", "verify_tokenizer"]
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +83,7 @@ def load(settings: Settings) -> LoadedEngine:
         settings,
         kind(settings),
         check=lambda url, tokenizer: check(url, tokenizer, settings),
-        make=lambda url, info: SGLangEngine(url, **remote.engine_options(settings)),
+        make=lambda url, info: HTTPEngine(url, SGLANG, **remote.engine_options(settings)),
     )
 
 
