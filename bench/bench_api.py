@@ -282,7 +282,7 @@ def main() -> None:
         return
     _quiet_logs()
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from tests.net import free_port
+    from tests.support.net import free_port
 
     port = free_port()
     proc = subprocess.Popen(

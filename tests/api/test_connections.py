@@ -23,8 +23,8 @@ from openjev.api.operations.connections import uvicorn_config
 from openjev.api.server.app import create_app
 from openjev.config import load_settings
 from tests.api.conftest import fake_loader
-from tests.fakes import FakeEngine
-from tests.net import free_port
+from tests.support.fakes import FakeEngine
+from tests.support.net import free_port
 
 
 @contextmanager

@@ -11,8 +11,8 @@ import re
 import pytest
 
 from openjev.api.contract import convert
-from tests import bombs
 from tests.api.conftest import running_app
+from tests.support import bombs
 
 YESNO = {"x-openjev-readout": "yesno"}
 

@@ -10,7 +10,7 @@ from openjev.errors import EngineUnavailable
 from tests.api.conftest import running_app
 from tests.api.test_ops import Captured
 from tests.api.test_systemone import VALID
-from tests.fakes import FakeEngine
+from tests.support.fakes import FakeEngine
 
 BACKEND = "http://10.9.8.7:30000"
 REPLY = "Traceback: /srv/models/secret-model/config.json token=hunter2"

@@ -13,7 +13,7 @@ import time
 import httpx
 
 from tests.api.test_connections import BODY, connect, metric, parse, read_until_closed, serving
-from tests.fakes import FakeEngine
+from tests.support.fakes import FakeEngine
 
 BUNDLE = "/static-offline-docs/swagger-ui-bundle.js"
 POST_HEAD = b"POST /v1/systemone HTTP/1.1\r\nHost: 127.0.0.1\r\ncontent-type: application/json\r\n"

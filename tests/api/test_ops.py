@@ -15,7 +15,7 @@ from openjev.api.operations.logs import JsonFormatter, TextFormatter
 from openjev.errors import ConfigError, EngineError
 from tests.api.conftest import running_app
 from tests.api.test_systemone import VALID
-from tests.fakes import FakeEngine
+from tests.support.fakes import FakeEngine
 
 SECRET = "Zanzibar-7f3e-private-customer-text"
 

@@ -3,7 +3,7 @@ import pytest
 from openjev.core.prompts import PromptCompiler
 from openjev.core.types import ChoiceQuestion, DecisionRequest, NoulQuestion, Option, ScoreQuestion, State, Turn
 from openjev.core.wording import ANSWER_CUE, letters_text, option_texts
-from tests.fakes import FakeTokenizer
+from tests.support.fakes import FakeTokenizer
 
 STATE = State((Turn("user", "My card was charged twice and I want a refund."),))
 QUESTIONS = (

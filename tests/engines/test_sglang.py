@@ -10,7 +10,7 @@ from openjev.core.plan import Branch, Plan
 from openjev.engines.http_engine import HTTPEngine
 from openjev.engines.http_protocol import SGLANG, parse_reply
 from openjev.errors import EngineError, EngineTimeout, EngineUnavailable
-from tests.fakes import FakeSGLang, fake_logprobs
+from tests.support.fakes import FakeSGLang, fake_logprobs
 
 LABELS = (10, 11, 12)
 STATE = tuple(range(100, 400))  # a 300-token shared prefix

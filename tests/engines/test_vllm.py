@@ -19,7 +19,7 @@ from openjev.engines.vllm import (
     verify_tokenizer,
 )
 from openjev.errors import ConfigError, EngineError, EngineTimeout, EngineUnavailable, ModelUnsuitable, TokensExceeded
-from tests.fakes import FakeVLLM, fake_logprobs
+from tests.support.fakes import FakeVLLM, fake_logprobs
 
 LABELS = (10, 11, 12)
 STATE = tuple(range(100, 400))  # a 300-token shared prefix

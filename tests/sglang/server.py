@@ -21,7 +21,7 @@ import httpx
 
 from openjev.engines.server_process import ServerProcess
 from openjev.errors import EngineUnavailable
-from tests.net import free_port
+from tests.support.net import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 SGL_JAX_PYTHON = REPO / ".venv-sglang-jax" / "bin" / "python"

@@ -44,7 +44,7 @@ from openjev.engines.http_engine import HTTPEngine  # noqa: E402
 from openjev.engines.http_protocol import SGLANG  # noqa: E402
 from openjev.engines.sglang import verify_tokenizer  # noqa: E402
 from openjev.errors import ModelUnsuitable  # noqa: E402
-from tests.tickets import QUESTIONS, TEXT  # noqa: E402
+from tests.support.tickets import QUESTIONS, TEXT  # noqa: E402
 
 STRATEGIES = ("all", "warmup", "staged", "auto")
 MORE_QUESTIONS = (

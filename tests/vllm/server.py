@@ -17,7 +17,7 @@ import httpx
 from openjev.engines.server_process import ServerProcess
 from openjev.engines.vllm import child_args
 from openjev.errors import EngineUnavailable
-from tests.net import free_port
+from tests.support.net import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 VLLM_PYTHON = REPO / ".venv-vllm" / "bin" / "python"

@@ -46,7 +46,7 @@ from openjev.core.types import (  # noqa: E402
 from openjev.engines.http_engine import HTTPEngine  # noqa: E402
 from openjev.engines.vllm import MAX_IDS_PER_CALL, VLLM, check_server, verify_tokenizer  # noqa: E402
 from openjev.errors import ModelUnsuitable  # noqa: E402
-from tests.tickets import QUESTIONS, TEXT  # noqa: E402
+from tests.support.tickets import QUESTIONS, TEXT  # noqa: E402
 
 STRATEGIES = ("all", "warmup", "staged", "auto")
 MANY = ChoiceQuestion("Which product line is this about?", tuple(Option(f"Line {i}", None) for i in range(200)))

@@ -1,5 +1,5 @@
 """A named fake of a vLLM server process, for testing how openjev starts, checks, supervises
-and stops a vLLM child (`python -m tests.fake_vllm_server --model FOLDER --host H --port P
+and stops a vLLM child (`python -m tests.support.fake_vllm_server --model FOLDER --host H --port P
 [--enable-scale-out] [--enable-prompt-tokens-details] [--max-logprobs N]`). It speaks what
 openjev uses (/health, /v1/models, /tokenize, /inference/v1/generate,
 /inference/v1/abort_requests) and, like vLLM, refuses the token route without
@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import argparse
 
-from tests.fake_http_server import Answer, serve
-from tests.fakes import fake_logprobs
+from tests.support.fake_http_server import Answer, serve
+from tests.support.fakes import fake_logprobs
 
 
 def main() -> None:

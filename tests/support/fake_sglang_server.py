@@ -1,5 +1,5 @@
 """A named fake of an SGLang server process, for testing how openjev starts, checks,
-supervises and stops its engine child (`python -m tests.fake_sglang_server --model-path
+supervises and stops its engine child (`python -m tests.support.fake_sglang_server --model-path
 FOLDER --host H --port P`). It speaks the native protocol openjev uses (/health,
 /get_model_info, /get_server_info, /generate with input_ids or text, /abort_request) and
 answers with deterministic fake log-probs. Not a model: the real-server suite runs
@@ -10,8 +10,8 @@ from __future__ import annotations
 import argparse
 import time
 
-from tests.fake_http_server import Answer, serve
-from tests.fakes import fake_logprobs
+from tests.support.fake_http_server import Answer, serve
+from tests.support.fakes import fake_logprobs
 
 
 def main() -> None:
