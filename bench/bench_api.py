@@ -91,7 +91,7 @@ def serve(port: int) -> None:
     loaded = _loaded_with_instant_engine()
     _quiet_logs()
     settings = load_settings({"port": port, "max_in_flight": 4096}, environ={})
-    app = create_app(settings, loader=lambda s: loaded)
+    app = create_app(settings, loader=lambda _settings: loaded)
     uvicorn.run(app, host="127.0.0.1", port=port, log_config=None, access_log=False, log_level="warning")
 
 
@@ -174,7 +174,7 @@ def in_process(n: int = 400) -> dict:
     from openjev.config import load_settings
 
     loaded = _loaded_with_instant_engine()
-    app = create_app(load_settings({"max_in_flight": 4096}, environ={}), loader=lambda s: loaded)
+    app = create_app(load_settings({"max_in_flight": 4096}, environ={}), loader=lambda _settings: loaded)
     body = json.dumps(REQUEST).encode()
     scope = {
         "type": "http",

@@ -53,7 +53,7 @@ def test_options_are_lettered_in_order():
 
 
 @pytest.mark.parametrize(
-    "question,expected",
+    ("question", "expected"),
     [
         (NoulQuestion("Refund?"), ["Yes", "No"]),
         (NoulQuestion(None, "asks for money back", None), ["Yes: asks for money back", "No"]),

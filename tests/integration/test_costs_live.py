@@ -82,7 +82,7 @@ def _cpu(proc: psutil.Process) -> float:
 
 
 @pytest.mark.parametrize(
-    "name,path,body,headers,message",
+    ("name", "path", "body", "headers", "message"),
     [
         (
             "yesno compile bomb",

@@ -50,7 +50,7 @@ def _settings(folder, **kw):
 
 
 @pytest.mark.parametrize(
-    "kw,why",
+    ("kw", "why"),
     [
         ({"strategy": "fastest"}, "--strategy"),
         ({"connect": "http://127.0.0.1:1"}, "exactly one"),

@@ -83,7 +83,7 @@ def load(settings: Settings) -> LoadedEngine:
         settings,
         kind(settings),
         check=lambda url, tokenizer: check(url, tokenizer, settings),
-        make=lambda url, info: HTTPEngine(url, SGLANG, **remote.engine_options(settings)),
+        make=lambda url, _info: HTTPEngine(url, SGLANG, **remote.engine_options(settings)),
     )
 
 

@@ -139,11 +139,7 @@ def _walk(value: Any, path: tuple[str | int, ...], max_depth: int, errors: list[
             errors.append(_lone_surrogate(path, value))
         return
     if isinstance(value, _Bad):
-        if value.reason == "non_finite":
-            msg = f"{show(value.text)} is not a JSON number: NaN and infinities (or numbers beyond ±1.8e308) are not allowed; send a finite number or a string"
-        else:
-            msg = f"an integer of {len(value.text)} digits is too long (at most {_INT_DIGITS}); send it as a string"
-        errors.append(_error(path, "json_invalid_number", msg))
+        errors.append(_bad_number(path, value))
         return
     if isinstance(value, dict | list) and len(path) >= max_depth:
         errors.append(
@@ -157,23 +153,36 @@ def _walk(value: Any, path: tuple[str | int, ...], max_depth: int, errors: list[
         )
         return
     if isinstance(value, dict):
-        if isinstance(value, _Repeated):
-            for key in value.repeated:
-                errors.append(
-                    _error(
-                        (*path, show(key, 100)),
-                        "json_duplicate_key",
-                        f"the key {show(key)!r} appears more than once in this object; keys must be unique "
-                        "(JSON parsers disagree on which one wins)",
-                    )
-                )
-        for key, item in value.items():
-            if _SURROGATE.search(key):
-                errors.append(_lone_surrogate((*path, show(key, 100)), key))
-            _walk(item, (*path, show(key, 100)), max_depth, errors)
+        _walk_object(value, path, max_depth, errors)
     elif isinstance(value, list):
         for i, item in enumerate(value):
             _walk(item, (*path, i), max_depth, errors)
+
+
+def _walk_object(value: dict, path: tuple[str | int, ...], max_depth: int, errors: list[dict[str, Any]]) -> None:
+    """`_walk` of an object: its repeated keys, its keys' lone surrogates, then its values."""
+    if isinstance(value, _Repeated):
+        for key in value.repeated:
+            errors.append(
+                _error(
+                    (*path, show(key, 100)),
+                    "json_duplicate_key",
+                    f"the key {show(key)!r} appears more than once in this object; keys must be unique "
+                    "(JSON parsers disagree on which one wins)",
+                )
+            )
+    for key, item in value.items():
+        if _SURROGATE.search(key):
+            errors.append(_lone_surrogate((*path, show(key, 100)), key))
+        _walk(item, (*path, show(key, 100)), max_depth, errors)
+
+
+def _bad_number(path: tuple[str | int, ...], value: _Bad) -> dict[str, Any]:
+    if value.reason == "non_finite":
+        msg = f"{show(value.text)} is not a JSON number: NaN and infinities (or numbers beyond ±1.8e308) are not allowed; send a finite number or a string"
+    else:
+        msg = f"an integer of {len(value.text)} digits is too long (at most {_INT_DIGITS}); send it as a string"
+    return _error(path, "json_invalid_number", msg)
 
 
 def _lone_surrogate(path: tuple[str | int, ...], text: str) -> dict[str, Any]:
@@ -371,7 +380,7 @@ def safe_errors(errors: Any) -> list[dict[str, Any]]:
     return out
 
 
-async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+async def validation_error(_request: Request, exc: RequestValidationError) -> JSONResponse:
     """The 422 handler; echoes only what `safe_errors` made safe, and cannot fail."""
     try:
         return ErrorResponse({"detail": safe_errors(exc.errors())}, status_code=422, error_type=VALIDATION_ERROR)

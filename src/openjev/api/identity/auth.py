@@ -16,7 +16,7 @@ _bearer = HTTPBearer(
 )
 
 
-async def require_key(request: Request, credentials: HTTPAuthorizationCredentials | None = Depends(_bearer)) -> None:
+async def require_key(request: Request, credentials: HTTPAuthorizationCredentials | None = Depends(_bearer)) -> None:  # noqa: ARG001 - declares the Bearer scheme in the OpenAPI document
     """Accepts any request when no keys are configured (a Bearer header is then ignored)."""
     if request.app.state.ops.keys.enabled and request.scope.get("state", {}).get("key_name") is None:
         raise AuthenticationError("missing API key: send Authorization: Bearer <key>")

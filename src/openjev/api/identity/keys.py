@@ -89,18 +89,7 @@ def parse_keys_file(text: str, source: str = "keys file") -> list[KeyEntry]:
             digest = bytes.fromhex(hexdigest)
         else:
             digest = digest_of(secret)
-        limits: dict[str, int] = {}
-        group: str | None = None
-        for option in options:
-            k, _, v = option.partition("=")
-            if k == "cache_group":
-                if not _NAME.match(v):
-                    raise ConfigError(f"{where}: cache_group must be 1-64 of A-Z a-z 0-9 _ . -")
-                group = v
-                continue
-            if k not in _LIMITS or not v.isdigit():
-                raise ConfigError(f"{where}: unknown option {k!r} (expected {_OPTIONS})")
-            limits[k] = int(v)
+        limits, group = _options(options, where)
         if any(e.name == name for e in entries):
             raise ConfigError(f"{where}: key name {name!r} appears twice")
         entries.append(
@@ -113,6 +102,23 @@ def parse_keys_file(text: str, source: str = "keys file") -> list[KeyEntry]:
             )
         )
     return entries
+
+
+def _options(options: list[str], where: str) -> tuple[dict[str, int], str | None]:
+    """A keys file line's options: (its limits by name, its cache_group or None)."""
+    limits: dict[str, int] = {}
+    group: str | None = None
+    for option in options:
+        k, _, v = option.partition("=")
+        if k == "cache_group":
+            if not _NAME.match(v):
+                raise ConfigError(f"{where}: cache_group must be 1-64 of A-Z a-z 0-9 _ . -")
+            group = v
+            continue
+        if k not in _LIMITS or not v.isdigit():
+            raise ConfigError(f"{where}: unknown option {k!r} (expected {_OPTIONS})")
+        limits[k] = int(v)
+    return limits, group
 
 
 def read_keys_text(path: str) -> str:

@@ -306,7 +306,7 @@ class BoundedH11Protocol(H11Protocol):
             self.closing = True
             self._close_raw()
 
-    def send_400_response(self, msg: str) -> None:
+    def send_400_response(self, msg: str) -> None:  # noqa: ARG002 - uvicorn's signature; our own message is sent
         """h11 (or our framing check) refused the request: a JSON answer that names the
         problem without quoting the input, then a lingering close."""
         error = self.h11.error

@@ -117,7 +117,7 @@ def lifespan(
             fatal(exc)
 
     @asynccontextmanager
-    async def run(app: Any) -> AsyncIterator[None]:
+    async def run(_app: Any) -> AsyncIterator[None]:
         task = asyncio.create_task(load())
         try:
             yield

@@ -27,7 +27,7 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -160,18 +160,7 @@ def install(
         },
     )
     async def batch(body: BatchRequest, request: Request):
-        count = len(body.requests if body.requests is not None else body.states or ())
-        if count > settings.max_batch_items:
-            raise RequestValidationError(
-                [
-                    {
-                        "loc": ("body", "requests" if body.requests is not None else "states"),
-                        "type": "too_long",
-                        "input": None,
-                        "msg": f"at most {settings.max_batch_items} items per batch, got {count}",
-                    }
-                ]
-            )
+        count = _count(body, settings)
         spec, calibrate = decide_options(request.headers, settings)  # one readout for every item
         ops = request.app.state.ops
         entry = current_key.get()
@@ -185,6 +174,7 @@ def install(
         items = await asyncio.to_thread(
             _prepare_all,
             body,
+            settings,
             service,
             card.name,
             spec,
@@ -207,80 +197,166 @@ def install(
         stream = _ndjson(items, service, slots, t0, record, ops.drain.expired, state.batch)
         return StreamingResponse(stream, media_type=NDJSON)
 
-    def _shared_questions(body: BatchRequest) -> tuple[tuple[str, Question], ...] | OpenjevError:
-        """The states form's questions, converted once for every item (or the error every
-        item then carries)."""
-        questions = body.questions or {}
-        if len(questions) > settings.max_questions:
-            return _ItemInvalid(f"at most {settings.max_questions} questions per request, got {len(questions)}")
-        try:
-            return tuple((qid, convert.question_of(q)) for qid, q in questions.items())
-        except OpenjevError as exc:
-            return exc
 
-    def _request_of(raw: Any, body: BatchRequest, shared: Any) -> tuple[DecisionRequest, str]:
-        """One item as a core request and the model it asks for."""
-        if body.requests is None:  # the states form
-            if isinstance(shared, OpenjevError):
-                raise shared
-            try:
-                state = schemas.StateItem.model_validate({"state": raw}).state
-            except ValidationError as e:
-                raise _ItemInvalid(_validation_message(e)) from None
-            return DecisionRequest(state=convert.state_of(state), questions=shared), body.model
+def _count(body: BatchRequest, settings: Settings) -> int:
+    """How many items the batch has; a 422 beyond --max-batch-items."""
+    count = len(body.requests if body.requests is not None else body.states or ())
+    if count > settings.max_batch_items:
+        raise RequestValidationError(
+            [
+                {
+                    "loc": ("body", "requests" if body.requests is not None else "states"),
+                    "type": "too_long",
+                    "input": None,
+                    "msg": f"at most {settings.max_batch_items} items per batch, got {count}",
+                }
+            ]
+        )
+    return count
+
+
+def _shared_questions(body: BatchRequest, settings: Settings) -> tuple[tuple[str, Question], ...] | OpenjevError:
+    """The states form's questions, converted once for every item (or the error every
+    item then carries)."""
+    questions = body.questions or {}
+    if len(questions) > settings.max_questions:
+        return _ItemInvalid(f"at most {settings.max_questions} questions per request, got {len(questions)}")
+    try:
+        return tuple((qid, convert.question_of(q)) for qid, q in questions.items())
+    except OpenjevError as exc:
+        return exc
+
+
+def _request_of(raw: Any, body: BatchRequest, shared: Any, settings: Settings) -> tuple[DecisionRequest, str]:
+    """One item as a core request and the model it asks for."""
+    if body.requests is None:  # the states form
+        if isinstance(shared, OpenjevError):
+            raise shared
         try:
-            parsed = schemas.SystemOneRequest.model_validate(raw)
+            state = schemas.StateItem.model_validate({"state": raw}).state
         except ValidationError as e:
             raise _ItemInvalid(_validation_message(e)) from None
-        if len(parsed.questions) > settings.max_questions:
-            raise _ItemInvalid(f"at most {settings.max_questions} questions per request, got {len(parsed.questions)}")
-        return convert.request_of(parsed), parsed.model
+        return DecisionRequest(state=convert.state_of(state), questions=shared), body.model
+    try:
+        parsed = schemas.SystemOneRequest.model_validate(raw)
+    except ValidationError as e:
+        raise _ItemInvalid(_validation_message(e)) from None
+    if len(parsed.questions) > settings.max_questions:
+        raise _ItemInvalid(f"at most {settings.max_questions} questions per request, got {len(parsed.questions)}")
+    return convert.request_of(parsed), parsed.model
 
-    def _prepare_all(
-        body: BatchRequest,
-        service: DecisionService,
-        served: str,
-        spec: ReadoutSpec,
-        calibrate: bool,
-        request_id: str | None,
-        key_limits: KeyLimits,
-    ) -> list[_Item]:
-        """Every item validated, converted and prepared, in a worker thread (see batch())."""
-        states_form = body.requests is None
-        shared = _shared_questions(body) if states_form else None
-        part_cache: dict[str, tuple[int, ...]] | None = {} if states_form else None
-        items: list[_Item] = []
-        total = 0
-        for index, raw in enumerate(body.requests if body.requests is not None else body.states or ()):
-            item = _Item(index, readout=spec, calibrate=calibrate, request_id=request_id)
-            t0 = time.perf_counter()
-            try:
-                decision, model = _request_of(raw, body, shared)
-                item.request = tenancy.scoped(decision)  # the key's cache namespace
-                item.model = convert.resolve_model(model, served)
-                item.compiled = service.prepare_now(item.request, service.readout(spec), part_cache)
-            except TokensExceeded as exc:
-                charge_refused(key_limits, exc)
-                item.line = _error_line(item, exc)
-            except OpenjevError as exc:
-                item.line = _error_line(item, exc)
-            item.prepare_ms = (time.perf_counter() - t0) * 1000
-            items.append(item)
-            if item.compiled is not None:
-                total += item.compiled.plan.unique_tokens
-                if total > settings.max_batch_tokens:
-                    over = TokensExceeded(
-                        f"the batch takes more than {total} distinct tokens by item {index}, its items' added up "
-                        f"(limit {settings.max_batch_tokens} per batch)"
-                    )
-                    over.work_tokens = total
-                    charge_refused(key_limits, over)
-                    raise over
-        return items
+
+def _prepare_all(
+    body: BatchRequest,
+    settings: Settings,
+    service: DecisionService,
+    served: str,
+    spec: ReadoutSpec,
+    calibrate: bool,
+    request_id: str | None,
+    key_limits: KeyLimits,
+) -> list[_Item]:
+    """Every item validated, converted and prepared, in a worker thread (see batch())."""
+    states_form = body.requests is None
+    shared = _shared_questions(body, settings) if states_form else None
+    part_cache: dict[str, tuple[int, ...]] | None = {} if states_form else None
+    items: list[_Item] = []
+    total = 0
+    for index, raw in enumerate(body.requests if body.requests is not None else body.states or ()):
+        item = _Item(index, readout=spec, calibrate=calibrate, request_id=request_id)
+        t0 = time.perf_counter()
+        try:
+            decision, model = _request_of(raw, body, shared, settings)
+            item.request = tenancy.scoped(decision)  # the key's cache namespace
+            item.model = convert.resolve_model(model, served)
+            item.compiled = service.prepare_now(item.request, service.readout(spec), part_cache)
+        except TokensExceeded as exc:
+            charge_refused(key_limits, exc)
+            item.line = _error_line(item, exc)
+        except OpenjevError as exc:
+            item.line = _error_line(item, exc)
+        item.prepare_ms = (time.perf_counter() - t0) * 1000
+        items.append(item)
+        if item.compiled is not None:
+            total += item.compiled.plan.unique_tokens
+            if total > settings.max_batch_tokens:
+                over = TokensExceeded(
+                    f"the batch takes more than {total} distinct tokens by item {index}, its items' added up "
+                    f"(limit {settings.max_batch_tokens} per batch)"
+                )
+                over.work_tokens = total
+                charge_refused(key_limits, over)
+                raise over
+    return items
 
 
 async def _collect(lines: AsyncIterator[dict[str, Any]]) -> list[dict[str, Any]]:
     return [line async for line in lines]
+
+
+async def _decide(item: _Item, service: DecisionService, gate: asyncio.Semaphore, done: asyncio.Queue[_Item]) -> None:
+    """Decide one prepared item under `gate`; its line (answer or error) is set, then it is
+    put on `done`."""
+    async with gate:
+        try:
+            request, model = item.prepared()
+            result = await service.decide(request, item.compiled, readout=item.readout, calibrate=item.calibrate)
+            item.result = result
+            timings = {**result.timings_ms, "prepare": item.prepare_ms}  # prepared up front, not in decide
+            item.line = {
+                "index": item.index,
+                **convert.result_to_wire(result, model),
+                "x_readout": result.readout,
+                "x_calibration": result.calibration,
+                "x_timings_ms": {k: round(v, 1) for k, v in timings.items()},
+            }
+        except OpenjevError as exc:
+            item.line = _error_line(item, exc)
+        except Exception:  # an item's bug is that item's 500, not the batch's
+            log.exception("batch item %d failed", item.index)
+            item.line = {
+                "index": item.index,
+                "status": 500,
+                "error": {"error_type": "unknown", "message": "internal error"},
+            }
+    await done.put(item)
+
+
+def _by_state(items: list[_Item]) -> dict[Any, list[_Item]]:
+    """The prepared items (no line yet) grouped by their state, in item order."""
+    groups: dict[Any, list[_Item]] = {}
+    for item in items:
+        if item.line is None:
+            groups.setdefault(item.prepared()[0].state, []).append(item)
+    return groups
+
+
+def _cut(items: list[_Item], recorded: set[int]) -> Iterator[_Item]:
+    """The items not yet recorded when the drain ran out of time, one by one; those without
+    a line get a 503 line (cut), those that finished meanwhile keep theirs."""
+    cut = Draining("the server shut down before this item finished; retry")
+    for item in items:
+        if item.index in recorded:
+            continue
+        if item.line is None:
+            item.line, item.cut = _error_line(item, cut), True
+        yield item
+
+
+def _record_unread(items: list[_Item], recorded: set[int], record: ItemRecorder) -> None:
+    """The items nobody will read (the client went away), each recorded once as 499."""
+    for item in items:
+        if item.index not in recorded:
+            recorded.add(item.index)
+            record(item, 499)
+
+
+async def _decide_group(
+    members: list[_Item], service: DecisionService, gate: asyncio.Semaphore, done: asyncio.Queue[_Item]
+) -> None:
+    """Items on one state: the leader computes the shared state; the rest find it cached."""
+    await _decide(members[0], service, gate, done)
+    await asyncio.gather(*(_decide(m, service, gate, done) for m in members[1:]))
 
 
 async def _run(
@@ -305,43 +381,11 @@ async def _run(
     for item in items:
         if item.line is not None:
             yield emit(item)
-    groups: dict[Any, list[_Item]] = {}
-    for item in items:
-        if item.line is None:
-            groups.setdefault(item.prepared()[0].state, []).append(item)
+    groups = _by_state(items)
     gate = asyncio.Semaphore(slots)
     done: asyncio.Queue[_Item] = asyncio.Queue()
 
-    async def decide(item: _Item) -> None:
-        async with gate:
-            try:
-                request, model = item.prepared()
-                result = await service.decide(request, item.compiled, readout=item.readout, calibrate=item.calibrate)
-                item.result = result
-                timings = {**result.timings_ms, "prepare": item.prepare_ms}  # prepared up front, not in decide
-                item.line = {
-                    "index": item.index,
-                    **convert.result_to_wire(result, model),
-                    "x_readout": result.readout,
-                    "x_calibration": result.calibration,
-                    "x_timings_ms": {k: round(v, 1) for k, v in timings.items()},
-                }
-            except OpenjevError as exc:
-                item.line = _error_line(item, exc)
-            except Exception:  # an item's bug is that item's 500, not the batch's
-                log.exception("batch item %d failed", item.index)
-                item.line = {
-                    "index": item.index,
-                    "status": 500,
-                    "error": {"error_type": "unknown", "message": "internal error"},
-                }
-        await done.put(item)
-
-    async def group(members: list[_Item]) -> None:
-        await decide(members[0])  # the leader computes the shared state; the rest find it cached
-        await asyncio.gather(*(decide(m) for m in members[1:]))
-
-    tasks = [asyncio.create_task(group(members)) for members in groups.values()]
+    tasks = [asyncio.create_task(_decide_group(members, service, gate, done)) for members in groups.values()]
     stopped = asyncio.ensure_future(stop.wait()) if stop is not None else None
     try:
         for _ in range(sum(len(m) for m in groups.values())):
@@ -356,12 +400,7 @@ async def _run(
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
-            cut = Draining("the server shut down before this item finished; retry")
-            for item in items:
-                if item.index in recorded:
-                    continue
-                if item.line is None:
-                    item.line, item.cut = _error_line(item, cut), True
+            for item in _cut(items, recorded):
                 yield emit(item)  # finished meanwhile (its line stands) or cut (503)
     finally:
         if stopped is not None:
@@ -369,10 +408,7 @@ async def _run(
         for task in tasks:  # a client gone mid-stream: stop the items still running
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        for item in items:  # nobody will read them: counted as the client's going (499)
-            if item.index not in recorded:
-                recorded.add(item.index)
-                record(item, 499)
+        _record_unread(items, recorded, record)
 
 
 async def _ndjson(

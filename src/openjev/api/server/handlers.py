@@ -45,7 +45,7 @@ async def _http_error(request: Request, exc: Exception) -> JSONResponse:
     )
 
 
-async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+async def _unexpected(request: Request, _exc: Exception) -> JSONResponse:
     # Runs outside our middleware (Starlette's ServerErrorMiddleware), so add the id here.
     log.exception("unexpected error")
     return ErrorResponse(
