@@ -85,20 +85,20 @@ def _loaded_with_instant_engine():
 def serve(port: int) -> None:
     import uvicorn
 
-    from openjev.api.app import create_app
+    from openjev.api.server.app import create_app
     from openjev.config import load_settings
 
     loaded = _loaded_with_instant_engine()
     _quiet_logs()
     settings = load_settings({"port": port, "max_in_flight": 4096}, environ={})
-    app = create_app(settings, loader=lambda s: loaded)
+    app = create_app(settings, loader=lambda _settings: loaded)
     uvicorn.run(app, host="127.0.0.1", port=port, log_config=None, access_log=False, log_level="warning")
 
 
 def _quiet_logs() -> None:
     try:
-        from openjev.api import logs
-    except ImportError:  # a version before api/logs.py (side-by-side runs)
+        from openjev.api.operations import logs
+    except ImportError:  # a version before api/operations/logs.py (side-by-side runs)
         import logging
 
         logging.basicConfig(level=logging.WARNING)
@@ -170,11 +170,11 @@ async def many_clients(port: int, clients: int, total: int) -> dict:
 
 
 def in_process(n: int = 400) -> dict:
-    from openjev.api.app import create_app
+    from openjev.api.server.app import create_app
     from openjev.config import load_settings
 
     loaded = _loaded_with_instant_engine()
-    app = create_app(load_settings({"max_in_flight": 4096}, environ={}), loader=lambda s: loaded)
+    app = create_app(load_settings({"max_in_flight": 4096}, environ={}), loader=lambda _settings: loaded)
     body = json.dumps(REQUEST).encode()
     scope = {
         "type": "http",
@@ -228,10 +228,10 @@ def split(n: int = 300) -> dict:
     import orjson
     from starlette.responses import JSONResponse
 
-    from openjev.api import convert, schemas
+    from openjev.api.contract import convert, schemas
 
     try:
-        from openjev.api.responses import FastJSONResponse
+        from openjev.api.contract.responses import FastJSONResponse
     except ImportError:  # measuring a version before it: orjson as it would be used
 
         class FastJSONResponse(JSONResponse):
@@ -282,7 +282,7 @@ def main() -> None:
         return
     _quiet_logs()
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from tests.net import free_port
+    from tests.support.net import free_port
 
     port = free_port()
     proc = subprocess.Popen(

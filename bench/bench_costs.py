@@ -4,7 +4,7 @@
 Two parts, both with the embedded model's real tokenizer and chat template:
 
 - `server`: a real `openjev serve` process on loopback receives each cost bomb of issue 16
-  (tests/bombs.py: the yesno and letters compile bombs, the batch states form, 66,000
+  (tests/support/bombs.py: the yesno and letters compile bombs, the batch states form, 66,000
   empty chat turns) while a second client polls `/health/live` every 20 ms. Reported per
   bomb: status, wall seconds to the answer, the server's CPU seconds (user + system) and
   its RSS growth (peak sampled every 10 ms, minus the RSS before), and the slowest
@@ -43,7 +43,7 @@ import psutil
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from common import machine
-from tests import bombs
+from tests.support import bombs
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -115,7 +115,7 @@ async def _bomb(client: httpx.AsyncClient, proc: psutil.Process, name: str, path
 
 def server_part() -> list[dict]:
     sys.path.insert(0, str(ROOT))
-    from tests.net import free_port
+    from tests.support.net import free_port
 
     port = free_port()
     proc = subprocess.Popen(
@@ -154,8 +154,8 @@ def server_part() -> list[dict]:
 
 
 def prepare_part() -> list[dict]:
-    from openjev.api import convert, schemas
-    from openjev.api.runtime import build_service
+    from openjev.api.contract import convert, schemas
+    from openjev.api.server.assembly import build_service
     from openjev.config import load_settings
     from openjev.core.readouts import ReadoutSpec
     from openjev.engines import load_engine

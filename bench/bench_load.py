@@ -36,7 +36,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from common import TICKET, machine
-from tests.net import free_port
+from tests.support.net import free_port
 
 
 def request(tag: int, paragraphs: int = 2, questions: int = 2) -> dict:

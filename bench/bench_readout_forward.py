@@ -27,7 +27,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import core_request, machine, payload
 
-from openjev.api.runtime import build_service
+from openjev.api.server.assembly import build_service
 from openjev.config import load_settings
 from openjev.core.readouts import ReadoutSpec
 from openjev.engines import load_engine

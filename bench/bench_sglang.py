@@ -31,7 +31,8 @@ from tests.sglang import server as sgl
 
 from openjev.config import MAX_CHOICE_OPTIONS
 from openjev.core.prompts import PromptCompiler
-from openjev.engines.sglang import SGLangEngine
+from openjev.engines.http_engine import HTTPEngine
+from openjev.engines.http_protocol import SGLANG
 
 STRATEGIES = ("all", "warmup", "staged", "auto")
 
@@ -45,7 +46,7 @@ def load_compiler(folder: Path) -> PromptCompiler:
     return PromptCompiler(tokenizer, max_labels=MAX_CHOICE_OPTIONS)
 
 
-async def timed(engine: SGLangEngine, plan):
+async def timed(engine: HTTPEngine, plan):
     t0 = time.perf_counter()
     result = await engine.run(plan)
     return result, (time.perf_counter() - t0) * 1000
@@ -55,7 +56,7 @@ async def measure(url: str, compiler: PromptCompiler, strategy: str, tag: int, n
     """One cold and one warm request with a fresh state `tag`, through a fresh engine."""
     cold = compiler.compile(core_request(payload(n_questions, tag))).plan
     warm = compiler.compile(core_request(payload(n_questions, tag, qtag=tag + 5000))).plan
-    engine = SGLangEngine(url, strategy=strategy, call_timeout_s=1800)  # CPU prefills take many seconds
+    engine = HTTPEngine(url, SGLANG, strategy=strategy, call_timeout_s=1800)  # CPU prefills take many seconds
     try:
         c, c_ms = await timed(engine, cold)
         w, w_ms = await timed(engine, warm)

@@ -53,7 +53,7 @@ def _model(name: str) -> str | None:
 
 def _service(model: str):
     """(service, loaded engine) of `model` served in this process, uncalibrated."""
-    from openjev.api.runtime import build_service
+    from openjev.api.server.assembly import build_service
     from openjev.config import load_settings
     from openjev.engines import load_engine
 
@@ -199,7 +199,7 @@ def _service_for_tables(model: str):
     forward pass): its engine refuses to run."""
     from transformers import AutoTokenizer
 
-    from openjev.api.runtime import build_service
+    from openjev.api.server.assembly import build_service
     from openjev.config import load_settings
     from openjev.engines import LoadedEngine, ModelCard
     from openjev.engines.hf_model import gguf_cache_folder, resolve_source

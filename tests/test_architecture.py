@@ -19,11 +19,19 @@ ALLOWED: dict[str, set[str]] = {
     "errors": set(),
     "config": {"errors"},
     "core": {"errors"},
-    "runtime": {"errors"},
     "calibrations": {"core", "errors"},
-    "engines": {"core", "config", "errors", "runtime"},
-    "api": {"core", "engines", "config", "errors", "runtime", "calibrations", "openjev"},
+    "engines": {"core", "config", "errors"},
+    "api": {"core", "engines", "config", "errors", "calibrations", "openjev"},
     "evals": {"api", "core", "config", "engines", "errors"},
+}
+# Inside api/, which group may import which (docs/architecture.md, the groups of api/): the
+# contract knows nothing of the server around it; operations and identity serve the
+# server; only the server assembles them all.
+API_ALLOWED: dict[str, set[str]] = {
+    "contract": set(),
+    "operations": {"contract"},
+    "identity": {"contract", "operations"},
+    "server": {"contract", "operations", "identity"},
 }
 # Third-party packages that only these parts may import.
 CONFINED = {
@@ -107,6 +115,83 @@ def test_each_layer_imports_only_the_layers_below_it():
         and part_of(target) not in ALLOWED[part]
     ]
     assert not wrong, "imports against the dependency rule (docs/architecture.md):\n" + "\n".join(wrong)
+
+
+def group_of(module: str) -> str | None:
+    """`openjev.api.server.app` -> `server`; None outside api/ or for api/__init__."""
+    parts = module.split(".")
+    return parts[2] if len(parts) > 2 and parts[1] == "api" else None
+
+
+def test_api_has_only_its_groups():
+    loose = sorted(p.name for p in (PACKAGE / "api").glob("*.py") if p.name != "__init__.py")
+    groups = sorted(p.name for p in (PACKAGE / "api").iterdir() if (p / "__init__.py").is_file())
+    assert not loose, f"modules of api/ outside its groups: {loose}"
+    assert groups == sorted(API_ALLOWED)
+
+
+def test_each_group_of_the_api_imports_only_the_groups_it_may():
+    wrong = []
+    for path in sorted((PACKAGE / "api").rglob("*.py")):
+        group = group_of(module_name(path))
+        if group is None:
+            continue
+        for line, target in imports_of(path):
+            other = group_of(target)
+            if other is not None and other != group and other not in API_ALLOWED[group]:
+                wrong.append(f"{path.relative_to(ROOT)}:{line}: {group} imports {target}")
+    assert not wrong, "imports across api/'s groups against the rule (docs/architecture.md):\n" + "\n".join(wrong)
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Module -> the openjev modules it imports (a package counts as its __init__)."""
+    graph: dict[str, set[str]] = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        name = module_name(path)
+        graph[name] = {t for _, t in imports_of(path) if is_module(t) and t != name}
+    return graph
+
+
+def cycle_in(graph: dict[str, set[str]]) -> list[str] | None:
+    """One circle of `graph` (its modules in order, the first repeated at the end), or None."""
+    done: set[str] = set()
+    for start in sorted(graph):
+        if start in done:
+            continue
+        path: list[str] = []
+        on_path: set[str] = set()
+        stack: list[tuple[str, list[str]]] = [(start, sorted(graph.get(start, ())))]
+        path.append(start)
+        on_path.add(start)
+        while stack:
+            node, todo = stack[-1]
+            if not todo:
+                stack.pop()
+                path.pop()
+                on_path.discard(node)
+                done.add(node)
+                continue
+            nxt = todo.pop()
+            if nxt in on_path:
+                return [*path[path.index(nxt) :], nxt]
+            if nxt not in done:
+                stack.append((nxt, sorted(graph.get(nxt, ()))))
+                path.append(nxt)
+                on_path.add(nxt)
+    return None
+
+
+def test_the_cycle_finder_finds_a_cycle():
+    # Guards the guard: a finder that never finds one would pass the test below.
+    assert cycle_in({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert cycle_in({"a": {"b"}, "b": set(), "c": {"a", "b"}}) is None
+    assert len(import_graph()) > 50 and sum(map(len, import_graph().values())) > 100
+
+
+def test_the_import_graph_has_no_cycle():
+    # Imports inside functions count too: a circle hidden in a function is still a circle.
+    cycle = cycle_in(import_graph())
+    assert cycle is None, "an import circle: " + " -> ".join(cycle or [])
 
 
 def test_the_core_uses_the_standard_library_only():

@@ -54,7 +54,7 @@ def test_duplicate_ids_are_refused():
         ask.build_request(_args("--state", "x", "--noul", "a=One?", "--noul", "a=Two?"))
 
 
-@pytest.mark.parametrize("p,filled", [(0.0, 0), (1.0, 24), (0.5, 12)])
+@pytest.mark.parametrize(("p", "filled"), [(0.0, 0), (1.0, 24), (0.5, 12)])
 def test_bars_are_proportional(p, filled):
     b = ask.bar(p)
     assert len(b) == ask.BAR_WIDTH and b.count("█") == filled

@@ -64,7 +64,7 @@ def test_schema_prints_openapi_without_loading_ml_frameworks():
 
 
 @pytest.mark.parametrize(
-    "flags,why",
+    ("flags", "why"),
     [
         (["--temperature", "nan"], "temperature must be a finite number"),
         (["--temperature", "inf"], "temperature must be a finite number"),

@@ -106,11 +106,11 @@ def _settings(args: argparse.Namespace, passthrough: Sequence[str] = ()) -> Sett
 
 def serve(settings: Settings) -> int:
     from openjev import calibrations
-    from openjev.api import logs
-    from openjev.api.app import create_app
-    from openjev.api.connections import fit_open_files, uvicorn_config
+    from openjev.api.operations import logs
+    from openjev.api.operations.connections import fit_open_files, uvicorn_config
+    from openjev.api.server.app import create_app
+    from openjev.api.server.drain import DrainingServer
     from openjev.engines import preflight_engine
-    from openjev.runtime.drain import DrainingServer
 
     preflight_engine(settings)  # ConfigError -> exit 2 before listening
     calibrations.preflight(settings.calibration)
@@ -139,9 +139,10 @@ def serve(settings: Settings) -> int:
     ops = app.state.ops
     # The drain (SIGTERM) has already let in-flight requests finish when uvicorn's own
     # shutdown starts; what is left for it is closing idle keep-alive connections.
-    config = uvicorn_config(  # with the connection limits (api/connections.py)
+    config = uvicorn_config(  # with the connection limits (api/operations/connections.py)
         app,
         settings,
+        connection_stats_to=ops.watch_connections,
         log_level=settings.log_level,
         log_config=None,
         access_log=False,
@@ -172,7 +173,7 @@ def bind_listener(host: str, port: int) -> socket.socket:
 
 
 def schema() -> int:
-    from openjev.api.app import create_app
+    from openjev.api.server.app import create_app
 
     app = create_app(load_settings(environ={}))
     json.dump(app.openapi(), sys.stdout, indent=2, ensure_ascii=False)

@@ -5,10 +5,10 @@ from contextlib import asynccontextmanager
 import httpx
 import pytest
 
-from openjev.api.app import create_app
+from openjev.api.server.app import create_app
 from openjev.config import load_settings
 from openjev.engines import LoadedEngine, ModelCard
-from tests.fakes import FakeEngine, FakeTokenizer
+from tests.support.fakes import FakeEngine, FakeTokenizer
 
 CARD = ModelCard(name="fake-model-1", description="a fake", release_date="2026-01-01")
 

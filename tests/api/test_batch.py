@@ -7,7 +7,7 @@ import pytest
 
 from tests.api.conftest import running_app
 from tests.api.test_systemone import VALID
-from tests.fakes import FakeEngine
+from tests.support.fakes import FakeEngine
 
 QUESTIONS = VALID["questions"]
 

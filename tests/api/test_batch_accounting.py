@@ -10,10 +10,10 @@ import logging
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from openjev.api.logs import ACCESS
+from openjev.api.operations.logs import ACCESS
 from tests.api.conftest import running_app
 from tests.api.test_systemone import VALID
-from tests.fakes import FakeEngine
+from tests.support.fakes import FakeEngine
 
 AUTH = {"Authorization": "Bearer k1"}
 

@@ -1,5 +1,5 @@
 """Connection-level limits over real sockets: a real uvicorn on loopback with the server's
-own protocol (api/connections.py) in front of the app with a fake engine. Slow heads and
+own protocol (api/operations/connections.py) in front of the app with a fake engine. Slow heads and
 bodies are dropped within their bounds, connections beyond the bound are refused at once
 while served clients keep being served, an oversized head gets 431 (not a reset), and the
 Host check refuses names that are not this server's (DNS rebinding)."""
@@ -19,12 +19,12 @@ import httpx
 import pytest
 import uvicorn
 
-from openjev.api.app import create_app
-from openjev.api.connections import uvicorn_config
+from openjev.api.operations.connections import uvicorn_config
+from openjev.api.server.app import create_app
 from openjev.config import load_settings
 from tests.api.conftest import fake_loader
-from tests.fakes import FakeEngine
-from tests.net import free_port
+from tests.support.fakes import FakeEngine
+from tests.support.net import free_port
 
 
 @contextmanager
@@ -33,7 +33,16 @@ def serving(engine: FakeEngine | None = None, **overrides) -> Iterator[tuple[str
     settings = load_settings(overrides, environ={})
     app = create_app(settings, loader=fake_loader(engine or FakeEngine()))
     port = free_port()
-    server = uvicorn.Server(uvicorn_config(app, settings, host="127.0.0.1", port=port, log_level="warning"))
+    server = uvicorn.Server(
+        uvicorn_config(
+            app,
+            settings,
+            connection_stats_to=app.state.ops.watch_connections,
+            host="127.0.0.1",
+            port=port,
+            log_level="warning",
+        )
+    )
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     url = f"http://127.0.0.1:{port}"
@@ -273,7 +282,7 @@ def test_a_body_refused_before_it_is_read_is_answered_not_reset():
 
 def test_the_open_file_limit_is_raised_to_fit_max_connections():
     code = (
-        "import resource; from openjev.api.connections import fit_open_files\n"
+        "import resource; from openjev.api.operations.connections import fit_open_files\n"
         "fit_open_files(1024); print(resource.getrlimit(resource.RLIMIT_NOFILE)[0])"
     )
     run = subprocess.run(

@@ -10,9 +10,9 @@ import re
 
 import pytest
 
-from openjev.api import convert
-from tests import bombs
+from openjev.api.contract import convert
 from tests.api.conftest import running_app
+from tests.support import bombs
 
 YESNO = {"x-openjev-readout": "yesno"}
 

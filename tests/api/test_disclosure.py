@@ -3,13 +3,14 @@ the log sees (the backend's URL and reply, a foreign exception's text)."""
 
 import httpx
 
-from openjev.api.logs import JsonFormatter
-from openjev.engines.sglang import SGLangEngine
+from openjev.api.operations.logs import JsonFormatter
+from openjev.engines.http_engine import HTTPEngine
+from openjev.engines.http_protocol import SGLANG
 from openjev.errors import EngineUnavailable
 from tests.api.conftest import running_app
 from tests.api.test_ops import Captured
 from tests.api.test_systemone import VALID
-from tests.fakes import FakeEngine
+from tests.support.fakes import FakeEngine
 
 BACKEND = "http://10.9.8.7:30000"
 REPLY = "Traceback: /srv/models/secret-model/config.json token=hunter2"
@@ -19,8 +20,8 @@ def _leaks(text: str) -> bool:
     return any(s in text for s in ("10.9.8.7", "hunter2", "/srv/models"))
 
 
-def _sglang(handler) -> SGLangEngine:
-    return SGLangEngine(BACKEND, transport=httpx.MockTransport(handler))
+def _sglang(handler) -> HTTPEngine:
+    return HTTPEngine(BACKEND, SGLANG, transport=httpx.MockTransport(handler))
 
 
 async def _post_and_log(engine, path="/v1/systemone", body=VALID, **headers):
@@ -64,7 +65,7 @@ async def test_a_batch_item_failure_keeps_its_detail_for_the_log():
     assert any(
         rec.get("request_id") == rid and "hunter2" in rec["msg"]
         for rec in logs.json_lines()
-        if rec["logger"] == "openjev.api.batch"
+        if rec["logger"] == "openjev.api.server.batch"
     )
 
 

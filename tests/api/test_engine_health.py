@@ -4,11 +4,11 @@ import asyncio
 
 import httpx
 
-from openjev.api.app import create_app
+from openjev.api.server.app import create_app
 from openjev.config import load_settings
 from openjev.engines import LoadedEngine
 from tests.api.conftest import CARD
-from tests.fakes import FakeEngine, FakeTokenizer
+from tests.support.fakes import FakeEngine, FakeTokenizer
 
 
 async def test_health_reports_an_engine_server_that_does_not_answer_and_its_return():

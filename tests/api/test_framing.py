@@ -1,6 +1,6 @@
 """Hardening round two, the HTTP layer (issue 16, findings 2, 6 and part of 11), over real
 sockets against a real uvicorn on loopback serving the app (the server's own protocol,
-api/connections.py), with a fake engine whose recorded plans show what reached it.
+api/operations/connections.py), with a fake engine whose recorded plans show what reached it.
 
 Each test asserts the status, a message naming the problem, that nothing reached the
 engine, and that the next valid request is answered."""
@@ -13,7 +13,7 @@ import time
 import httpx
 
 from tests.api.test_connections import BODY, connect, metric, parse, read_until_closed, serving
-from tests.fakes import FakeEngine
+from tests.support.fakes import FakeEngine
 
 BUNDLE = "/static-offline-docs/swagger-ui-bundle.js"
 POST_HEAD = b"POST /v1/systemone HTTP/1.1\r\nHost: 127.0.0.1\r\ncontent-type: application/json\r\n"

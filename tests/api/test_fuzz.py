@@ -19,11 +19,11 @@ from collections import Counter, defaultdict
 import pytest
 import schemathesis
 
-from openjev.api.app import create_app
+from openjev.api.server.app import create_app
 from openjev.config import load_settings
 from tests.api.conftest import fake_loader
-from tests.fakes import FakeEngine
-from tests.fuzzing import CHECKS, bounded, print_figures
+from tests.support.fakes import FakeEngine
+from tests.support.fuzzing import CHECKS, bounded, print_figures
 
 FUZZ_EXAMPLES = int(os.environ.get("OPENJEV_FUZZ_EXAMPLES", "300"))
 

@@ -10,12 +10,12 @@ import logging
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from openjev.api.keys import KeyRing, TokenBucket, parse_keys_file
-from openjev.api.logs import JsonFormatter, TextFormatter
+from openjev.api.identity.keys import KeyRing, TokenBucket, parse_keys_file
+from openjev.api.operations.logs import JsonFormatter, TextFormatter
 from openjev.errors import ConfigError, EngineError
 from tests.api.conftest import running_app
 from tests.api.test_systemone import VALID
-from tests.fakes import FakeEngine
+from tests.support.fakes import FakeEngine
 
 SECRET = "Zanzibar-7f3e-private-customer-text"
 
@@ -181,7 +181,7 @@ async def test_tokens_in_flight_bound_is_529_with_retry_after_and_a_lone_request
 
 
 def test_drain_rate_counts_busy_time_only():
-    from openjev.api.admission import DrainRate
+    from openjev.api.identity.admission import DrainRate
 
     now = [0.0]
     rate = DrainRate(clock=lambda: now[0])

@@ -2,7 +2,7 @@
 
 import pytest
 
-from openjev.api.app import SYSTEMONE_ROUTES
+from openjev.api.server.app import SYSTEMONE_ROUTES
 from tests.api.conftest import running_app
 from tests.api.test_systemone import VALID
 

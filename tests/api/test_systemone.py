@@ -5,7 +5,7 @@ import pytest
 
 from openjev.errors import EngineUnavailable
 from tests.api.conftest import running_app
-from tests.fakes import FakeEngine
+from tests.support.fakes import FakeEngine
 
 TICKET = "I was charged twice for order #1234. Please refund me today!"
 VALID = {

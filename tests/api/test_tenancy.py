@@ -3,7 +3,7 @@ without keys; the namespace reaches the engine on the Plan (single and batch).""
 
 import pytest
 
-from openjev.api.keys import KeyRing, parse_keys_file
+from openjev.api.identity.keys import KeyRing, parse_keys_file
 from openjev.errors import ConfigError
 from tests.api.conftest import running_app
 from tests.api.test_systemone import VALID

@@ -45,7 +45,7 @@ def test_a_document_loads_and_finds_its_fits(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "broken,match",
+    ("broken", "match"),
     [
         ({"format": "other"}, "format"),
         ({"fits": [{"readout": "words", "types": {}}]}, "unknown readout"),

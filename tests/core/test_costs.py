@@ -15,7 +15,7 @@ from openjev.core.prompts import CompileLimits, PromptCompiler
 from openjev.core.readouts import LettersReadout, YesNoReadout
 from openjev.core.types import ChoiceQuestion, DecisionRequest, NoulQuestion, Option, State, Turn
 from openjev.errors import TokensExceeded
-from tests.fakes import FakeTokenizer
+from tests.support.fakes import FakeTokenizer
 
 WIDE = CompileLimits(max_branch_tokens=1 << 30, max_branches=1 << 30, max_prompt_tokens=1 << 40)
 

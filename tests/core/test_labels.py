@@ -2,7 +2,7 @@ import pytest
 
 from openjev.core.labels import candidate_labels, verify_labels
 from openjev.errors import ModelUnsuitable
-from tests.fakes import FakeTokenizer
+from tests.support.fakes import FakeTokenizer
 
 
 def test_candidates_are_letters_then_pairs():

@@ -3,7 +3,7 @@ import pytest
 from openjev.core.prompts import PromptCompiler
 from openjev.core.types import ChoiceQuestion, DecisionRequest, NoulQuestion, Option, ScoreQuestion, State, Turn
 from openjev.core.wording import ANSWER_CUE, letters_text, option_texts
-from tests.fakes import FakeTokenizer
+from tests.support.fakes import FakeTokenizer
 
 STATE = State((Turn("user", "My card was charged twice and I want a refund."),))
 QUESTIONS = (
@@ -53,7 +53,7 @@ def test_options_are_lettered_in_order():
 
 
 @pytest.mark.parametrize(
-    "question,expected",
+    ("question", "expected"),
     [
         (NoulQuestion("Refund?"), ["Yes", "No"]),
         (NoulQuestion(None, "asks for money back", None), ["Yes: asks for money back", "No"]),

@@ -28,7 +28,7 @@ def test_spec_normalises_and_refuses():
 
 
 @pytest.mark.parametrize(
-    "rotations,shifts", [(1, [0]), (2, [0, 2]), (3, [0, 1, 2]), (4, [0, 1, 2, 3]), (9, [0, 1, 2, 3])]
+    ("rotations", "shifts"), [(1, [0]), (2, [0, 2]), (3, [0, 1, 2]), (4, [0, 1, 2, 3]), (9, [0, 1, 2, 3])]
 )
 def test_rotations_are_evenly_spaced_cyclic_shifts_capped_at_the_option_count(rotations, shifts):
     orders = letters(rotations).orders(choice("a", "b", "c", "d"))
@@ -121,7 +121,7 @@ def test_yesno_noul_and_scale():
 
 
 def test_yesno_without_any_yes_is_unusable():
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError):  # noqa: PT011 - the type is the contract here, not the message
         YesNoReadout(7, 8).combine(choice("a", "b"), [(-math.inf, -0.1), (-math.inf, -0.2)])
 
 

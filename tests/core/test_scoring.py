@@ -31,11 +31,11 @@ def test_softmax_temperature():
 
 def test_softmax_minus_inf_gets_zero_and_all_minus_inf_raises():
     assert scoring.softmax([0.0, -math.inf]) == [1.0, 0.0]
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError):  # noqa: PT011 - the type is the contract here, not the message
         scoring.softmax([-math.inf, -math.inf])
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError):  # noqa: PT011 - the type is the contract here, not the message
         scoring.softmax([0.0, math.nan])
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError):  # noqa: PT011 - the type is the contract here, not the message
         scoring.softmax([0.0, 1.0], temperature=0)
 
 

@@ -9,7 +9,7 @@ from openjev.core.service import DecisionService, ServiceLimits
 from openjev.core.types import ChoiceAnswer, DecisionRequest, NoulAnswer, ScoreAnswer
 from openjev.errors import EngineError, EngineTimeout, Overloaded, TokensExceeded
 from tests.core.test_prompts import QUESTIONS, STATE
-from tests.fakes import FakeEngine, FakeTokenizer, fake_logprobs
+from tests.support.fakes import FakeEngine, FakeTokenizer, fake_logprobs
 
 LIMITS = ServiceLimits(
     max_branch_tokens=10_000, max_request_tokens=100_000, max_in_flight=2, engine_timeout_s=5, retry_after_s=3

@@ -1,4 +1,6 @@
-"""The SGLang engine against a faithful fake of SGLang's native protocol (httpx MockTransport)."""
+"""The SGLang protocol against a faithful fake of SGLang's native protocol (httpx MockTransport):
+its replies, strategies, cache namespace, tokenizer check and probe. The run loop shared with
+vLLM (failures, timeouts, aborts) is tested over both fakes in test_http_engine.py."""
 
 import asyncio
 import math
@@ -7,9 +9,10 @@ import httpx
 import pytest
 
 from openjev.core.plan import Branch, Plan
-from openjev.engines.sglang import SGLangEngine, parse_reply
-from openjev.errors import EngineError, EngineTimeout, EngineUnavailable
-from tests.fakes import FakeSGLang, fake_logprobs
+from openjev.engines.http_engine import HTTPEngine
+from openjev.engines.http_protocol import SGLANG, parse_reply
+from openjev.errors import EngineError, EngineUnavailable
+from tests.support.fakes import FakeSGLang, fake_logprobs
 
 LABELS = (10, 11, 12)
 STATE = tuple(range(100, 400))  # a 300-token shared prefix
@@ -24,11 +27,11 @@ def _plan(n: int = 4, state=STATE) -> Plan:
     return Plan.from_branches(branches)
 
 
-def _engine(fake: FakeSGLang, **kw) -> SGLangEngine:
-    return SGLangEngine("http://sglang.test", transport=fake.transport(), **kw)
+def _engine(fake: FakeSGLang, **kw) -> HTTPEngine:
+    return HTTPEngine("http://sglang.test", SGLANG, transport=fake.transport(), **kw)
 
 
-async def _run(engine: SGLangEngine, plan: Plan):
+async def _run(engine: HTTPEngine, plan: Plan):
     try:
         return await engine.run(plan)
     finally:
@@ -63,7 +66,7 @@ def test_null_is_minus_infinity_and_cached_tokens_may_be_absent():
 
 
 @pytest.mark.parametrize(
-    "body,why",
+    ("body", "why"),
     [
         ({"text": "x"}, "no meta_info"),
         (_reply([[-1.0, 10, None], [-2.0, 11, None]]), "no log-probs for label tokens"),
@@ -147,54 +150,12 @@ async def test_auto_stages_a_long_cold_prefix_then_sends_all_once_it_is_cached()
     assert first.computed_tokens < _plan().prompt_tokens and short.computed_tokens is not None
 
 
-async def test_missing_cached_tokens_makes_accounting_unknown():
-    result = await _run(_engine(FakeSGLang(report_cached=False), strategy="all"), _plan())
-    assert result.cached_tokens is None and result.computed_tokens is None
-
-
-async def test_calls_in_flight_are_capped():
-    fake = FakeSGLang(delay_s=0.02)
-    await _run(_engine(fake, strategy="all", max_calls=2), _plan(8))
-    assert fake.max_in_flight == 2
-
-
 # ---- failures
-
-
-@pytest.mark.parametrize("status,error", [(429, EngineUnavailable), (503, EngineUnavailable), (500, EngineError)])
-async def test_error_statuses(status, error):
-    with pytest.raises(error) as info:
-        await _run(_engine(FakeSGLang(fail_status=status), strategy="all"), _plan())
-    if status in (429, 503):
-        assert info.value.headers["Retry-After"] == "7" and info.value.status == 503
 
 
 async def test_aborted_finish_reason_is_an_engine_error():
     with pytest.raises(EngineError, match="aborted"):
         await _run(_engine(FakeSGLang(abort_when=lambda ids: True), strategy="all"), _plan())
-
-
-async def test_unreachable_engine_is_unavailable():
-    def refuse(request):
-        raise httpx.ConnectError("connection refused", request=request)
-
-    engine = SGLangEngine("http://sglang.test", transport=httpx.MockTransport(refuse))
-    with pytest.raises(EngineUnavailable):
-        await _run(engine, _plan())
-
-
-async def test_call_timeout_is_504_and_aborts_on_the_server():
-    fake = FakeSGLang()
-
-    async def handle(request):  # what a real transport raises when the read deadline passes
-        if request.url.path == "/generate":
-            raise httpx.ReadTimeout("timed out", request=request)
-        return await fake.handle(request)
-
-    engine = SGLangEngine("http://sglang.test", transport=httpx.MockTransport(handle), strategy="all")
-    with pytest.raises(EngineTimeout):
-        await _run(engine, _plan(2))
-    assert len(fake.aborted) == 2  # the server was told to drop both
 
 
 async def test_a_failing_branch_cancels_and_aborts_its_siblings():
@@ -210,24 +171,11 @@ async def test_a_failing_branch_cancels_and_aborts_its_siblings():
 
     loop = asyncio.get_running_loop()
     t0 = loop.time()
-    engine = SGLangEngine("http://sglang.test", transport=httpx.MockTransport(handle), strategy="all")
+    engine = HTTPEngine("http://sglang.test", SGLANG, transport=httpx.MockTransport(handle), strategy="all")
     with pytest.raises(EngineError):
         await _run(engine, _plan())
     assert loop.time() - t0 < 0.45  # did not wait for the slow siblings
     assert len(fake.aborted) == len(_plan().branches) - 1
-
-
-async def test_cancelling_a_request_aborts_whatever_is_in_flight():
-    fake = FakeSGLang(delay_s=5)
-    engine = _engine(fake, strategy="all")
-    task = asyncio.create_task(engine.run(_plan(3)))
-    while len(fake.calls) < 3:
-        await asyncio.sleep(0.01)
-    task.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await task
-    await engine.close()
-    assert sorted(fake.aborted) == sorted(c["body"]["rid"] for c in fake.calls)
 
 
 # ---- tokenizer agreement
@@ -312,7 +260,7 @@ async def test_a_backend_error_reply_and_url_stay_out_of_the_public_message():
             return httpx.Response(500, text="Traceback: /srv/models/secret/config.json KeyError token=hunter2")
         return httpx.Response(200)
 
-    engine = SGLangEngine("http://10.9.8.7:30000", transport=httpx.MockTransport(handler))
+    engine = HTTPEngine("http://10.9.8.7:30000", SGLANG, transport=httpx.MockTransport(handler))
     with pytest.raises(EngineError) as failed:
         await _run(engine, _plan())
     assert failed.value.message == "the engine answered 500"
@@ -323,7 +271,7 @@ async def test_an_unreachable_backend_is_named_only_in_the_detail():
     def handler(request):
         raise httpx.ConnectError("connection refused by 10.9.8.7")
 
-    engine = SGLangEngine("http://10.9.8.7:30000", transport=httpx.MockTransport(handler))
+    engine = HTTPEngine("http://10.9.8.7:30000", SGLANG, transport=httpx.MockTransport(handler))
     with pytest.raises(EngineUnavailable) as failed:
         await _run(engine, _plan())
     assert "10.9.8.7" not in failed.value.message and "10.9.8.7" in failed.value.detail
@@ -362,7 +310,7 @@ def _raises(error: type[httpx.TransportError]):
 
 
 @pytest.mark.parametrize(
-    "answer,expected",
+    ("answer", "expected"),
     [
         (lambda request: httpx.Response(200, json={}), None),
         (lambda request: httpx.Response(503), "answered 503"),
@@ -377,7 +325,7 @@ async def test_probe_says_whether_the_server_answers_its_health(answer, expected
         seen.append(request.url.path)
         return answer(request)
 
-    engine = SGLangEngine("http://sglang.test", transport=httpx.MockTransport(handle))
+    engine = HTTPEngine("http://sglang.test", SGLANG, transport=httpx.MockTransport(handle))
     try:
         problem = await engine.probe()
     finally:
@@ -393,7 +341,7 @@ async def test_an_unreachable_engine_is_503_with_retry_after():
     def refuse(request):
         raise httpx.RemoteProtocolError("Server disconnected without sending a response", request=request)
 
-    engine = SGLangEngine("http://sglang.test", transport=httpx.MockTransport(refuse), retry_after_s=3)
+    engine = HTTPEngine("http://sglang.test", SGLANG, transport=httpx.MockTransport(refuse), retry_after_s=3)
     with pytest.raises(EngineUnavailable) as info:
         await _run(engine, _plan())
     assert info.value.status == 503 and info.value.headers["Retry-After"] == "3"
@@ -407,7 +355,7 @@ async def test_a_recent_reply_answers_the_probe_without_asking_health():
         paths.append(request.url.path)
         return await fake.handle(request)
 
-    engine = SGLangEngine("http://sglang.test", transport=httpx.MockTransport(handle), probe_timeout_s=30)
+    engine = HTTPEngine("http://sglang.test", SGLANG, transport=httpx.MockTransport(handle), probe_timeout_s=30)
     try:
         assert await engine.probe() is None  # nothing answered yet: asks /health
         await engine.run(_plan(1))
@@ -426,7 +374,7 @@ async def test_a_call_that_cannot_reach_the_server_outweighs_a_recent_reply():
             raise httpx.ConnectError("connection refused", request=request)
         return await fake.handle(request)
 
-    engine = SGLangEngine("http://sglang.test", transport=httpx.MockTransport(handle), probe_timeout_s=30)
+    engine = HTTPEngine("http://sglang.test", SGLANG, transport=httpx.MockTransport(handle), probe_timeout_s=30)
     try:
         await engine.run(_plan(1))
         down.append(True)  # the server dies

@@ -1,24 +1,25 @@
-"""The vLLM engine against a faithful fake of vLLM's token-in route (httpx MockTransport)."""
+"""The vLLM protocol against a faithful fake of vLLM's token-in route (httpx MockTransport): its
+replies, label chunking, context bound, start-up checks and cache namespace. The run loop shared
+with SGLang (failures, timeouts, aborts) is tested over both fakes in test_http_engine.py."""
 
-import asyncio
 import math
 
 import httpx
 import pytest
 
 from openjev.core.plan import Branch, Plan
+from openjev.engines.http_engine import HTTPEngine
 from openjev.engines.vllm import (
-    ID_PREFIX,
     MAX_IDS_PER_CALL,
-    VLLMEngine,
+    VLLM,
     check_server,
     child_args,
     parse_reply,
     request_body,
     verify_tokenizer,
 )
-from openjev.errors import ConfigError, EngineError, EngineTimeout, EngineUnavailable, ModelUnsuitable, TokensExceeded
-from tests.fakes import FakeVLLM, fake_logprobs
+from openjev.errors import ConfigError, EngineError, ModelUnsuitable, TokensExceeded
+from tests.support.fakes import FakeVLLM, fake_logprobs
 
 LABELS = (10, 11, 12)
 STATE = tuple(range(100, 400))  # a 300-token shared prefix
@@ -32,11 +33,11 @@ def _plan(n: int = 4, state=STATE, labels=LABELS) -> Plan:
     return Plan.from_branches(branches)
 
 
-def _engine(fake: FakeVLLM, **kw) -> VLLMEngine:
-    return VLLMEngine("http://vllm.test", transport=fake.transport(), **kw)
+def _engine(fake: FakeVLLM, **kw) -> HTTPEngine:
+    return HTTPEngine("http://vllm.test", VLLM, transport=fake.transport(), **kw)
 
 
-async def _run(engine: VLLMEngine, plan: Plan):
+async def _run(engine: HTTPEngine, plan: Plan):
     try:
         return await engine.run(plan)
     finally:
@@ -80,7 +81,7 @@ def test_clamped_minus_9999_is_minus_infinity_and_cached_tokens_may_be_absent():
 
 
 @pytest.mark.parametrize(
-    "body,why",
+    ("body", "why"),
     [
         ({"error": {"message": "x"}}, "no single choice"),
         (_reply([_e(10, -1.0), _e(11, -2.0)]), "no log-probs for label tokens"),
@@ -137,62 +138,7 @@ async def test_a_branch_longer_than_the_servers_context_is_a_clear_4xx():
         await _run(_engine(FakeVLLM(), max_prompt_tokens=100), _plan())
 
 
-async def test_missing_cached_tokens_makes_accounting_unknown():
-    result = await _run(_engine(FakeVLLM(report_cached=False), strategy="all"), _plan())
-    assert result.cached_tokens is None and result.computed_tokens is None
-
-
-async def test_calls_in_flight_are_capped():
-    fake = FakeVLLM(delay_s=0.02)
-    await _run(_engine(fake, strategy="all", max_calls=2), _plan(8))
-    assert fake.max_in_flight == 2
-
-
 # ---- failures
-
-
-@pytest.mark.parametrize("status,error", [(429, EngineUnavailable), (503, EngineUnavailable), (500, EngineError)])
-async def test_error_statuses_are_retryable(status, error):
-    with pytest.raises(error) as info:
-        await _run(_engine(FakeVLLM(fail_status=status), strategy="all"), _plan())
-    assert info.value.retryable
-    if status in (429, 503):
-        assert info.value.headers["Retry-After"] == "7" and info.value.status == 503
-
-
-async def test_unreachable_engine_is_unavailable():
-    def refuse(request):
-        raise httpx.ConnectError("connection refused", request=request)
-
-    with pytest.raises(EngineUnavailable):
-        await _run(VLLMEngine("http://vllm.test", transport=httpx.MockTransport(refuse)), _plan())
-
-
-async def test_call_timeout_is_504_and_aborts_on_the_server():
-    fake = FakeVLLM()
-
-    async def handle(request):
-        if request.url.path == "/inference/v1/generate":
-            raise httpx.ReadTimeout("timed out", request=request)
-        return await fake.handle(request)
-
-    engine = VLLMEngine("http://vllm.test", transport=httpx.MockTransport(handle), strategy="all")
-    with pytest.raises(EngineTimeout):
-        await _run(engine, _plan(2))
-    assert len(fake.aborted) == 2 and all(rid.startswith(ID_PREFIX) for rid in fake.aborted)
-
-
-async def test_cancelling_a_request_aborts_whatever_is_in_flight_by_vllms_request_id():
-    fake = FakeVLLM(delay_s=5)
-    engine = _engine(fake, strategy="all")
-    task = asyncio.create_task(engine.run(_plan(3)))
-    while len(fake.calls) < 3:
-        await asyncio.sleep(0.01)
-    task.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await task
-    await engine.close()
-    assert sorted(fake.aborted) == sorted(ID_PREFIX + c["body"]["request_id"] for c in fake.calls)
 
 
 # ---- start-up checks
@@ -208,7 +154,7 @@ def test_check_server_learns_the_model_and_its_context():
 
 
 @pytest.mark.parametrize(
-    "fake,why",
+    ("fake", "why"),
     [
         (FakeVLLM(route_status=403), "--enable-scale-out"),
         (FakeVLLM(route_status=404), "token-in route"),
@@ -286,7 +232,7 @@ def test_flags_after_double_dash_go_to_the_vllm_child(monkeypatch, tmp_path):
 
 
 @pytest.mark.parametrize(
-    "flags,why",
+    ("flags", "why"),
     [
         ([], "exactly one of --connect"),
         (["--connect", "http://v", "--vllm-python", "/x/python"], "exactly one of --connect"),

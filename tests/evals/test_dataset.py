@@ -32,7 +32,7 @@ def test_rotated_choices_keeps_only_choices_rotated_by_one():
 
 
 @pytest.mark.parametrize(
-    "line,match",
+    ("line", "match"),
     [
         ("{", "not JSON"),
         ('{"id": "a", "request": {}}', "needs id, request and expected"),

@@ -13,7 +13,7 @@ from openjev.evals.dataset import load_items
 from openjev.evals.local import local_server
 from openjev.evals.runner import ResultStore, RunConfig, RunMismatch, run_items, run_meta, score
 from tests.api.conftest import fake_loader
-from tests.fakes import FakeEngine
+from tests.support.fakes import FakeEngine
 
 DEV = str(Path(__file__).resolve().parents[2] / "evals" / "data" / "dev.jsonl")
 

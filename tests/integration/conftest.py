@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from openjev.config import load_settings
-from tests.net import free_port
+from tests.support.net import free_port
 
 
 @pytest.fixture(scope="session")

@@ -27,7 +27,7 @@ from openjev.core.types import (
     Turn,
 )
 from openjev.engines.dtype import cpu_flags, native_bf16
-from tests.tickets import QUESTIONS as TICKET_QUESTIONS
+from tests.support.tickets import QUESTIONS as TICKET_QUESTIONS
 
 pytestmark = pytest.mark.model
 

@@ -1,5 +1,5 @@
 """Issue 16, findings 1, 3 and 5, against a real `openjev serve` with the embedded model:
-each cost bomb (tests/bombs.py, the issue's bodies) is answered 422 naming the limit, with
+each cost bomb (tests/support/bombs.py, the issue's bodies) is answered 422 naming the limit, with
 bounded server CPU and memory, nothing sent to the engine, `/health/live` answering all the
 while, and the next valid request answered.
 
@@ -21,8 +21,8 @@ import httpx
 import psutil
 import pytest
 
-from tests import bombs
 from tests.integration.conftest import start_server, stop_server
+from tests.support import bombs
 
 KEY = "costs-key-123"
 
@@ -82,7 +82,7 @@ def _cpu(proc: psutil.Process) -> float:
 
 
 @pytest.mark.parametrize(
-    "name,path,body,headers,message",
+    ("name", "path", "body", "headers", "message"),
     [
         (
             "yesno compile bomb",

@@ -11,8 +11,8 @@ from openjev.core.prompts import PromptCompiler
 from openjev.core.service import DecisionService, ServiceLimits
 from openjev.core.types import ChoiceQuestion, DecisionRequest, Option, State, Turn
 from openjev.engines.inprocess import TransformersEngine
-from tests.tickets import QUESTIONS as TICKET_QUESTIONS
-from tests.tickets import TEXT
+from tests.support.tickets import QUESTIONS as TICKET_QUESTIONS
+from tests.support.tickets import TEXT
 
 STATE = State((Turn("user", TEXT.format(n=4471) * 4),))
 QUESTIONS = (

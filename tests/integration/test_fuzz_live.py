@@ -14,8 +14,8 @@ import schemathesis
 from hypothesis import given
 from schemathesis import GenerationMode
 
-from tests.fuzzing import CHECKS, bounded, print_figures
 from tests.integration.conftest import start_server, stop_server
+from tests.support.fuzzing import CHECKS, bounded, print_figures
 
 EXAMPLES = int(os.environ.get("OPENJEV_FUZZ_LIVE_EXAMPLES", "40"))
 FIGURES: dict[str, Counter[int]] = defaultdict(Counter)

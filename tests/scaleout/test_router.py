@@ -24,7 +24,7 @@ import httpx
 import pytest
 
 from tests.integration.conftest import start_server, stop_server
-from tests.net import free_port
+from tests.support.net import free_port
 
 pytestmark = [
     pytest.mark.model,

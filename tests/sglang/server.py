@@ -19,9 +19,9 @@ from pathlib import Path
 
 import httpx
 
+from openjev.engines.server_process import ServerProcess
 from openjev.errors import EngineUnavailable
-from openjev.runtime.sglang_process import SGLangProcess
-from tests.net import free_port
+from tests.support.net import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 SGL_JAX_PYTHON = REPO / ".venv-sglang-jax" / "bin" / "python"
@@ -172,7 +172,7 @@ class SglServer:
     """A running SGLang-protocol child (either kind), started and stopped by openjev's own launcher."""
 
     url: str
-    process: SGLangProcess
+    process: ServerProcess
     log_path: Path
     kind: str = "jax"
 
@@ -214,7 +214,7 @@ def start(
     if jit_cache is not None and spec.jit_cache:
         env["JAX_COMPILATION_CACHE_DIR"] = str(jit_cache)
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    process = SGLangProcess(
+    process = ServerProcess(
         python=str(spec.python),
         model=str(model_folder),
         port=port or free_port(),

@@ -37,7 +37,7 @@ pytestmark = [
 ]
 
 from tests.integration.conftest import start_server, stop_server  # noqa: E402
-from tests.tickets import TEXT  # noqa: E402
+from tests.support.tickets import TEXT  # noqa: E402
 
 DEADLINE_S = 10.0  # openjev's --engine-timeout-s: a stalled engine is answered 504 after this
 MARGIN_S = 3.0  # what an answer may take beyond the deadline (or beyond a kill)

@@ -40,9 +40,11 @@ from openjev.core.types import (  # noqa: E402
     State,
     Turn,
 )
-from openjev.engines.sglang import SGLangEngine, verify_tokenizer  # noqa: E402
+from openjev.engines.http_engine import HTTPEngine  # noqa: E402
+from openjev.engines.http_protocol import SGLANG  # noqa: E402
+from openjev.engines.sglang import verify_tokenizer  # noqa: E402
 from openjev.errors import ModelUnsuitable  # noqa: E402
-from tests.tickets import QUESTIONS, TEXT  # noqa: E402
+from tests.support.tickets import QUESTIONS, TEXT  # noqa: E402
 
 STRATEGIES = ("all", "warmup", "staged", "auto")
 MORE_QUESTIONS = (
@@ -94,8 +96,8 @@ def reference_engine(loaded):
     return TransformersEngine(loaded.engine.model, prefix_cache_bytes=0)
 
 
-def remote(server, strategy: str) -> SGLangEngine:
-    return SGLangEngine(server.url, strategy=strategy, call_timeout_s=600)  # a CPU forward takes seconds
+def remote(server, strategy: str) -> HTTPEngine:
+    return HTTPEngine(server.url, SGLANG, strategy=strategy, call_timeout_s=600)  # a CPU forward takes seconds
 
 
 async def run_with(engine, plan):
@@ -173,7 +175,7 @@ async def test_cached_tokens_are_reported_and_staging_computes_less(compiler, se
 
 
 async def test_the_server_keeps_each_cache_namespace_to_itself(compiler, server):
-    """Per-key namespaces (api/tenancy.py) reach the server as `extra_key`, which its radix
+    """Per-key namespaces (api/identity/tenancy.py) reach the server as `extra_key`, which its radix
     cache keys on (SGLang-JAX and SGLang alike): a state sent under one namespace is found cached by that namespace's
     repeat, and computed again under another."""
 

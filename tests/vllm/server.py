@@ -14,10 +14,10 @@ from pathlib import Path
 
 import httpx
 
+from openjev.engines.server_process import ServerProcess
 from openjev.engines.vllm import child_args
 from openjev.errors import EngineUnavailable
-from openjev.runtime.sglang_process import SGLangProcess
-from tests.net import free_port
+from tests.support.net import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 VLLM_PYTHON = REPO / ".venv-vllm" / "bin" / "python"
@@ -44,7 +44,7 @@ def child_env(threads: int = 2) -> dict[str, str]:
 @dataclass
 class VLLMServer:
     url: str
-    process: SGLangProcess
+    process: ServerProcess
     log_path: Path
 
     def log_tail(self, chars: int = 4000) -> str:
@@ -68,7 +68,7 @@ def start(
     """Start vLLM serving `model_folder` and wait for /health; RuntimeError with the log's tail
     if it exits or is not healthy in time."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    process = SGLangProcess(
+    process = ServerProcess(
         python=str(VLLM_PYTHON),
         model=str(model_folder),
         port=port or free_port(),

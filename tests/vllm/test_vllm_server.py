@@ -43,9 +43,10 @@ from openjev.core.types import (  # noqa: E402
     State,
     Turn,
 )
-from openjev.engines.vllm import MAX_IDS_PER_CALL, VLLMEngine, check_server, verify_tokenizer  # noqa: E402
+from openjev.engines.http_engine import HTTPEngine  # noqa: E402
+from openjev.engines.vllm import MAX_IDS_PER_CALL, VLLM, check_server, verify_tokenizer  # noqa: E402
 from openjev.errors import ModelUnsuitable  # noqa: E402
-from tests.tickets import QUESTIONS, TEXT  # noqa: E402
+from tests.support.tickets import QUESTIONS, TEXT  # noqa: E402
 
 STRATEGIES = ("all", "warmup", "staged", "auto")
 MANY = ChoiceQuestion("Which product line is this about?", tuple(Option(f"Line {i}", None) for i in range(200)))
@@ -103,8 +104,8 @@ def reference_engine(loaded):
     return TransformersEngine(loaded.engine.model, prefix_cache_bytes=0)
 
 
-def remote(server, strategy: str) -> VLLMEngine:
-    return VLLMEngine(server.url, strategy=strategy, call_timeout_s=600)  # a CPU forward takes seconds
+def remote(server, strategy: str) -> HTTPEngine:
+    return HTTPEngine(server.url, VLLM, strategy=strategy, call_timeout_s=600)  # a CPU forward takes seconds
 
 
 async def run_with(engine, plan):
@@ -183,7 +184,7 @@ async def test_cached_tokens_add_up_and_a_seen_state_comes_from_cache(compiler, 
 
 
 async def test_the_server_keeps_each_cache_namespace_to_itself(compiler, server):
-    """Per-key namespaces (api/tenancy.py) reach vLLM as `cache_salt`: a state sent under one
+    """Per-key namespaces (api/identity/tenancy.py) reach vLLM as `cache_salt`: a state sent under one
     namespace is found cached by that namespace's next request, and computed again under
     another (whose own branches may still share it within their batch)."""
 

@@ -1,1 +1,3 @@
-"""The HTTP edge: FastAPI app, wire schemas (pydantic lives only here), conversion, middleware."""
+"""The HTTP edge (pydantic lives only here), grouped by job: `contract` (what crosses the
+edge), `operations` (what operators see, what guards the process), `identity` (who calls,
+what they may do) and `server` (the app assembled). docs/architecture.md gives their rule."""

@@ -1,5 +1,6 @@
-"""The engine port over an SGLang-protocol HTTP server (SGLang, SGLang-JAX; vllm.py
-subclasses it for vLLM's token route, overriding the protocol hooks).
+"""The engine port over an HTTP engine server, one class for every protocol it speaks:
+SGLang's native one (SGLang, SGLang-JAX; http_protocol.SGLANG) and vLLM's token route
+(vllm.VLLM). What differs between them is data, an `HTTPProtocol`.
 
 Submission order (submission.py) makes the server's radix cache compute each shared prefix
 once. Calls in flight are capped for the whole server; a failing branch cancels its
@@ -8,7 +9,8 @@ gone) is aborted on the server with `/abort_request`. A server that cannot be re
 (refused, reset, killed mid-call) is a retryable 503 with Retry-After; one that accepts
 and never answers is cut off by the request's deadline (504) and its calls aborted.
 
-The wire shapes are http_protocol.py's; the start-up wiring is remote.py's and sglang.py's.
+The wire shapes are http_protocol.py's and vllm.py's; the start-up wiring is remote.py's,
+sglang.py's and vllm.py's.
 """
 
 from __future__ import annotations
@@ -19,29 +21,31 @@ import math
 import time
 import uuid
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import httpx
 
 from openjev.core.plan import Plan
 from openjev.core.ports import BranchResult, PlanResult
-from openjev.engines import http_protocol
+from openjev.engines.http_protocol import HTTPProtocol, Reply
 from openjev.engines.submission import RecentPrefixes, choose, execute
-from openjev.errors import EngineError, EngineTimeout, EngineUnavailable, OpenjevError
+from openjev.errors import EngineError, EngineTimeout, EngineUnavailable, OpenjevError, TokensExceeded
 
 if TYPE_CHECKING:
-    from openjev.runtime.sglang_process import SGLangProcess
+    from openjev.engines.server_process import ServerProcess
 
 log = logging.getLogger(__name__)
 
 
-class SGLangEngine:
-    """Engine port over a running SGLang-protocol server at `url`."""
+class HTTPEngine:
+    """Engine port over a running engine server at `url` that speaks `protocol`."""
 
     def __init__(
         self,
         url: str,
+        protocol: HTTPProtocol,
         *,
+        max_prompt_tokens: int | None = None,
         strategy: str = "auto",
         max_calls: int = 64,
         call_timeout_s: float = 120.0,
@@ -52,6 +56,8 @@ class SGLangEngine:
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         self.url = url.rstrip("/")
+        self.protocol = protocol
+        self.max_prompt_tokens = max_prompt_tokens  # the server's context less one generated token, if known
         self.strategy = strategy
         self._max_calls = max_calls
         self._timeout = httpx.Timeout(call_timeout_s, connect=10.0)
@@ -67,7 +73,7 @@ class SGLangEngine:
         self.recent = RecentPrefixes()
         self.strategies_used: dict[str, int] = {}
         self._aborts: set[asyncio.Task] = set()  # fire-and-forget aborts, kept alive until done
-        self.process: SGLangProcess | None = None  # the child server, when we started it (stopped on close)
+        self.process: ServerProcess | None = None  # the child server, when we started it (stopped on close)
 
     def _http(self) -> tuple[httpx.AsyncClient, asyncio.Semaphore]:
         # Created on first use, inside the serving event loop.
@@ -89,11 +95,6 @@ class SGLangEngine:
         if self.process is not None:
             await asyncio.to_thread(self.process.stop)
 
-    # Whether the server lets requests admitted in the same scheduling step share a prefix
-    # (then `auto` never needs to stage). SGLang: no, its radix cache takes a prefix once
-    # the request that computed it is done.
-    shares_prefix_within_a_batch = False
-
     async def probe(self) -> str | None:
         """Whether the server answers now: None if it does, else why not (for our /health,
         which is public: the reason names no address; the log has it). A reply to any call
@@ -104,7 +105,7 @@ class SGLangEngine:
             return None
         client, _ = self._http()
         try:
-            r = await client.get(self.health_path, timeout=self._probe_timeout_s)
+            r = await client.get(self.protocol.health_path, timeout=self._probe_timeout_s)
         except httpx.TimeoutException:
             return f"the engine server did not answer within {self._probe_timeout_s:g} s"
         except httpx.TransportError as e:
@@ -113,7 +114,7 @@ class SGLangEngine:
         return None if r.status_code == 200 else f"the engine server's health check answered {r.status_code}"
 
     async def run(self, plan: Plan) -> PlanResult:
-        if self.strategy == "auto" and self.shares_prefix_within_a_batch:
+        if self.strategy == "auto" and self.protocol.shares_prefix_within_a_batch:
             strategy = "all"
         else:
             strategy = choose(self.strategy, plan, self.recent, warmup_min_tokens=self._warmup_min)
@@ -158,29 +159,29 @@ class SGLangEngine:
             timings_ms={"prefill": (t1 - t0) * 1000, "branches": (t2 - t1) * 1000},
         )
 
-    # The wire protocol, in four parts a subclass for another server overrides (vllm.py):
-    # where a call goes, its body, how to abort it, how to read its reply.
-    generate_path = http_protocol.GENERATE
-    abort_path = http_protocol.ABORT
-    health_path = http_protocol.HEALTH
-
-    def _request_body(self, rid: str, input_ids: Sequence[int], label_ids: Sequence[int], salt: str = "") -> dict:
-        return http_protocol.request_body(rid, input_ids, label_ids, salt)
-
-    def _abort_body(self, rid: str) -> dict:
-        return http_protocol.abort_body(rid)
-
-    def _parse(self, payload: Any, label_ids: Sequence[int]) -> http_protocol.Reply:
-        return http_protocol.parse_reply(payload, label_ids)
-
-    async def _generate(
-        self, input_ids: Sequence[int], label_ids: Sequence[int], salt: str = ""
-    ) -> http_protocol.Reply:
+    async def _generate(self, input_ids: Sequence[int], label_ids: Sequence[int], salt: str = "") -> Reply:
         """(label log-probs, prompt tokens, cached tokens) of one branch, in the cache
         namespace `salt` (Plan.cache_namespace)."""
-        return await self._call(input_ids, label_ids, salt)
+        if self.max_prompt_tokens is not None and len(input_ids) > self.max_prompt_tokens:
+            raise TokensExceeded(
+                f"a branch of {len(input_ids)} tokens exceeds the {self.protocol.name} server's context "
+                f"({self.max_prompt_tokens} prompt tokens; raise its {self.protocol.context_flag})"
+            )
+        per_call = self.protocol.max_ids_per_call
+        if per_call is None or len(label_ids) <= per_call:
+            return await self._call(input_ids, label_ids, salt)
+        values: list[float] = []
+        prompt: int | None = 0
+        cached: int | None = 0
+        # More labels than one call takes: the next call finds this call's prompt in the cache.
+        for start in range(0, len(label_ids), per_call):
+            v, p, c = await self._call(input_ids, label_ids[start : start + per_call], salt)
+            values.extend(v)
+            prompt = None if prompt is None or p is None else prompt + p
+            cached = None if cached is None or c is None else cached + c
+        return tuple(values), prompt, cached
 
-    async def _call(self, input_ids: Sequence[int], label_ids: Sequence[int], salt: str = "") -> http_protocol.Reply:
+    async def _call(self, input_ids: Sequence[int], label_ids: Sequence[int], salt: str = "") -> Reply:
         """One call: capped by the server-wide slots, aborted server-side when cancelled or
         timed out, overload and outage mapped to retryable errors, the reply validated."""
         client, slots = self._http()
@@ -188,7 +189,7 @@ class SGLangEngine:
         async with slots:
             try:
                 response = await client.post(
-                    self.generate_path, json=self._request_body(rid, input_ids, label_ids, salt)
+                    self.protocol.generate_path, json=self.protocol.request_body(rid, input_ids, label_ids, salt)
                 )
             except asyncio.CancelledError:
                 self._abort(rid)
@@ -217,7 +218,7 @@ class SGLangEngine:
             payload = response.json()
         except ValueError:
             raise EngineError("the engine's reply is not JSON") from None
-        return self._parse(payload, label_ids)
+        return self.protocol.parse_reply(payload, label_ids)
 
     def _abort(self, rid: str) -> None:
         """Ask the server to drop `rid` (fire and forget: the caller is already leaving)."""
@@ -227,7 +228,7 @@ class SGLangEngine:
 
         async def abort() -> None:
             try:
-                await client.post(self.abort_path, json=self._abort_body(rid), timeout=5.0)
+                await client.post(self.protocol.abort_path, json=self.protocol.abort_body(rid), timeout=5.0)
             except httpx.HTTPError as e:
                 log.warning("abort of %s failed: %s", rid, e)
 

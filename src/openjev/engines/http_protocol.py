@@ -7,12 +7,15 @@ validated. Every call asks for selected-token log-probs, warm-ups included: batc
 mix logprob and non-logprob requests crash SGLang 0.5.19 (sgl-project/sglang#34719).
 
 Pure functions over JSON shapes: no I/O here (http_engine.py sends, sglang.py wires).
+`HTTPProtocol` is what the one HTTP engine is given: SGLang's (`SGLANG`, below) or vLLM's
+(`vllm.VLLM`).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from openjev.errors import EngineError
@@ -24,6 +27,31 @@ HEALTH = "/health"
 # (label log-probs aligned with the label ids, prompt tokens, cached tokens); None where
 # the server does not say.
 Reply = tuple[tuple[float, ...], int | None, int | None]
+
+
+@dataclass(frozen=True)
+class HTTPProtocol:
+    """What differs between the servers the HTTP engine (http_engine.py) speaks to: where a
+    call goes, its body, how to abort it, how to read its reply, and three facts about the
+    server. The run loop, the calls, the aborts and the health probe are the engine's."""
+
+    name: str  # as messages name the server
+    generate_path: str
+    abort_path: str
+    health_path: str
+    # (rid, input ids, label ids, the cache namespace's salt) -> the JSON body of one call
+    request_body: Callable[[str, Sequence[int], Sequence[int], str], dict]
+    abort_body: Callable[[str], dict]
+    # (the reply's JSON, the label ids asked for) -> Reply; EngineError for anything unusable
+    parse_reply: Callable[[Any, Sequence[int]], Reply]
+    # Whether requests admitted in the same scheduling step share a prefix (then `auto`
+    # never needs to stage). SGLang: no, its radix cache takes a prefix once the request
+    # that computed it is done.
+    shares_prefix_within_a_batch: bool = False
+    # At most this many label ids per call; more take further calls on the cached prefix.
+    max_ids_per_call: int | None = None
+    # The server's flag that raises its context, named when a branch is too long for it.
+    context_flag: str = "its context length"
 
 
 def request_body(rid: str, input_ids: Sequence[int], label_ids: Sequence[int], salt: str = "") -> dict:
@@ -38,7 +66,7 @@ def request_body(rid: str, input_ids: Sequence[int], label_ids: Sequence[int], s
         "return_text_in_logprobs": False,
         "rid": rid,
     }
-    if salt:  # the radix cache's namespace (GenerateReqInput.extra_key; api/tenancy.py)
+    if salt:  # the radix cache's namespace (GenerateReqInput.extra_key; api/identity/tenancy.py)
         body["extra_key"] = salt
     return body
 
@@ -99,3 +127,14 @@ def tokenized_ids(body: Any) -> list[int]:
     """The input token ids of a tokenize_body reply (KeyError, TypeError, ValueError or
     IndexError if it has none)."""
     return [int(entry[1]) for entry in body["meta_info"]["input_token_logprobs"]]
+
+
+SGLANG = HTTPProtocol(
+    name="SGLang",
+    generate_path=GENERATE,
+    abort_path=ABORT,
+    health_path=HEALTH,
+    request_body=request_body,
+    abort_body=abort_body,
+    parse_reply=parse_reply,
+)

@@ -25,8 +25,8 @@ from openjev.errors import ConfigError, ModelUnsuitable
 
 if TYPE_CHECKING:
     from openjev.engines import LoadedEngine
-    from openjev.engines.http_engine import SGLangEngine
-    from openjev.runtime.sglang_process import SGLangProcess
+    from openjev.engines.http_engine import HTTPEngine
+    from openjev.engines.server_process import ServerProcess
 
 log = logging.getLogger(__name__)
 
@@ -107,7 +107,7 @@ def load(
     kind: ServerKind,
     *,
     check: Callable[[str, ChatTokenizer], dict[str, Any]],
-    make: Callable[[str, dict[str, Any]], SGLangEngine],
+    make: Callable[[str, dict[str, Any]], HTTPEngine],
 ) -> LoadedEngine:
     """Start (or reach) the server, wait for its /health, `check` it, and return the engine
     `make` builds, with the model card and, for a child, its supervision. A child is
@@ -118,14 +118,14 @@ def load(
     from openjev.engines import LoadedEngine, ModelCard
     from openjev.engines.hf_model import file_date, weights_fingerprint
     from openjev.engines.hf_tokenizer import HFChatTokenizer
-    from openjev.runtime.sglang_process import SGLangProcess, wait_healthy
+    from openjev.engines.server_process import ServerProcess, wait_healthy
 
     t0 = time.perf_counter()
     folder = tokenizer_folder(settings, kind)
     tokenizer = HFChatTokenizer(AutoTokenizer.from_pretrained(folder, local_files_only=True))
-    process: SGLangProcess | None = None
+    process: ServerProcess | None = None
     if kind.python:
-        process = SGLangProcess(
+        process = ServerProcess(
             python=kind.python,
             model=str(settings.model),  # set: preflight refuses a child without --model
             port=kind.port,
@@ -168,7 +168,7 @@ def load(
 
 
 def engine_options(settings: Settings) -> dict[str, Any]:
-    """The engine's settings every HTTP engine takes (keyword arguments of SGLangEngine)."""
+    """The engine's settings every HTTP engine takes (keyword arguments of HTTPEngine)."""
     return {
         "strategy": settings.strategy,
         "max_calls": settings.max_engine_calls,

@@ -17,10 +17,10 @@ import httpx
 from openjev.config import Settings
 from openjev.core.ports import ChatTokenizer
 from openjev.engines import LoadedEngine, http_protocol, remote
-from openjev.engines.http_engine import SGLangEngine
-from openjev.engines.http_protocol import parse_reply
+from openjev.engines.http_engine import HTTPEngine
+from openjev.engines.http_protocol import SGLANG
 
-__all__ = ["SGLangEngine", "load", "parse_reply", "preflight", "verify_tokenizer"]
+__all__ = ["load", "preflight", "verify_tokenizer"]
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +41,7 @@ def kind(settings: Settings) -> remote.ServerKind:
 
 def preflight(settings: Settings) -> None:
     """Settings that cannot work are refused before the server listens."""
-    from openjev.runtime.sglang_process import check_args
+    from openjev.engines.server_process import check_args
 
     remote.preflight(settings, kind(settings))
     check_args(settings.sglang_args, settings.strategy)
@@ -67,7 +67,7 @@ def verify_tokenizer(
 def check(url: str, tokenizer: ChatTokenizer, settings: Settings) -> dict[str, Any]:
     """Refuse a server with its radix cache off (unless --strategy all) or another
     tokenizer; returns {"model": the server's model path, if it says}."""
-    from openjev.runtime.sglang_process import check_args
+    from openjev.engines.server_process import check_args
 
     info = server_info(url)
     if info.get("disable_radix_cache") and settings.strategy != "all":
@@ -83,7 +83,7 @@ def load(settings: Settings) -> LoadedEngine:
         settings,
         kind(settings),
         check=lambda url, tokenizer: check(url, tokenizer, settings),
-        make=lambda url, info: SGLangEngine(url, **remote.engine_options(settings)),
+        make=lambda url, _info: HTTPEngine(url, SGLANG, **remote.engine_options(settings)),
     )
 
 

@@ -14,8 +14,8 @@ only carries log-probs when `logprobs` is set, and that is capped at 20 by defau
 reported unknown). A child started by openjev gets all three.
 
 The run loop (submission strategies planned on the trie, the server-wide cap on calls in
-flight, cancellation of siblings, token accounting) is the SGLang engine's; only the wire
-differs. Cancelled or timed-out calls are aborted on the server with
+flight, cancellation of siblings, token accounting) is the one HTTP engine's
+(http_engine.py); only the wire differs, and this module gives it as data (`VLLM`). Cancelled or timed-out calls are aborted on the server with
 `/inference/v1/abort_requests` (vLLM also aborts a request whose connection closes).
 Starting or reaching the server and checking it is remote.py's, shared with SGLang; this
 module gives it vLLM's ServerKind and its two hooks (`check`, `make`).
@@ -34,9 +34,9 @@ import httpx
 from openjev.config import Settings
 from openjev.core.ports import ChatTokenizer
 from openjev.engines import LoadedEngine, remote
-from openjev.engines.http_engine import SGLangEngine
-from openjev.engines.http_protocol import Reply
-from openjev.errors import ConfigError, EngineError, EngineUnavailable, TokensExceeded
+from openjev.engines.http_engine import HTTPEngine
+from openjev.engines.http_protocol import HEALTH, HTTPProtocol, Reply
+from openjev.errors import ConfigError, EngineError, EngineUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -116,53 +116,32 @@ def request_body(rid: str, input_ids: Sequence[int], label_ids: Sequence[int], s
         "output_mode": "tokens",
         "stream": False,
     }
-    if salt:  # the prefix cache's namespace (GenerateRequest.cache_salt; api/tenancy.py)
+    if salt:  # the prefix cache's namespace (GenerateRequest.cache_salt; api/identity/tenancy.py)
         body["cache_salt"] = salt
     return body
 
 
-class VLLMEngine(SGLangEngine):
-    """Engine port over a running vLLM server at `url` (the SGLang engine's run loop)."""
+def abort_body(rid: str) -> dict:
+    return {"request_ids": [ID_PREFIX + rid]}
 
+
+VLLM = HTTPProtocol(
+    name="vLLM",
+    generate_path=GENERATE,
+    abort_path=ABORT,
+    health_path=HEALTH,
+    request_body=request_body,
+    abort_body=abort_body,
+    parse_reply=parse_reply,
     # vLLM registers a prompt's full KV blocks in its prefix cache when it schedules them
     # (KVCacheManager.allocate_slots), so requests admitted together share the prefix: four
     # branches on a cold 600-token state, sent at once behind a busy server, reported
     # 0, 512, 512, 512 cached tokens (128-token blocks). `auto` therefore sends everything
     # at once; `staged` and `warmup` stay available and only add round trips here.
-    shares_prefix_within_a_batch = True
-
-    def __init__(self, url: str, *, max_prompt_tokens: int | None = None, **kw: Any) -> None:
-        super().__init__(url, **kw)
-        self.max_prompt_tokens = max_prompt_tokens  # the server's max_model_len - 1 (one token is generated)
-
-    async def _generate(self, input_ids: Sequence[int], label_ids: Sequence[int], salt: str = "") -> Reply:
-        if self.max_prompt_tokens is not None and len(input_ids) > self.max_prompt_tokens:
-            raise TokensExceeded(
-                f"a branch of {len(input_ids)} tokens exceeds the vLLM server's context "
-                f"({self.max_prompt_tokens} prompt tokens; raise its --max-model-len)"
-            )
-        values: list[float] = []
-        prompt: int | None = 0
-        cached: int | None = 0
-        # More than 128 labels: the next call finds this call's prompt in vLLM's prefix cache.
-        for start in range(0, len(label_ids), MAX_IDS_PER_CALL):
-            v, p, c = await self._call(input_ids, label_ids[start : start + MAX_IDS_PER_CALL], salt)
-            values.extend(v)
-            prompt = None if prompt is None or p is None else prompt + p
-            cached = None if cached is None or c is None else cached + c
-        return tuple(values), prompt, cached
-
-    generate_path = GENERATE
-    abort_path = ABORT
-
-    def _request_body(self, rid: str, input_ids: Sequence[int], label_ids: Sequence[int], salt: str = "") -> dict:
-        return request_body(rid, input_ids, label_ids, salt)
-
-    def _abort_body(self, rid: str) -> dict:
-        return {"request_ids": [ID_PREFIX + rid]}
-
-    def _parse(self, payload: Any, label_ids: Sequence[int]) -> Reply:
-        return parse_reply(payload, label_ids)
+    shares_prefix_within_a_batch=True,
+    max_ids_per_call=MAX_IDS_PER_CALL,
+    context_flag="--max-model-len",
+)
 
 
 # ---- start-up checks (blocking; before the server listens)
@@ -290,10 +269,10 @@ def load(settings: Settings) -> LoadedEngine:
     """Start or reach the server, check it, and return the engine (blocking)."""
     preflight(settings)
 
-    def make(url: str, info: dict[str, Any]) -> VLLMEngine:
+    def make(url: str, info: dict[str, Any]) -> HTTPEngine:
         max_len = info.get("max_model_len")
-        return VLLMEngine(
-            url, max_prompt_tokens=int(max_len) - 1 if max_len else None, **remote.engine_options(settings)
+        return HTTPEngine(
+            url, VLLM, max_prompt_tokens=int(max_len) - 1 if max_len else None, **remote.engine_options(settings)
         )
 
     return remote.load(settings, kind(settings), check=check, make=make)

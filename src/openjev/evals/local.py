@@ -28,14 +28,23 @@ def local_server(settings: Settings, *, timeout_s: float = 600.0, loader=None) -
     Raises RuntimeError with the reason if the model fails to load."""
     import uvicorn
 
-    from openjev.api.app import create_app
-    from openjev.api.connections import uvicorn_config
+    from openjev.api.operations.connections import uvicorn_config
+    from openjev.api.server.app import create_app
     from openjev.engines import load_engine
 
     failed: list[BaseException] = []
     app = create_app(settings, loader=loader or load_engine, on_fatal=failed.append)
     port = _free_port()
-    server = uvicorn.Server(uvicorn_config(app, settings, host="127.0.0.1", port=port, log_level="warning"))
+    server = uvicorn.Server(
+        uvicorn_config(
+            app,
+            settings,
+            connection_stats_to=app.state.ops.watch_connections,
+            host="127.0.0.1",
+            port=port,
+            log_level="warning",
+        )
+    )
     thread = threading.Thread(target=server.run, name="openjev-local-server", daemon=True)
     thread.start()
     url = f"http://127.0.0.1:{port}"

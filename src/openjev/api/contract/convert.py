@@ -1,0 +1,144 @@
+"""Wire schema <-> core types. The only place that knows both."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from openjev.api.contract import schemas
+from openjev.core import types as core
+from openjev.errors import InvalidInput, ModelNotFound, Unsupported
+
+
+def text_of(value: Any) -> str:
+    """Text as the model sees it: strings as they are, anything else as compact JSON.
+    Requests reach here through api/contract/wire.py (finite numbers, bounded depth, no lone
+    surrogates); anything else that cannot be written is a 422, never a 500."""
+    if isinstance(value, str):
+        return value
+    try:
+        return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    except RecursionError:
+        raise InvalidInput("a value nests too deeply to be shown to the model") from None
+    except (ValueError, TypeError) as e:
+        raise InvalidInput(f"a value cannot be shown to the model as JSON: {e}") from None
+
+
+def _chat_turns(value: Any) -> tuple[core.Turn, ...] | None:
+    """Turns if `value` is chat-shaped (schemas.chat_items), else None. The schema refused
+    chat-shaped states with other roles or null content (schemas.chat_problem)."""
+    items = schemas.chat_items(value)
+    if items is None:
+        return None
+    problem = schemas.chat_problem(value)
+    if problem:
+        raise InvalidInput(problem)
+    return tuple(core.Turn(item["role"], text_of(item["content"])) for item in items)
+
+
+def state_of(value: Any) -> core.State:
+    turns = _chat_turns(value)
+    if turns is None:
+        turns = (core.Turn("user", text_of(value)),)
+    return core.State(turns=turns)
+
+
+def _opt_text(value: Any) -> str | None:
+    return None if value is None else text_of(value)
+
+
+def question_of(q: schemas.NoulQuestion | schemas.ChoiceQuestion | schemas.ScoreQuestion) -> core.Question:
+    if isinstance(q, schemas.NoulQuestion):
+        crit = q.criteria
+        return core.NoulQuestion(
+            instructions=_opt_text(q.instructions),
+            true_description=_opt_text(crit.true) if crit else None,
+            false_description=_opt_text(crit.false) if crit else None,
+        )
+    if isinstance(q, schemas.ChoiceQuestion):
+        return core.ChoiceQuestion(
+            instructions=_opt_text(q.instructions),
+            options=tuple(core.Option(name, _opt_text(desc)) for name, desc in q.criteria.items()),
+        )
+    return core.ScoreQuestion(instructions=_opt_text(q.instructions), levels=tuple(text_of(x) for x in q.criteria))
+
+
+def request_of(req: schemas.SystemOneRequest) -> core.DecisionRequest:
+    if req.assets:
+        raise Unsupported("assets (images) are not supported: the served model reads text only")
+    return core.DecisionRequest(
+        state=state_of(req.state),
+        questions=tuple((qid, question_of(q)) for qid, q in req.questions.items()),
+    )
+
+
+def resolve_model(requested: str, served: str) -> str:
+    """The concrete model that answers `requested`: the served name, `jev-latest` or any
+    `jev-*` alias; anything else is not found."""
+    if requested == served or requested == "jev" or requested.startswith("jev-"):
+        return served
+    shown = repr(requested[:80]) + (f" ({len(requested) - 80} more characters)" if len(requested) > 80 else "")
+    raise ModelNotFound(f"model {shown} is not served here; use {served!r} or a jev-* alias such as jev-latest")
+
+
+def answer_to_wire(answer: core.Answer) -> dict[str, Any]:
+    if isinstance(answer, core.NoulAnswer):
+        out = {"type": "noul", "noul": answer.p_true, "x_label_mass": answer.label_mass}
+    elif isinstance(answer, core.ChoiceAnswer):
+        out = {
+            "type": "choice",
+            "choice": answer.choice,
+            "probabilities": dict(answer.probabilities),
+            "confidence": answer.confidence,
+            "x_label_mass": answer.label_mass,
+        }
+    else:
+        out = {
+            "type": "score",
+            "score": answer.score,
+            "confidence": answer.confidence,
+            "legend": {str(i): text for i, text in enumerate(answer.legend)},
+            "probabilities": {str(i): p for i, p in enumerate(answer.probabilities)},
+            "x_label_mass": answer.label_mass,
+        }
+    if answer.order_agreement is not None:
+        out["x_order_agreement"] = answer.order_agreement
+    if answer.abstain:  # the Jev contract has no refusal: the answer stays, marked (core/abstain.py)
+        out["x_abstain"] = True
+    return out
+
+
+def result_to_wire(result: core.DecisionResult, model: str) -> dict[str, Any]:
+    return {
+        "model": model,
+        "answers": {qid: answer_to_wire(a) for qid, a in result.answers},
+        "usage": usage_to_wire(result.usage),
+    }
+
+
+def usage_to_wire(usage: core.Usage) -> dict[str, Any]:
+    """The contract's two integers, then what the engine really did (x_, where known)."""
+    out: dict[str, Any] = {
+        "input_tokens": int(usage.input_tokens),
+        "output_tokens": int(usage.output_tokens),
+        "x_prompt_tokens": int(usage.prompt_tokens),
+    }
+    if usage.computed_tokens is not None:
+        out["x_computed_tokens"] = int(usage.computed_tokens)
+    if usage.cached_tokens is not None:
+        out["x_cached_tokens"] = int(usage.cached_tokens)
+    return out
+
+
+def result_headers(result: core.DecisionResult) -> dict[str, str]:
+    headers = {
+        "x-openjev-prefix-tokens": str(result.prefix_tokens),
+        "x-openjev-readout": result.readout,
+        "x-openjev-calibration": result.calibration or "none",
+    }
+    if result.usage.cached_tokens is not None:
+        headers["x-openjev-cached-tokens"] = str(result.usage.cached_tokens)
+    if result.usage.computed_tokens is not None:
+        headers["x-openjev-computed-tokens"] = str(result.usage.computed_tokens)
+    headers["Server-Timing"] = ", ".join(f"{name};dur={ms:.1f}" for name, ms in result.timings_ms.items())
+    return headers

@@ -1,0 +1,248 @@
+"""Admission: every rule on who gets in and how much, in one module.
+
+- At the door (`AdmissionMiddleware`), before the body is read: which paths need a key,
+  the key itself (401), and the key's requests/min bucket on the decision routes (429).
+- In tokens (`GatedEngine`): the engine port wrapped with a server-wide bound on distinct
+  tokens in flight (529 beyond, Retry-After from the measured drain rate) and the calling
+  key's tokens/min bucket (429 beyond); `charge_refused` charges a refused request's work.
+
+The gate sits between the DecisionService and the engine, so it sees each plan after the
+compile and the per-request budgets and before any engine work, and it needs no change
+to the core. Fairness between the admitted requests stays inside the engine (the
+in-process scheduler serves them slice by slice, round-robin).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import math
+import time
+from collections.abc import Callable
+
+from starlette.datastructures import Headers
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from openjev.api.contract.paths import DECISION_ROUTES
+from openjev.api.identity.keys import KeyEntry, KeyLimits, KeyRing, current_key
+from openjev.api.identity.proxies import TrustedProxies
+from openjev.api.operations.metrics import Metrics
+from openjev.core.plan import Plan
+from openjev.core.ports import Engine, PlanResult
+from openjev.errors import AuthenticationError, OpenjevError, Overloaded, TokensExceeded
+
+MAX_RETRY_AFTER_S = 60
+
+
+def charge_refused(key_limits: KeyLimits, exc: TokensExceeded) -> None:
+    """Charge the work a refused request cost (`exc.work_tokens`, tokens encoded before the
+    refusal) to the calling key's tokens/min bucket; nothing where no key is in use."""
+    entry = current_key.get()
+    if entry is not None and exc.work_tokens:
+        key_limits.charge_tokens(entry, exc.work_tokens)
+
+
+class DrainRate:
+    """Distinct tokens the engine serves per second of *busy* time (at least one request in
+    flight), measured over the last `window_s` of served requests.
+
+    It keeps its memory: once anything was measured, the rate stays known across idle time
+    (the window empties, the last measurement stands) and across failures (a request that
+    failed, timed out or was cancelled served no tokens, so it is no measurement of the
+    engine's speed: its busy time is not counted either). Forgetting it turned an overload
+    after a quiet minute into a wall of 504s, admitted with no rate to refuse them by.
+    None only until a first request was served.
+    """
+
+    def __init__(self, window_s: float = 60.0, clock: Callable[[], float] = time.monotonic) -> None:
+        self._window = window_s
+        self._clock = clock
+        self._done: collections.deque[tuple[float, int, float]] = collections.deque()  # (t, tokens, busy s)
+        self._active = 0
+        self._mark: float | None = None  # start of the busy time not yet attributed
+        self._last: float | None = None  # the latest measurement, kept when the window empties
+
+    def started(self) -> None:
+        if self._active == 0:
+            self._mark = self._clock()
+        self._active += 1
+
+    def finished(self, tokens: int) -> None:
+        """One request left the engine, having served `tokens` (0 if it failed or was cancelled)."""
+        now = self._clock()
+        busy = now - self._mark if self._mark is not None else 0.0
+        self._mark = now
+        self._active -= 1
+        if self._active == 0:
+            self._mark = None
+        if tokens > 0:  # a failure measured nothing; its share of the busy time is dropped
+            self._done.append((now, tokens, busy))
+            self.per_second()  # remembered now, whenever it is next asked
+
+    def per_second(self) -> float | None:
+        now = self._clock()
+        while self._done and self._done[0][0] < now - self._window:
+            self._done.popleft()
+        tokens = sum(t for _, t, _ in self._done)
+        busy = sum(b for _, _, b in self._done)
+        if tokens and busy > 0:
+            self._last = tokens / busy
+        return self._last
+
+
+class GatedEngine:
+    """The Engine port, gated. `in_flight_tokens` counts admitted plans' distinct tokens."""
+
+    def __init__(
+        self,
+        inner: Engine,
+        *,
+        max_tokens_in_flight: int,
+        max_wait_s: float,
+        key_limits: KeyLimits,
+        metrics: Metrics,
+        retry_after_s: int,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.inner = inner
+        self.parallel_layouts = bool(getattr(inner, "parallel_layouts", False))  # a capability passes the gate
+        self.max_tokens = max_tokens_in_flight
+        self.max_wait_s = max_wait_s
+        self.in_flight_tokens = 0
+        self.rate = DrainRate(clock=clock)
+        self._keys = key_limits
+        self._metrics = metrics
+        self._retry_after_s = retry_after_s
+
+    def retry_after(self, excess_tokens: int) -> int:
+        """Seconds until `excess_tokens` have drained at the measured rate (the configured
+        --retry-after-s before anything was measured)."""
+        rate = self.rate.per_second()
+        if not rate:
+            return self._retry_after_s
+        return max(1, min(MAX_RETRY_AFTER_S, math.ceil(excess_tokens / rate)))
+
+    async def run(self, plan: Plan) -> PlanResult:
+        n = plan.unique_tokens
+        # Alone, any request within --max-request-tokens is admitted: a bound below one
+        # request's size must not refuse it forever.
+        if self.max_tokens and self.in_flight_tokens and self.in_flight_tokens + n > self.max_tokens:
+            excess = self.in_flight_tokens + n - self.max_tokens
+            raise Overloaded(  # other keys' load is not this caller's to see: numbers to the log
+                "too many tokens in flight; retry after Retry-After",
+                retry_after_s=self.retry_after(excess),
+                detail=f"{self.in_flight_tokens} tokens in flight, this request needs {n} (limit {self.max_tokens})",
+            )
+        # What is admitted must finish before its deadline: refuse (529, retryable) what the
+        # engine, at its measured rate, could not reach within max_wait_s, rather than
+        # admit it into a queue that ends in a 504.
+        rate = self.rate.per_second()
+        if rate and self.max_wait_s and self.in_flight_tokens and (self.in_flight_tokens + n) / rate > self.max_wait_s:
+            excess = self.in_flight_tokens + n - int(rate * self.max_wait_s)
+            raise Overloaded(
+                "the queue is too long to serve this in time; retry after Retry-After",
+                retry_after_s=self.retry_after(excess),
+                detail=f"{self.in_flight_tokens} tokens in flight would take {self.in_flight_tokens / rate:.0f} s",
+            )
+        entry = current_key.get()
+        if entry is not None:  # after the server-wide check: a 529 costs the key nothing
+            self._keys.take_tokens(entry, n)
+        self.in_flight_tokens += n
+        self.rate.started()
+        self._metrics.engine_calls.inc()
+        served = 0
+        try:
+            result = await self.inner.run(plan)
+            served = n
+        except OpenjevError as e:
+            self._metrics.engine_failures.labels(e.error_type).inc()
+            raise
+        except asyncio.CancelledError:  # deadline or client gone: not the engine's failure
+            raise
+        except Exception:
+            self._metrics.engine_failures.labels("unknown").inc()
+            raise
+        finally:
+            self.in_flight_tokens -= n
+            self.rate.finished(served)
+        return result
+
+    async def close(self) -> None:
+        await self.inner.close()
+
+    def stats(self) -> dict[str, float]:
+        out = dict(stats_of(self.inner))
+        out["tokens_in_flight"] = self.in_flight_tokens
+        out["tokens_in_flight_limit"] = self.max_tokens
+        out["drain_rate_tokens_per_second"] = self.rate.per_second() or 0.0
+        return out
+
+
+def stats_of(engine: object) -> dict[str, float]:
+    """An engine's optional `stats()` (the in-process engine has one), else nothing."""
+    stats = getattr(engine, "stats", None)
+    return dict(stats()) if callable(stats) else {}
+
+
+# The API docs: behind the API's key with --docs auth, their static assets too (the largest
+# responses the server has: open, they let anyone hold connections with unread answers).
+DOCS_ROUTES = ("/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json")
+DOCS_ASSETS = "/static-offline-docs/"
+
+
+def _loopback(scope: Scope, proxies: TrustedProxies) -> bool:
+    """A client on this machine (a forwarded one only where --trusted-proxies says so)."""
+    if not scope.get("client"):
+        return True  # in-process (tests, ASGI transports): nothing came over a network
+    client = proxies.client(scope)
+    return client is not None and client.is_loopback
+
+
+class AdmissionMiddleware:
+    """At the door, before the body is read or parsed: the caller's key where the path needs
+    one (an unauthenticated request is a 401 whatever it sends) and, on a decision route,
+    one of its requests/min (429 beyond). The key is the request's from then on
+    (`current_key`, and its name in the request's state for the log and the metrics)."""
+
+    def __init__(
+        self, app: ASGIApp, keys: KeyRing, key_limits: KeyLimits, proxies: TrustedProxies, docs_auth: bool
+    ) -> None:
+        self.app = app
+        self.keys = keys
+        self.key_limits = key_limits
+        self.proxies = proxies
+        self.docs_auth = docs_auth
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        entry = self._authenticate(scope, scope["path"])
+        scope.setdefault("state", {})["key_name"] = entry.name if entry else None
+        token = current_key.set(entry)
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            current_key.reset(token)
+
+    def _authenticate(self, scope: Scope, path: str) -> KeyEntry | None:
+        """The caller's key where one is needed (raises 401/429); None where none is."""
+        keys = self.keys
+        guarded = (
+            path.startswith("/v1/")
+            or path in DECISION_ROUTES
+            or (path == "/metrics" and not _loopback(scope, self.proxies))
+            or ((path in DOCS_ROUTES or path.startswith(DOCS_ASSETS)) and self.docs_auth)
+        )
+        if not keys.enabled or not guarded:
+            return None
+        header = Headers(scope=scope).get("authorization", "")
+        scheme, _, given = header.partition(" ")
+        if scheme.lower() != "bearer" or not given.strip():
+            raise AuthenticationError("missing API key: send Authorization: Bearer <key>")
+        entry = keys.identify(given.strip())
+        if entry is None:
+            raise AuthenticationError("invalid API key")
+        if path in DECISION_ROUTES:
+            self.key_limits.take_request(entry)
+        return entry

@@ -1,0 +1,317 @@
+"""Named API keys and their per-key limits.
+
+Keys come from `--api-key` (named key1, key2, ... in the order given) and from
+`--api-keys-file`, one key per line:
+
+    # comment; also after a space at the end of a line
+    alice:s3cret-key-of-alice
+    bob:sha256:<64 hex digits of sha256(key)>   requests_per_min=120 tokens_per_min=500000
+    carol:another-key cache_group=team-a
+    dave:yet-another-key cache_group=team-a
+
+Each key has its own namespace in the engine's prefix cache: a state one key sent is
+never reported as cached to another (api/identity/tenancy.py). Keys that name the same
+`cache_group` opt in to share one namespace (one team's keys, a service's replicas).
+
+Only names ever reach logs and metric labels. A key is matched by comparing SHA-256
+digests with hmac.compare_digest against every entry (no early exit), so neither the time
+nor the matching entry reveals how much of a guess was right. The file is re-read on
+SIGHUP; a file that cannot be read or parsed (missing, not UTF-8, malformed) keeps the
+previous keys and says why in the log; at startup the same file is a ConfigError (exit 2).
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import hashlib
+import hmac
+import logging
+import re
+import threading
+import time
+from collections.abc import Iterable
+from contextvars import ContextVar
+from dataclasses import dataclass
+from pathlib import Path
+
+from openjev.errors import ConfigError, RateLimited
+
+log = logging.getLogger(__name__)
+
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+_HEX = re.compile(r"^[0-9a-fA-F]{64}$")
+_LIMITS = ("requests_per_min", "tokens_per_min")
+_OPTIONS = "requests_per_min=N, tokens_per_min=N or cache_group=NAME"
+
+
+@dataclass(frozen=True)
+class KeyEntry:
+    name: str
+    digest: bytes  # sha256 of the key
+    requests_per_min: int | None = None  # None: the server default (--key-requests-per-min)
+    tokens_per_min: int | None = None
+    cache_group: str | None = None  # keys of one group share a prefix-cache namespace
+    cache_namespace: str = ""  # the namespace's salt (`salt` below), set by the KeyRing
+
+
+# The key of the request being served: set by the admission middleware at the door, read
+# by the token gate (admission), the cache namespace (tenancy) and the batch (contextvars
+# follow the request into the tasks it starts).
+current_key: ContextVar[KeyEntry | None] = ContextVar("openjev_key", default=None)
+
+
+def digest_of(key: str) -> bytes:
+    return hashlib.sha256(key.encode()).digest()
+
+
+def parse_keys_file(text: str, source: str = "keys file") -> list[KeyEntry]:
+    """Entries of a keys file; ConfigError naming the line for anything malformed (never the key)."""
+    entries: list[KeyEntry] = []
+    for n, raw in enumerate(text.splitlines(), 1):
+        line = raw.strip()
+        if line.startswith("#"):
+            continue
+        line = line.split(" #", 1)[0].strip()  # a trailing comment, after a space (keys have none)
+        if not line:
+            continue
+        head, *options = line.split()
+        name, sep, secret = head.partition(":")
+        where = f"{source} line {n}"
+        if not sep or not secret:
+            raise ConfigError(f"{where}: expected name:key or name:sha256:<hex>")
+        if not _NAME.match(name):
+            raise ConfigError(f"{where}: key name {name!r} must be 1-64 of A-Z a-z 0-9 _ . - (it becomes a label)")
+        if secret.startswith("sha256:"):
+            hexdigest = secret.removeprefix("sha256:")
+            if not _HEX.match(hexdigest):
+                raise ConfigError(f"{where}: sha256: must be followed by 64 hex digits")
+            digest = bytes.fromhex(hexdigest)
+        else:
+            digest = digest_of(secret)
+        limits, group = _options(options, where)
+        if any(e.name == name for e in entries):
+            raise ConfigError(f"{where}: key name {name!r} appears twice")
+        entries.append(
+            KeyEntry(
+                name,
+                digest,
+                requests_per_min=limits.get("requests_per_min"),
+                tokens_per_min=limits.get("tokens_per_min"),
+                cache_group=group,
+            )
+        )
+    return entries
+
+
+def _options(options: list[str], where: str) -> tuple[dict[str, int], str | None]:
+    """A keys file line's options: (its limits by name, its cache_group or None)."""
+    limits: dict[str, int] = {}
+    group: str | None = None
+    for option in options:
+        k, _, v = option.partition("=")
+        if k == "cache_group":
+            if not _NAME.match(v):
+                raise ConfigError(f"{where}: cache_group must be 1-64 of A-Z a-z 0-9 _ . -")
+            group = v
+            continue
+        if k not in _LIMITS or not v.isdigit():
+            raise ConfigError(f"{where}: unknown option {k!r} (expected {_OPTIONS})")
+        limits[k] = int(v)
+    return limits, group
+
+
+def read_keys_text(path: str) -> str:
+    """The keys file's text; ConfigError naming the path and the reason (unreadable, not
+    UTF-8: the line of the first bad byte, never the bytes themselves, which may be a key)."""
+    try:
+        data = Path(path).read_bytes()
+    except OSError as e:
+        raise ConfigError(f"--api-keys-file {path}: {e.strerror or e}") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data[: e.start].count(b"\n") + 1
+        raise ConfigError(f"--api-keys-file {path} line {line}: not UTF-8 text (save the file as UTF-8)") from None
+
+
+def flag_entries(keys: Iterable[str]) -> list[KeyEntry]:
+    return [KeyEntry(f"key{i}", digest_of(k)) for i, k in enumerate(keys, 1)]
+
+
+def namespace_id(name: str, cache_group: str | None) -> str:
+    """Which namespace a key belongs to: its group's, else its own."""
+    return f"group:{cache_group}" if cache_group else f"key:{name}"
+
+
+def salt(ns_id: str, member_digests: list[bytes]) -> str:
+    """The namespace's token: HMAC-SHA256 of its id under a secret only this server's keys
+    give (the SHA-256 digests of its members' keys), urlsafe base64 without padding (43
+    characters, 256 bits). Replicas with the same keys compute the same salt; a group whose
+    membership changes gets a new one (its cache starts cold)."""
+    secret = hashlib.sha256(b"openjev cache namespace\0" + b"".join(sorted(member_digests))).digest()
+    mac = hmac.new(secret, ns_id.encode(), hashlib.sha256).digest()
+    return base64.urlsafe_b64encode(mac).rstrip(b"=").decode()
+
+
+def with_namespaces(entries: Iterable[KeyEntry]) -> tuple[KeyEntry, ...]:
+    """`entries` with their cache namespaces: each key its own, a cache_group's keys one."""
+    entries = tuple(entries)
+    members: dict[str, list[bytes]] = {}
+    for e in entries:
+        members.setdefault(namespace_id(e.name, e.cache_group), []).append(e.digest)
+    salts = {ns: salt(ns, digests) for ns, digests in members.items()}
+    if entries:
+        log.info(
+            "%d API keys in %d prefix-cache namespaces (keys share one only by cache_group)", len(entries), len(salts)
+        )
+    return tuple(dataclasses.replace(e, cache_namespace=salts[namespace_id(e.name, e.cache_group)]) for e in entries)
+
+
+class KeyRing:
+    """The accepted keys (from flags and the file). `identify` is safe to call from any thread."""
+
+    def __init__(self, flag_keys: Iterable[str] = (), path: str | None = None) -> None:
+        self._flag_entries = flag_entries(flag_keys)
+        self._path = path
+        self._entries: tuple[KeyEntry, ...] = with_namespaces(self._flag_entries)
+        if path is not None:
+            self._entries = self._load()  # a broken file at startup is a ConfigError: exit 2
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self._entries) or self._path is not None
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(e.name for e in self._entries)
+
+    def _load(self) -> tuple[KeyEntry, ...]:
+        if self._path is None:
+            return self._entries  # keys given on the command line: nothing to read
+        text = read_keys_text(self._path)
+        from_file = parse_keys_file(text, self._path)
+        names = {e.name for e in from_file}
+        clash = [e.name for e in self._flag_entries if e.name in names]
+        if clash:
+            raise ConfigError(f"{self._path}: names {clash} are taken by --api-key keys")
+        return with_namespaces(self._flag_entries + from_file)
+
+    def reload(self) -> bool:
+        """Re-read the file (SIGHUP). Keeps the old keys if it does not parse; True if swapped."""
+        if self._path is None:
+            return False
+        try:
+            entries = self._load()
+        except ConfigError as e:
+            log.error("keys not reloaded, keeping %d: %s", len(self._entries), e)
+            return False
+        except Exception as e:
+            log.error("keys not reloaded, keeping %d: unexpected %s", len(self._entries), type(e).__name__, exc_info=e)
+            return False
+        self._entries = entries  # one reference swap: readers see the old or the new tuple
+        log.info("keys reloaded: %d", len(entries))
+        return True
+
+    def identify(self, given: str) -> KeyEntry | None:
+        digest = digest_of(given)
+        found = None
+        for entry in self._entries:  # every entry compared, whatever matches
+            if hmac.compare_digest(digest, entry.digest):
+                found = entry
+        return found
+
+
+class TokenBucket:
+    """`rate` per minute, bursting to one minute's worth. Debt is allowed: a cost above the
+    capacity passes when the bucket is full and leaves it negative, so a large request is
+    never refused forever but pays for itself before the next one."""
+
+    def __init__(self, per_min: int, clock=time.monotonic) -> None:
+        self.capacity = float(per_min)
+        self.rate = per_min / 60.0
+        self.level = self.capacity
+        self._clock = clock
+        self._t = clock()
+
+    def _refill(self) -> None:
+        now = self._clock()
+        self.level = min(self.capacity, self.level + (now - self._t) * self.rate)
+        self._t = now
+
+    def charge(self, cost: float) -> None:
+        """Take `cost` now, into debt if need be."""
+        self._refill()
+        self.level -= cost
+
+    def wait_s(self, cost: float, burst: float | None = None) -> float:
+        """0 if `cost` may be taken now (then it is), else seconds until it may. `cost`
+        passes once the level reaches min(cost, burst or the capacity)."""
+        self._refill()
+        need = min(cost, self.capacity if burst is None else burst)
+        if self.level >= need:
+            self.level -= cost
+            return 0.0
+        return (need - self.level) / self.rate
+
+
+class KeyLimits:
+    """Per-key buckets on requests/min and distinct tokens/min (429 beyond, with Retry-After)."""
+
+    def __init__(self, requests_per_min: int, tokens_per_min: int, clock=time.monotonic) -> None:
+        self._defaults = {"requests_per_min": requests_per_min, "tokens_per_min": tokens_per_min}
+        self._buckets: dict[tuple[str, str, int], TokenBucket] = {}
+        self._lock = threading.Lock()
+        self._clock = clock
+
+    def _take(self, entry: KeyEntry, kind: str, cost: float, what: str, burst_less: float = 0, why: str = "") -> None:
+        per_min = getattr(entry, kind)
+        per_min = self._defaults[kind] if per_min is None else per_min
+        if not per_min:
+            return
+        with self._lock:
+            key = (entry.name, kind, per_min)  # a reloaded limit starts a fresh bucket
+            bucket = self._buckets.get(key)
+            if bucket is None:
+                bucket = self._buckets[key] = TokenBucket(per_min, self._clock)
+            wait = bucket.wait_s(cost, max(0.0, bucket.capacity - burst_less))
+        if wait > 0:
+            raise RateLimited(
+                f"API key {entry.name!r} is over its {per_min} {what} per minute{why}; retry later",
+                retry_after_s=wait,
+            )
+
+    def charge_tokens(self, entry: KeyEntry, tokens: int) -> None:
+        """Take `tokens` from the key's tokens/min bucket whatever its level (it may go into
+        debt): work already done for a request that was then refused (compile bombs cost the
+        key as if they had run, so they cannot be repeated for free)."""
+        per_min = entry.tokens_per_min
+        per_min = self._defaults["tokens_per_min"] if per_min is None else per_min
+        if not per_min or tokens <= 0:
+            return
+        with self._lock:
+            key = (entry.name, "tokens_per_min", per_min)
+            bucket = self._buckets.get(key)
+            if bucket is None:
+                bucket = self._buckets[key] = TokenBucket(per_min, self._clock)
+            bucket.charge(tokens)
+
+    def take_request(self, entry: KeyEntry) -> None:
+        self._take(entry, "requests_per_min", 1, "requests")
+
+    def take_batch_items(self, entry: KeyEntry, extra: int) -> None:
+        """A batch's items beyond the first, which its request took at the door: every item
+        is one request. A batch that found the bucket full passes and leaves it in debt (as
+        a large request does with tokens), so a batch larger than the limit is not refused
+        forever but the key waits afterwards."""
+        self._take(
+            entry,
+            "requests_per_min",
+            extra,
+            "requests",
+            burst_less=1,
+            why=f" (a batch counts one per item, {extra + 1})",
+        )
+
+    def take_tokens(self, entry: KeyEntry, tokens: int) -> None:
+        self._take(entry, "tokens_per_min", tokens, "distinct tokens")

@@ -1,0 +1,482 @@
+"""Connection-level limits, below the ASGI app: uvicorn's h11 protocol with
+
+- a bound on open connections: one beyond it is answered 503 (JSON, Retry-After) at once
+  and closed, before anything is read, so refusing costs no more than accepting;
+- a time limit on the request head (request line and headers): armed when a connection
+  opens and when the first byte of a keep-alive request arrives, cancelled when the head
+  is complete; past it a partial head is answered 408 and an idle connection just closed;
+- a size limit on the head, complete or not (h11 bounds only an incomplete one): 431;
+- a send timeout: a response the client stops reading (the write buffer above its high-water
+  mark with no progress for --send-timeout-s) drops the connection, counted as a slow
+  reader; so does a closed connection whose unread answer is still buffered after it;
+- strict framing (api/operations/framing.py): smuggling shapes, bare LF, obs-fold, malformed chunk
+  sizes and too many chunks are answered 400 (413) and the connection closed; a WebSocket
+  upgrade is refused the same way (nothing of it reaches the app);
+- a lingering close: when the server closes a connection whose client may still be
+  sending (a 431, 408 or 413 answered before the request was read), it shuts its own
+  side, then reads and drops what still arrives for a moment before closing. Closing a
+  socket with unread input makes the kernel send a reset, which destroys the answer
+  the client had not read yet (a 256 KB header used to end in "connection reset").
+
+uvicorn has no head timeout of its own (`timeout_keep_alive` covers only idle
+keep-alive connections), and its `limit_concurrency` answers 503 only once a complete
+head arrived, so it does not bound connections that never send one. The body's time
+limit sits in api/operations/middleware.py (BodyMiddleware), where the body is read.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import http
+import json
+import logging
+import socket
+import struct
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import h11
+import uvicorn
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from openjev.api.operations.framing import BodyFraming, FramingError, LineScanner, check_head
+from openjev.api.operations.middleware import REQUEST_ID_HEADER
+
+log = logging.getLogger(__name__)
+
+# How long a closing connection keeps reading (and dropping) what its client still sends,
+# and how much of it, so that the client reads our answer instead of a reset.
+LINGER_S = 2.0
+LINGER_BYTES = 1 << 20
+WARN_EVERY_S = 10.0  # at most one log line per this many seconds about refused connections
+
+
+@dataclass(frozen=True)
+class ConnectionLimits:
+    max_connections: int
+    head_timeout_s: float
+    max_head_bytes: int
+    send_timeout_s: float = 10.0
+    max_body_chunks: int = 8192
+    linger_s: float = LINGER_S
+
+    @classmethod
+    def of(cls, settings: Any) -> ConnectionLimits:
+        return cls(
+            settings.max_connections,
+            settings.head_timeout_s,
+            settings.max_head_bytes,
+            settings.send_timeout_s,
+            settings.max_body_chunks,
+        )
+
+
+def http_protocol(limits: ConnectionLimits) -> type[BoundedH11Protocol]:
+    """The protocol class for `uvicorn.Config(http=...)`; one class (and refusal count) per server."""
+    state = {
+        "limits": limits,
+        "refusing": 0,
+        "open_connections": 0,
+        "warned_at": float("-inf"),
+        "counts": dict.fromkeys(COUNTS, 0),
+    }
+    return type("BoundedH11Protocol", (BoundedH11Protocol,), state)
+
+
+# Per server, since start (exposed as openjev_connections_<name>_total; open as a gauge).
+COUNTS = ("refused", "head_timeouts", "heads_too_large", "slow_readers", "parse_errors", "upgrades_refused")
+
+
+def raw_response(status: int, error_type: str, message: str, headers: tuple[tuple[str, str], ...] = ()) -> bytes:
+    """A complete HTTP/1.1 error response in the contract's shape, closing the connection."""
+    body = json.dumps({"detail": {"error_type": error_type, "message": message}}).encode()
+    lines = [
+        f"HTTP/1.1 {status} {http.HTTPStatus(status).phrase}",
+        "content-type: application/json",
+        f"content-length: {len(body)}",
+        "connection: close",
+        f"{REQUEST_ID_HEADER}: req_{uuid.uuid4().hex}",
+        *(f"{k}: {v}" for k, v in headers),
+    ]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
+
+
+class _Connection(h11.Connection):
+    """h11's server side that also bounds a *complete* head (h11 bounds only an incomplete
+    one, so a large head arriving in one read passed), checks framing strictly before h11
+    reads the bytes (api/operations/framing.py), reports a complete head, and keeps the protocol error
+    it raised (uvicorn's handler gets only a message)."""
+
+    def __init__(self, max_head_bytes: int, max_body_chunks: int, on_head: Any) -> None:
+        super().__init__(h11.SERVER, max_incomplete_event_size=max_head_bytes)
+        self.max_head_bytes = max_head_bytes
+        self.max_body_chunks = max_body_chunks
+        self.on_head = on_head
+        self.error: h11.RemoteProtocolError | None = None
+        self.head = LineScanner()
+        self.body = BodyFraming(max_body_chunks)
+
+    def next_event(self) -> Any:
+        try:
+            self._check_framing()
+            event = super().next_event()
+            if isinstance(event, h11.Request):
+                self.on_head()
+                size = len(event.method) + len(event.target) + sum(len(k) + len(v) + 4 for k, v in event.headers)
+                if size > self.max_head_bytes:
+                    raise h11.RemoteProtocolError("request head too large", error_status_hint=431)
+                check_head(event)
+                self.head = LineScanner()  # the next head starts where this one's body ends
+                self.body = BodyFraming(self.max_body_chunks)
+        except h11.RemoteProtocolError as exc:
+            self.error = exc
+            raise
+        return event
+
+    def _check_framing(self) -> None:
+        data = self._receive_buffer._data  # h11's own buffer: checked before h11 consumes it
+        if self.their_state is h11.IDLE:
+            self.head.scan(data)
+        elif self.their_state is h11.SEND_BODY:
+            self.body.check(self._reader, data)
+
+
+class _Transport:
+    """The transport uvicorn sees: `close()` becomes the protocol's lingering close."""
+
+    def __init__(self, transport: asyncio.Transport, protocol: BoundedH11Protocol) -> None:
+        self._transport = transport
+        self._protocol = protocol
+
+    def close(self) -> None:
+        self._protocol.linger_close()
+
+    def is_closing(self) -> bool:
+        return self._protocol.closing or self._transport.is_closing()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
+
+
+class BoundedH11Protocol(H11Protocol):
+    limits: ConnectionLimits  # set per server by http_protocol()
+    refusing: int  # connections being refused right now (lingering), per server
+    warned_at: float
+    counts: dict[str, int]
+    open_connections = 0
+
+    @classmethod
+    def stats(cls) -> dict[str, float]:
+        """For /metrics (api/server/ops.py reads it at scrape time, once handed over by uvicorn_config)."""
+        return {"connections_open": cls.open_connections, **{f"connections_{k}": v for k, v in cls.counts.items()}}
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.h11 = _Connection(self.limits.max_head_bytes, self.limits.max_body_chunks, self._head_complete)
+        self.conn = self.h11
+        self.raw: asyncio.Transport | None = None
+        self.closing = False
+        self.awaiting_head = True
+        self.shutting_down = False
+        self.head_timer: asyncio.TimerHandle | None = None
+        self.linger_timer: asyncio.TimerHandle | None = None
+        self.send_timer: asyncio.TimerHandle | None = None
+        self.dropped = 0
+        self.counted_refusal = False
+        self.counted_open = False
+
+    # ---- connection
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        self.raw = transport
+        proxy: Any = _Transport(transport, self)
+        if len(self.connections) >= self.limits.max_connections:
+            self._refuse(proxy)
+            return
+        super().connection_made(proxy)
+        type(self).open_connections += 1
+        self.counted_open = True
+        self._arm_head_timer()
+
+    def _refuse(self, proxy: Any) -> None:
+        if self.raw is None:  # connection_made sets it before calling here
+            return
+        cls = type(self)
+        self.transport = proxy  # what connection_lost closes; the refused one is never counted
+        cls.counts["refused"] += 1
+        if cls.refusing >= self.limits.max_connections:  # a flood: no answer, no linger
+            self.closing = True
+            self.raw.close()
+            return
+        cls.refusing += 1
+        self.counted_refusal = True
+        now = self.loop.time()
+        if now - cls.warned_at >= WARN_EVERY_S:  # a flood must not flood the log too
+            cls.warned_at = now
+            log.warning(
+                "connections refused: %d connections open (--max-connections), %d refused so far",
+                len(self.connections),
+                cls.counts["refused"],
+            )
+        self.raw.write(
+            raw_response(
+                503,
+                "overloaded",
+                f"the server has {self.limits.max_connections} connections open (its limit); retry shortly",
+                (("retry-after", "1"),),
+            )
+        )
+        self.linger_close()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.counted_open:
+            type(self).open_connections -= 1
+            self.counted_open = False
+        self._cancel_head_timer()
+        self._cancel_send_timer()
+        if self.linger_timer is not None:
+            self.linger_timer.cancel()
+            self.linger_timer = None
+        if self.counted_refusal:
+            type(self).refusing -= 1
+            self.counted_refusal = False
+        self.closing = True
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        if self.closing:  # lingering: drop what the client still sends
+            self.dropped += len(data)
+            if self.dropped > LINGER_BYTES and self.raw is not None:
+                self.raw.close()
+            return
+        if self.awaiting_head and self.head_timer is None:
+            self._arm_head_timer()  # the first byte of a keep-alive request
+        super().data_received(data)
+
+    def on_response_complete(self) -> None:
+        self.awaiting_head = True  # before super(): it may parse a pipelined head at once
+        super().on_response_complete()
+        if self.awaiting_head and self.head_timer is None and not self.closing and self.conn.trailing_data[0]:
+            self._arm_head_timer()  # part of the next head is already here
+
+    def shutdown(self) -> None:
+        self.shutting_down = True  # idle connections at shutdown: no lingering
+        if self.closing:  # answered by us (h11 may be mid-request): just close
+            if self.raw is not None:
+                self.raw.close()
+            return
+        super().shutdown()
+
+    # ---- the head
+
+    def _arm_head_timer(self) -> None:
+        self._cancel_head_timer()
+        self.head_timer = self.loop.call_later(self.limits.head_timeout_s, self._head_timed_out)
+
+    def _cancel_head_timer(self) -> None:
+        if self.head_timer is not None:
+            self.head_timer.cancel()
+            self.head_timer = None
+
+    def _head_complete(self) -> None:
+        self.awaiting_head = False
+        self._cancel_head_timer()
+
+    def _head_timed_out(self) -> None:
+        self.head_timer = None
+        if self.closing or not self.awaiting_head or self.raw is None or self.raw.is_closing():
+            return
+        self.counts["head_timeouts"] += 1
+        if not self.conn.trailing_data[0]:  # nothing sent: nothing to answer, nothing unread
+            self.closing = True
+            self.raw.close()
+            return
+        log.debug("request head not complete within %g s: 408, connection closed", self.limits.head_timeout_s)
+        self.raw.write(
+            raw_response(408, "timeout", f"the request head did not arrive within {self.limits.head_timeout_s:g} s")
+        )
+        self.linger_close()
+
+    def timeout_keep_alive_handler(self) -> None:
+        """An idle keep-alive connection: closed at once (nothing unread, no answer to protect)."""
+        if self.raw is not None and not self.raw.is_closing() and not self.closing:
+            self.closing = True
+            self._close_raw()
+
+    def send_400_response(self, msg: str) -> None:  # noqa: ARG002 - uvicorn's signature; our own message is sent
+        """h11 (or our framing check) refused the request: a JSON answer that names the
+        problem without quoting the input, then a lingering close."""
+        error = self.h11.error
+        if self.raw is None:  # no transport: nothing to answer on
+            return
+        if error is not None and error.error_status_hint == 431:
+            self.counts["heads_too_large"] += 1
+            response = raw_response(
+                431,
+                "invalid_request",
+                f"the request head (request line and headers) exceeds {self.limits.max_head_bytes} bytes",
+            )
+        elif isinstance(error, FramingError):
+            self.counts[error.counter] += 1
+            status = error.error_status_hint
+            kind = "payload_too_large" if status == 413 else "invalid_request"
+            response = raw_response(status, kind, error.public)
+        else:  # h11's message may quote the input: not echoed
+            self.counts["parse_errors"] += 1
+            response = raw_response(400, "invalid_request", "invalid HTTP request")
+        log.debug("request refused by the HTTP parser: %s", response.split(b"\r\n", 1)[0].decode("latin-1"))
+        self.raw.write(response)
+        self.linger_close()
+
+    # ---- the response: slow readers
+
+    def pause_writing(self) -> None:
+        """The write buffer passed its high-water mark: the client must read within the send timeout."""
+        if self.flow is not None:  # None on a refused connection (never handed to uvicorn)
+            super().pause_writing()
+        if self.send_timer is None and not self.closing:
+            self.send_timer = self.loop.call_later(self.limits.send_timeout_s, self._send_timed_out)
+
+    def resume_writing(self) -> None:
+        self._cancel_send_timer()
+        if self.flow is not None:
+            super().resume_writing()
+
+    def _cancel_send_timer(self) -> None:
+        if self.send_timer is not None:
+            self.send_timer.cancel()
+            self.send_timer = None
+
+    def _send_timed_out(self) -> None:
+        """The client read nothing of what we sent for the send timeout: dropped (abort: the
+        unread answer is discarded, not kept for a reader that does not read)."""
+        self.send_timer = None
+        raw = self.raw
+        if raw is None:
+            return
+        self.counts["slow_readers"] += 1
+        log.info("response not read within %g s (--send-timeout-s): connection dropped", self.limits.send_timeout_s)
+        self.closing = True
+        sock = raw.get_extra_info("socket")
+        if sock is not None:  # a reset: the kernel drops its unsent copy too, not kept for a reader that does not read
+            try:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            except OSError:
+                pass
+        raw.abort()
+
+    def _close_raw(self) -> None:
+        """Close; an answer still buffered (the client is not reading it) gets the send timeout
+        to leave, then the connection is dropped (close() alone would wait for it for ever)."""
+        raw = self.raw
+        if raw is None:
+            return
+        raw.close()
+        if raw.get_write_buffer_size() and self.send_timer is None:
+            self.send_timer = self.loop.call_later(self.limits.send_timeout_s, self._send_timed_out)
+
+    # ---- closing
+
+    def linger_close(self) -> None:
+        """Close our side, read and drop what the client still sends for a moment, then close."""
+        raw = self.raw
+        self._cancel_head_timer()
+        self._unset_keepalive_if_required()
+        if raw is None or raw.is_closing() or self.linger_timer is not None:
+            self.closing = True
+            return
+        self.closing = True
+        if self.shutting_down or not raw.can_write_eof():
+            self._close_raw()
+            return
+        try:
+            raw.write_eof()
+            raw.resume_reading()
+        except (OSError, RuntimeError):
+            self._close_raw()
+            return
+        self.linger_timer = self.loop.call_later(self.limits.linger_s, self._close_raw)
+
+
+class _InvalidRequestThrottle(logging.Filter):
+    """uvicorn logs a warning for every request h11 (or our framing check) refuses; a flood of
+    bad requests must not flood the log: one line per WARN_EVERY_S (the metrics count them all)."""
+
+    MESSAGE = "Invalid HTTP request received."
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.last = float("-inf")
+        self.dropped = 0
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.msg != self.MESSAGE:
+            return True
+        now = time.monotonic()
+        if now - self.last < WARN_EVERY_S:
+            self.dropped += 1
+            return False
+        self.last = now
+        if self.dropped:
+            record.msg = f"{self.MESSAGE} ({self.dropped} more since the last such line; see openjev_connections_*)"
+            self.dropped = 0
+        return True
+
+
+_THROTTLE = _InvalidRequestThrottle()
+
+
+StatsSource = Callable[[], dict[str, float]]
+
+
+def uvicorn_config(
+    app: Any, settings: Any, *, connection_stats_to: Callable[[StatsSource], None] | None = None, **options: Any
+) -> uvicorn.Config:
+    """uvicorn's Config for `app` under `settings`' connection limits (the CLI's server, the
+    in-process one of `openjev eval`, and the tests' all go through here). The protocol's
+    connection counts are handed to `connection_stats_to` (the app's operations, for
+    /metrics to read at scrape time)."""
+    protocol = http_protocol(ConnectionLimits.of(settings))
+    uvicorn_log = logging.getLogger("uvicorn.error")
+    if _THROTTLE not in uvicorn_log.filters:
+        uvicorn_log.addFilter(_THROTTLE)
+    if connection_stats_to is not None:
+        connection_stats_to(protocol.stats)
+    return uvicorn.Config(
+        app,
+        host=options.pop("host", settings.host),
+        port=options.pop("port", settings.port),
+        http=protocol,
+        ws="none",  # WebSocket upgrades are refused by the protocol (api/operations/framing.py), never taken over
+        proxy_headers=False,  # X-Forwarded-For only from --trusted-proxies (api/identity/proxies.py)
+        **options,
+    )
+
+
+def fit_open_files(max_connections: int, spare: int = 256) -> None:
+    """Raise the soft open-file limit so that --max-connections can be reached (plus `spare`
+    for weights, logs and engine calls): past the limit accept() fails and uvicorn stops
+    accepting for a while, refusing everyone. Warns where the hard limit is lower."""
+    try:
+        import resource
+    except ImportError:  # not POSIX
+        return
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    need = max_connections + spare
+    if soft == resource.RLIM_INFINITY or soft >= need:
+        return
+    target = need if hard == resource.RLIM_INFINITY else min(need, hard)
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    except (ValueError, OSError):
+        target = soft
+    if target < need:
+        log.warning(
+            "open-file limit %d is below --max-connections %d + %d: lower --max-connections or raise ulimit -n",
+            target,
+            max_connections,
+            spare,
+        )

@@ -1,0 +1,80 @@
+"""The app factory: builds the object graph once (settings -> engine -> compiler -> service)
+and wires it to the middleware, the error handlers and the routes. Each piece lives with
+its job: api/server/assembly.py (the graph and its lifecycle: the model loads in the background,
+/health says 503 until it is ready, /health/live answers throughout), api/server/handlers.py (the
+error shapes), api/server/routes.py (decisions, models, limits, health)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi_offline import FastAPIOffline
+
+from openjev import __version__
+from openjev.api.contract import wire
+from openjev.api.contract.faces import FaceMiddleware
+from openjev.api.identity.admission import AdmissionMiddleware
+from openjev.api.identity.hosts import HostMiddleware, HostPolicy
+from openjev.api.operations.access import AccessLogMiddleware, MetricsEndpoint
+from openjev.api.operations.middleware import BodyMiddleware, ErrorMiddleware, HeadMiddleware, RequestIdMiddleware
+from openjev.api.server import handlers, routes
+from openjev.api.server.assembly import Loader, Runtime, build_service, lifespan
+from openjev.api.server.drain import DrainMiddleware
+from openjev.api.server.ops import Operations
+from openjev.api.server.routes import SYSTEMONE_ROUTES
+from openjev.config import Settings
+from openjev.engines import load_engine
+
+__all__ = ["SYSTEMONE_ROUTES", "Loader", "Runtime", "build_service", "create_app"]
+
+DESCRIPTION = """\
+An open server for the Jev SystemOne decision API (`/v1/systemone`) and OpenAI's Decisions
+format (`/v1/decisions`), on one core. Each question is answered by **reading**
+the model: one prefill per branch and the probabilities of the answer labels at the last
+position. No text is generated.
+"""
+
+
+def create_app(
+    settings: Settings,
+    loader: Loader = load_engine,
+    on_fatal: Callable[[BaseException], None] | None = None,
+) -> FastAPI:
+    """The ASGI app. `loader` loads the engine (off the event loop, at startup); a failure is
+    kept for /health and passed to `on_fatal` (the CLI exits non-zero on it)."""
+    runtime = Runtime(settings)
+    ops = Operations(settings, runtime)  # keys, limits, metrics, drain (api/server/ops.py)
+    meta: dict[str, Any] = {"title": "openjev", "version": __version__, "description": DESCRIPTION}
+    run = lifespan(runtime, ops.gated, loader, on_fatal)
+    if settings.docs == "off":  # `openjev schema` (app.openapi()) works either way
+        app = FastAPI(**meta, lifespan=run, openapi_url=None, docs_url=None, redoc_url=None)
+    else:  # docs with their assets served from the package; `auth` is checked in api/identity/admission.py
+        app = FastAPIOffline(**meta, lifespan=run)
+    app.state.settings = settings
+    app.state.runtime = runtime
+    app.state.ops = ops
+    app.add_middleware(HeadMiddleware)  # innermost: HEAD routed as GET
+    app.add_middleware(BodyMiddleware, max_bytes=settings.max_body_bytes, timeout_s=settings.body_timeout_s)
+    # What operators need around the routes, one job per middleware (api/server/ops.py):
+    app.add_middleware(DrainMiddleware, drain=ops.drain)  # /health 503 and decisions refused once draining
+    app.add_middleware(MetricsEndpoint, metrics=ops.metrics)  # GET /metrics, behind the key off this machine
+    app.add_middleware(  # keys and the key's requests/min checked before the body is read
+        AdmissionMiddleware,
+        keys=ops.keys,
+        key_limits=ops.key_limits,
+        proxies=ops.proxies,
+        docs_auth=settings.docs == "auth",
+    )
+    app.add_middleware(ErrorMiddleware)  # what those raise, and bugs, in the contract's error shape
+    app.add_middleware(AccessLogMiddleware, access=ops.access)  # one log line and the metrics per request
+    hosts = HostPolicy.of(settings)
+    if hosts is not None:  # DNS rebinding: before the key and the body
+        app.add_middleware(HostMiddleware, policy=hosts)
+    app.add_middleware(FaceMiddleware)  # errors of OpenAI's routes in OpenAI's shape (api/contract/faces.py)
+    app.add_middleware(RequestIdMiddleware)  # outermost of ours: ids on 413/415 too
+    wire.install(app)  # every JSON body parsed strictly (api/contract/wire.py); 422s that cannot fail
+    handlers.install(app)
+    routes.install(app, settings, runtime)
+    return app

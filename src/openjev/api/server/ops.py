@@ -1,0 +1,66 @@
+"""The operators' state of one app, built once by the app factory: the keys and their
+buckets, the token gate, the metrics and the access log, the drain, the trusted proxies.
+The middleware that use it each have one job, in this order from the outside in (see
+api/server/app.py): the access log and metrics (api/operations/access.py), errors in the
+contract's shape (api/operations/middleware.py), admission at the door
+(api/identity/admission.py), GET /metrics, and the drain (api/server/drain.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from openjev.api.identity.admission import GatedEngine, stats_of
+from openjev.api.identity.keys import KeyLimits, KeyRing
+from openjev.api.identity.proxies import TrustedProxies
+from openjev.api.operations.access import AccessLog
+from openjev.api.operations.metrics import Metrics
+from openjev.api.server.assembly import Runtime
+from openjev.api.server.drain import Drain
+from openjev.config import Settings
+from openjev.core.ports import Engine
+
+
+class Operations:
+    """The operators' state of one app: keys, per-key buckets, metrics, drain, token gate."""
+
+    def __init__(self, settings: Settings, runtime: Runtime) -> None:
+        self.settings = settings
+        self.runtime = runtime
+        self.keys = KeyRing(settings.api_keys, settings.api_keys_file)
+        self.key_limits = KeyLimits(settings.key_requests_per_min, settings.key_tokens_per_min)
+        self.drain = Drain(settings.drain_timeout)
+        self.metrics = Metrics(self._probe)
+        self.access = AccessLog(self.metrics, log_bodies=settings.log_request_bodies)
+        self.gate: GatedEngine | None = None
+        self.proxies = TrustedProxies(settings.trusted_proxies)
+        # The counts of the server's protocol (api/operations/connections.py), once it serves this app.
+        self.connection_stats: Callable[[], dict[str, float]] | None = None
+
+    def watch_connections(self, stats: Callable[[], dict[str, float]]) -> None:
+        """Read the serving protocol's connection counts (`stats`) into /metrics."""
+        self.connection_stats = stats
+
+    def gated(self, engine: Engine) -> GatedEngine:
+        """The engine the service calls: gated by tokens in flight and per-key tokens/min."""
+        self.gate = GatedEngine(
+            engine,
+            max_tokens_in_flight=self.settings.max_tokens_in_flight,
+            max_wait_s=self.settings.max_queue_wait,
+            key_limits=self.key_limits,
+            metrics=self.metrics,
+            retry_after_s=self.settings.retry_after_s,
+        )
+        return self.gate
+
+    def _probe(self) -> dict[str, float]:
+        service = self.runtime.service
+        out: dict[str, float] = {"draining": float(self.drain.draining), "ready": float(service is not None)}
+        if service is not None:
+            out["evaluations_in_flight"] = service.in_flight
+        if self.connection_stats is not None:
+            out.update(self.connection_stats())
+        if self.gate is not None:
+            out.update(self.gate.stats())
+        elif self.runtime.loaded is not None:
+            out.update(stats_of(self.runtime.loaded.engine))
+        return out

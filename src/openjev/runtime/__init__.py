@@ -1,1 +1,0 @@
-"""Engine processes: command lines, start, health, supervision, shutdown."""

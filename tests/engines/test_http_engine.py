@@ -1,0 +1,124 @@
+"""The one HTTP engine's run loop (calls in flight, errors, timeouts, aborts), the same for
+every protocol it speaks: each test runs over both faithful fakes, SGLang's native protocol
+(FakeSGLang) and vLLM's token route (FakeVLLM). What only one protocol does (its reply
+shapes, its cache namespace field, vLLM's label chunking and context bound) stays in
+test_sglang.py and test_vllm.py."""
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import pytest
+
+from openjev.core.plan import Branch, Plan
+from openjev.engines.http_engine import HTTPEngine
+from openjev.engines.http_protocol import SGLANG, HTTPProtocol
+from openjev.engines.vllm import ID_PREFIX, VLLM
+from openjev.errors import EngineError, EngineTimeout, EngineUnavailable
+from tests.support.fakes import FakeSGLang, FakeVLLM
+
+LABELS = (10, 11, 12)
+STATE = tuple(range(100, 400))  # a 300-token shared prefix
+
+
+@dataclass(frozen=True)
+class Server:
+    """One protocol and its fake: how the engine reaches it and how the fake names a call."""
+
+    protocol: HTTPProtocol
+    fake: type
+    url: str
+    abort_id: Callable[[dict[str, Any]], str]  # the id an abort of this call body names
+    abort_prefix: str  # what every aborted id starts with
+
+    def engine(self, fake: Any, **kw: Any) -> HTTPEngine:
+        return HTTPEngine(self.url, self.protocol, transport=fake.transport(), **kw)
+
+
+SERVERS = [
+    Server(SGLANG, FakeSGLang, "http://sglang.test", lambda body: body["rid"], ""),
+    Server(VLLM, FakeVLLM, "http://vllm.test", lambda body: ID_PREFIX + body["request_id"], ID_PREFIX),
+]
+
+
+@pytest.fixture(params=SERVERS, ids=lambda s: s.protocol.name)
+def server(request) -> Server:
+    return request.param
+
+
+def _plan(n: int = 4, state=STATE) -> Plan:
+    # branches: state, then two groups sharing a 40-token question run, then each own tail
+    branches = []
+    for i in range(n):
+        group = tuple(range(1000 + 100 * (i % 2), 1040 + 100 * (i % 2)))
+        branches.append(Branch(state + group + (5000 + i, 5001 + i), LABELS))
+    return Plan.from_branches(branches)
+
+
+async def _run(engine: HTTPEngine, plan: Plan):
+    try:
+        return await engine.run(plan)
+    finally:
+        await engine.close()
+
+
+async def test_missing_cached_tokens_makes_accounting_unknown(server):
+    result = await _run(server.engine(server.fake(report_cached=False), strategy="all"), _plan())
+    assert result.cached_tokens is None and result.computed_tokens is None
+
+
+async def test_calls_in_flight_are_capped(server):
+    fake = server.fake(delay_s=0.02)
+    await _run(server.engine(fake, strategy="all", max_calls=2), _plan(8))
+    assert fake.max_in_flight == 2
+
+
+# ---- failures
+
+
+@pytest.mark.parametrize(("status", "error"), [(429, EngineUnavailable), (503, EngineUnavailable), (500, EngineError)])
+async def test_error_statuses_are_retryable(server, status, error):
+    with pytest.raises(error) as info:
+        await _run(server.engine(server.fake(fail_status=status), strategy="all"), _plan())
+    assert info.value.retryable
+    if status in (429, 503):
+        assert info.value.headers["Retry-After"] == "7" and info.value.status == 503
+
+
+async def test_unreachable_engine_is_unavailable(server):
+    def refuse(request):
+        raise httpx.ConnectError("connection refused", request=request)
+
+    engine = HTTPEngine(server.url, server.protocol, transport=httpx.MockTransport(refuse))
+    with pytest.raises(EngineUnavailable):
+        await _run(engine, _plan())
+
+
+async def test_call_timeout_is_504_and_aborts_on_the_server(server):
+    fake = server.fake()
+
+    async def handle(request):  # what a real transport raises when the read deadline passes
+        if request.url.path == server.protocol.generate_path:
+            raise httpx.ReadTimeout("timed out", request=request)
+        return await fake.handle(request)
+
+    engine = HTTPEngine(server.url, server.protocol, transport=httpx.MockTransport(handle), strategy="all")
+    with pytest.raises(EngineTimeout):
+        await _run(engine, _plan(2))
+    assert len(fake.aborted) == 2  # the server was told to drop both
+    assert all(rid.startswith(server.abort_prefix) for rid in fake.aborted)
+
+
+async def test_cancelling_a_request_aborts_whatever_is_in_flight(server):
+    fake = server.fake(delay_s=5)
+    engine = server.engine(fake, strategy="all")
+    task = asyncio.create_task(engine.run(_plan(3)))
+    while len(fake.calls) < 3:
+        await asyncio.sleep(0.01)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    await engine.close()
+    assert sorted(fake.aborted) == sorted(server.abort_id(c["body"]) for c in fake.calls)

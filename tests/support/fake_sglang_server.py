@@ -1,0 +1,68 @@
+"""A named fake of an SGLang server process, for testing how openjev starts, checks,
+supervises and stops its engine child (`python -m tests.support.fake_sglang_server --model-path
+FOLDER --host H --port P`). It speaks the native protocol openjev uses (/health,
+/get_model_info, /get_server_info, /generate with input_ids or text, /abort_request) and
+answers with deterministic fake log-probs. Not a model: the real-server suite runs
+SGLang-JAX."""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+from tests.support.fake_http_server import Answer, serve
+from tests.support.fakes import fake_logprobs
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--model-path", required=True)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=30000)
+    parser.add_argument("--disable-radix-cache", action="store_true")
+    parser.add_argument("--delay-s", type=float, default=0.0, help="how long each token-id /generate takes")
+    args, _ = parser.parse_known_args()
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(args.model_path, local_files_only=True)
+    info = {
+        "model_path": args.model_path,
+        "tokenizer_path": args.model_path,
+        "is_generation": True,
+        "disable_radix_cache": args.disable_radix_cache,
+    }
+
+    def get(path: str) -> Answer:
+        if path == "/health":
+            return 200, {}
+        if path in ("/get_model_info", "/get_server_info"):
+            return 200, info
+        return 404, {"error": "not found"}
+
+    def post(path: str, body: dict) -> Answer:
+        if path == "/abort_request":
+            return 200, {}
+        if path != "/generate":
+            return 404, {"error": "not found"}
+        if body.get("input_ids"):
+            time.sleep(args.delay_s)  # a forward in progress (the text probe is not delayed)
+        ids = body.get("input_ids") or tokenizer(body["text"], add_special_tokens=False)["input_ids"]
+        labels = body.get("token_ids_logprob") or []
+        values = fake_logprobs(ids, len(labels))
+        meta = {
+            "id": body.get("rid"),
+            "finish_reason": {"type": "length", "length": 1},
+            "prompt_tokens": len(ids),
+            "completion_tokens": 1,
+            "cached_tokens": 0,
+            "output_token_ids_logprobs": [[[v, t, None] for v, t in zip(values, labels, strict=True)]],
+        }
+        if body.get("logprob_start_len") == 0:
+            meta["input_token_logprobs"] = [[None if i == 0 else -1.0, t, None] for i, t in enumerate(ids)]
+        return 200, {"text": "", "meta_info": meta}
+
+    serve(args.host, args.port, get, post)
+
+
+if __name__ == "__main__":
+    main()
