@@ -210,7 +210,7 @@ def _service_for_tables(model: str):
     tok = AutoTokenizer.from_pretrained(gguf_cache_folder(source, settings.cache_dir), local_files_only=True)
 
     class NoEngine:
-        async def run(self, plan):
+        async def run(self, _plan):
             raise RuntimeError("the table reads recorded log-probs; nothing runs the model")
 
         async def close(self) -> None:

@@ -93,7 +93,7 @@ def test_a_document_may_name_the_models_measured_defaults():
 
 
 @pytest.mark.parametrize(
-    "defaults,match",
+    ("defaults", "match"),
     [
         ({"readout": "letters", "rotations": 1}, "has no fit"),  # only letters R=4 is fitted
         ({"readout": "words"}, "unknown readout"),

@@ -54,10 +54,10 @@ def test_identical_branches_end_at_the_same_node():
 
 
 def test_a_parallel_layout_is_checked():
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="at least one token after its spans"):
         Branch((1, 2, 3), (0,), parallel=((1, 2), (2, 3)))  # nothing after the spans
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="adjacent and non-empty"):
         Branch((1, 2, 3, 4), (0,), parallel=((1, 2), (3, 4)))  # not adjacent
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="at least one token before its spans"):
         Branch((1, 2, 3), (0,), parallel=((0, 1), (1, 2)))  # nothing before
     assert Branch((1, 2, 3, 4), (0,), parallel=((1, 2), (2, 3))).share_limit == 1
