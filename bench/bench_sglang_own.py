@@ -83,9 +83,13 @@ async def latency(systems: list[System], repeats: int, sizes: tuple[int, ...], e
     return {"section": "latency", "repeats": repeats, "state_tokens": "~1000", "results": rows}
 
 
-async def quality(system: System, key: str | None, folder: Path, concurrency: int) -> dict:
-    """The test set through `system` with its own defaults (no openjev headers but the key)."""
-    items = [replace(i, request={**i.request, "model": system.model}) for i in load_items(TEST_SET)]
+async def quality(system: System, key: str | None, folder: Path, concurrency: int, limit: int | None = None) -> dict:
+    """The test set through `system` with its own defaults (no openjev headers but the key);
+    `limit`: an even spread of that many items (every k-th), the same for every system."""
+    items = load_items(TEST_SET)
+    if limit is not None and limit < len(items):
+        items = items[:: -(-len(items) // limit)]
+    items = [replace(i, request={**i.request, "model": system.model}) for i in items]
     store = ResultStore(folder, {"system": system.name}, restart=True)
     t0 = time.perf_counter()
     await run_items(system.url, items, RunConfig(flips=False), store, concurrency=concurrency, key=key, progress=False)
@@ -211,6 +215,7 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=4)
     parser.add_argument("--throughput-requests", type=int, default=8)
     parser.add_argument("--eval-concurrency", type=int, default=2)
+    parser.add_argument("--eval-limit", type=int, default=None, help="an even spread of this many test items")
     parser.add_argument("--skip-jevcompat", action="store_true")
     parser.add_argument("--skip-eval", action="store_true")
     parser.add_argument("--skip-decisions", action="store_true")
@@ -259,14 +264,14 @@ def main() -> None:
             emit(asyncio.run(decisions(routes, args.repeats, tuple(args.sizes), emit)))
         if not args.skip_throughput:
             emit(asyncio.run(throughput(systems, args.clients, args.throughput_requests, 4)))
-        if not args.skip_eval:
-            for s in systems:
-                key = None if s.name == "sglang" else KEY
-                emit(asyncio.run(quality(s, key, root / f"eval-{s.name}", args.eval_concurrency)))
         if not args.skip_jevcompat:
             for s in systems:
                 key = None if s.name == "sglang" else KEY
                 emit({"section": "jevcompat", **jevcompat(s, key, root / f"{s.name}.json")})
+        if not args.skip_eval:
+            for s in systems:
+                key = None if s.name == "sglang" else KEY
+                emit(asyncio.run(quality(s, key, root / f"eval-{s.name}", args.eval_concurrency, args.eval_limit)))
     finally:
         for live in lives:
             stop_server(live)
