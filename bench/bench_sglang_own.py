@@ -14,12 +14,19 @@ Each is a real HTTP server, measured in one run, systems alternating (bench/comm
 - throughput: decisions/s with 4 clients (4 questions per request, ~300-token states);
 - quality on evals/data/test.jsonl (each system's default readout and calibration): accuracy,
   ECE, Brier, mean label mass (x_label_mass);
-- jevcompat's conformance summary (MUST / SHOULD).
+- jevcompat's conformance summary (MUST / SHOULD);
+- the Decisions routes (`/v1/decisions`), driven by the official `openai` SDK
+  (`client.decisions.create`) on every system: cold and warm p50 at 1 and 8 questions, the same
+  questions in each route's own wire format. SGLang's route takes its own question format (`id`,
+  `yes_no`, `options`), not OpenAI's (`name`, `predicate`, `choices`): the SDK sends it all the
+  same (its request types are not enforced at run time), and the section records how SGLang
+  answers the OpenAI format.
 
 JSON lines on stdout, one per section. The server's scheduler keeps a core busy while idle:
 everything is stopped at the end.
 
-    .venv/bin/python bench/bench_sglang_own.py [--repeats 3] [--skip-jevcompat] [--skip-eval]
+    .venv/bin/python bench/bench_sglang_own.py [--repeats 3] [--skip-latency] [--skip-decisions]
+        [--skip-throughput] [--skip-eval] [--skip-jevcompat]
 """
 
 from __future__ import annotations
@@ -37,8 +44,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(1, str(Path(__file__).resolve().parent.parent))  # the repo root, for tests.*
 
 import httpx
+import openai
 from bench_vllm import System, jevcompat, throughput
-from common import machine, p50, payload
+from common import machine, p50, payload, questions, state_text
 from tests.integration.conftest import start_server, stop_server
 from tests.sglang import server as sgl
 
@@ -75,9 +83,13 @@ async def latency(systems: list[System], repeats: int, sizes: tuple[int, ...], e
     return {"section": "latency", "repeats": repeats, "state_tokens": "~1000", "results": rows}
 
 
-async def quality(system: System, key: str | None, folder: Path, concurrency: int) -> dict:
-    """The test set through `system` with its own defaults (no openjev headers but the key)."""
-    items = [replace(i, request={**i.request, "model": system.model}) for i in load_items(TEST_SET)]
+async def quality(system: System, key: str | None, folder: Path, concurrency: int, limit: int | None = None) -> dict:
+    """The test set through `system` with its own defaults (no openjev headers but the key);
+    `limit`: an even spread of that many items (every k-th), the same for every system."""
+    items = load_items(TEST_SET)
+    if limit is not None and limit < len(items):
+        items = items[:: -(-len(items) // limit)]
+    items = [replace(i, request={**i.request, "model": system.model}) for i in items]
     store = ResultStore(folder, {"system": system.name}, restart=True)
     t0 = time.perf_counter()
     await run_items(system.url, items, RunConfig(flips=False), store, concurrency=concurrency, key=key, progress=False)
@@ -100,6 +112,96 @@ async def quality(system: System, key: str | None, folder: Path, concurrency: in
     }
 
 
+def openai_questions(n: int, tag: int) -> list[dict]:
+    """bench/common.py's questions in OpenAI's Decisions format (openjev's /v1/decisions)."""
+    out = []
+    for qid, q in questions(n, tag).items():
+        if q["type"] == "noul":
+            out.append({"type": "predicate", "name": qid, "instructions": q["instructions"]})
+        elif q["type"] == "choice":
+            choices = [{"value": k, **({"description": v} if v else {})} for k, v in q["criteria"].items()]
+            out.append({"type": "choice", "name": qid, "instructions": q["instructions"], "choices": choices})
+        else:
+            levels = [{"label": c} for c in q["criteria"]]
+            out.append({"type": "score", "name": qid, "instructions": q["instructions"], "levels": levels})
+    return out
+
+
+def sglang_questions(n: int, tag: int) -> list[dict]:
+    """The same questions in SGLang 0.5.23's own /v1/decisions format (its protocol.py)."""
+    out = []
+    for qid, q in questions(n, tag).items():
+        if q["type"] == "noul":
+            out.append({"id": qid, "type": "yes_no", "question": q["instructions"]})
+        elif q["type"] == "choice":
+            options = [{"name": k, **({"description": v} if v else {})} for k, v in q["criteria"].items()]
+            out.append({"id": qid, "type": "choice", "question": q["instructions"], "options": options})
+        else:
+            out.append({"id": qid, "type": "score", "question": q["instructions"], "levels": list(q["criteria"])})
+    return out
+
+
+class DecisionsSystem:
+    """One system's /v1/decisions through the openai SDK; `own_format`: SGLang's question format."""
+
+    def __init__(self, name: str, url: str, key: str | None, model: str, own_format: bool) -> None:
+        self.name, self.model, self.own_format = name, model, own_format
+        self.client = openai.AsyncOpenAI(base_url=url + "/v1", api_key=key or "none", max_retries=0, timeout=1800)
+
+    async def ask(self, n: int, tag: int, qtag: int) -> float:
+        qs = sglang_questions(n, qtag) if self.own_format else openai_questions(n, qtag)
+        t0 = time.perf_counter()
+        # with_raw_response: SGLang's answer is its own shape, not the SDK's Decision; both are
+        # read from the JSON, and each must carry one answer per question.
+        raw = await self.client.decisions.with_raw_response.create(
+            model=self.model, input=state_text(tag), questions=qs
+        )
+        ms = (time.perf_counter() - t0) * 1000
+        answers = raw.http_response.json()["answers"]
+        if len(answers) != n:
+            raise RuntimeError(f"{self.name}: {len(answers)} answers to {n} questions")
+        return ms
+
+
+async def decisions(systems: list[DecisionsSystem], repeats: int, sizes: tuple[int, ...], emit) -> dict:
+    """Cold (a new ~1,000-token state) and warm (the same state, new questions) p50 per size."""
+    for s in systems:  # warm-up, as for /v1/systemone
+        await s.ask(2, 7500 + systems.index(s), 7500)
+    rows = []
+    for n in sizes:
+        cold: dict[str, list[float]] = {s.name: [] for s in systems}
+        warm: dict[str, list[float]] = {s.name: [] for s in systems}
+        for rep in range(repeats):
+            for s in systems if rep % 2 == 0 else systems[::-1]:
+                tag = 60_000 + 1000 * n + 100 * systems.index(s) + rep
+                cold[s.name].append(await s.ask(n, tag, tag))
+                warm[s.name].append(await s.ask(n, tag, tag + 5000))
+        row: dict = {"questions": n}
+        for s in systems:
+            row[f"{s.name}_cold_p50_ms"] = round(p50(cold[s.name]))
+            row[f"{s.name}_warm_p50_ms"] = round(p50(warm[s.name]))
+        rows.append(row)
+        emit(
+            {
+                "section": "decisions",
+                "route": "/v1/decisions",
+                "client": f"openai {openai.__version__}",
+                "repeats": repeats,
+                "results": [row],
+            }
+        )
+    # SGLang's route asked in OpenAI's format (what an OpenAI SDK user sends as typed)
+    sglang = next(s for s in systems if s.own_format)
+    try:
+        await sglang.client.decisions.create(model=sglang.model, input=state_text(1), questions=openai_questions(1, 1))
+        refused = "answered"
+    except openai.APIStatusError as e:
+        refused = f"{e.status_code}: {str(e.message)[:200]}"
+    for s in systems:
+        await s.client.close()
+    return {"section": "decisions", "sglang_given_openai_format": refused, "results": rows}
+
+
 def _r(x: float | None) -> float | None:
     return None if x is None else round(x, 3)
 
@@ -108,12 +210,15 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--sizes", type=int, nargs="+", default=[1, 8], help="questions per latency request")
+    parser.add_argument("--skip-latency", action="store_true")
     parser.add_argument("--skip-throughput", action="store_true")
     parser.add_argument("--clients", type=int, default=4)
     parser.add_argument("--throughput-requests", type=int, default=8)
     parser.add_argument("--eval-concurrency", type=int, default=2)
+    parser.add_argument("--eval-limit", type=int, default=None, help="an even spread of this many test items")
     parser.add_argument("--skip-jevcompat", action="store_true")
     parser.add_argument("--skip-eval", action="store_true")
+    parser.add_argument("--skip-decisions", action="store_true")
     args = parser.parse_args()
     if not sgl.SGL_TORCH_PYTHON.exists():
         sys.exit(f"no SGLang venv at {sgl.SGL_TORCH_PYTHON}: run scripts/setup_sglang_torch.sh")
@@ -148,17 +253,25 @@ def main() -> None:
         def emit(row: dict) -> None:
             print(json.dumps({**head, **row}), flush=True)
 
-        asyncio.run(latency(systems, args.repeats, tuple(args.sizes), emit))
+        if not args.skip_latency:
+            asyncio.run(latency(systems, args.repeats, tuple(args.sizes), emit))
+        if not args.skip_decisions:
+            routes = [
+                DecisionsSystem("sglang", server.url, None, model, own_format=True),
+                DecisionsSystem("openjev_sglang", over.url, KEY, "jev-latest", own_format=False),
+                DecisionsSystem("openjev", inproc.url, KEY, "jev-latest", own_format=False),
+            ]
+            emit(asyncio.run(decisions(routes, args.repeats, tuple(args.sizes), emit)))
         if not args.skip_throughput:
             emit(asyncio.run(throughput(systems, args.clients, args.throughput_requests, 4)))
-        if not args.skip_eval:
-            for s in systems:
-                key = None if s.name == "sglang" else KEY
-                emit(asyncio.run(quality(s, key, root / f"eval-{s.name}", args.eval_concurrency)))
         if not args.skip_jevcompat:
             for s in systems:
                 key = None if s.name == "sglang" else KEY
                 emit({"section": "jevcompat", **jevcompat(s, key, root / f"{s.name}.json")})
+        if not args.skip_eval:
+            for s in systems:
+                key = None if s.name == "sglang" else KEY
+                emit(asyncio.run(quality(s, key, root / f"eval-{s.name}", args.eval_concurrency, args.eval_limit)))
     finally:
         for live in lives:
             stop_server(live)

@@ -23,6 +23,7 @@ PYTHON=${PYTHON:-python3}
 VENV=.venv-sglang-jax
 SPEC='sglang-jax[cpu]==0.1.0rc0'
 STAMP=$VENV/.sglang-jax-installed
+VENV_KEY=$(sha256sum scripts/patch_sglang_jax.py)  # a changed patch gets a fresh venv
 TAG=setup_sglang_jax
 # shellcheck source=scripts/venv_steps.sh
 source scripts/venv_steps.sh

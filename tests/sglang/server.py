@@ -26,6 +26,11 @@ from tests.support.net import free_port
 REPO = Path(__file__).resolve().parents[2]
 SGL_JAX_PYTHON = REPO / ".venv-sglang-jax" / "bin" / "python"
 SGL_TORCH_PYTHON = REPO / ".venv-sglang-torch" / "bin" / "python"
+# JAX's persistent compilation cache for every SGLang-JAX server these tests and benches start,
+# kept OUTSIDE the clone so that the next CI run (a clean clone) finds the shapes compiled. It
+# keys each entry on the computation, the JAX version and the backend: a stale entry is never
+# used, only missed. OPENJEV_JAX_JIT_CACHE= (empty) turns it off.
+JIT_CACHE = os.environ.get("OPENJEV_JAX_JIT_CACHE", str(Path.home() / ".cache" / "openjev" / "jax-jit"))
 FLAGS = (
     "--device",
     "cpu",
@@ -175,6 +180,14 @@ class SglServer:
     process: ServerProcess
     log_path: Path
     kind: str = "jax"
+    folder: Path | None = None  # what it serves (model_folder), to start it again
+    root: Path | None = None  # its scratch folder (logs, the rewritten model view)
+
+    def take_over(self, other: SglServer) -> None:
+        """Become `other`, a server started again on this one's port after this one died:
+        whoever holds this object (a session fixture) then reaches, and stops, the new one."""
+        assert other.url == self.url, (other.url, self.url)
+        self.process, self.log_path = other.process, other.log_path
 
     def log_tail(self, chars: int = 4000) -> str:
         try:
@@ -204,15 +217,18 @@ def start(
     and find the prefix cached), `context_length` the longest branch. `jit_cache`: a folder
     for JAX's persistent compilation cache (sgl_jax reads JAX_COMPILATION_CACHE_DIR), so
     that a server started again with the same sizes does not compile every shape anew (JAX
-    only; ignored for torch).
+    only; ignored for torch); by default JIT_CACHE.
 
     Raises RuntimeError with the log's tail if it exits or is not healthy in time.
     """
     spec = KINDS[kind]
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env.update({"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", **dict(spec.env)})
-    if jit_cache is not None and spec.jit_cache:
-        env["JAX_COMPILATION_CACHE_DIR"] = str(jit_cache)
+    cache_dir = str(jit_cache) if jit_cache is not None else JIT_CACHE
+    if cache_dir and spec.jit_cache:
+        env["JAX_COMPILATION_CACHE_DIR"] = cache_dir
+        # every compiled shape, not only those that took over a second (JAX's default)
+        env.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
     log_path.parent.mkdir(parents=True, exist_ok=True)
     process = ServerProcess(
         python=str(spec.python),

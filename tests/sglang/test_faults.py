@@ -12,7 +12,8 @@ never restarted. What a client sees is asserted, with bounds on how long each an
 - back on the same port: openjev uses it again (200), /health is 200.
 
 The tests run in file order and share one server and one openjev (their states depend on
-each other; that is the scenario). `make test-sglang` and `make test-sglang-torch` run them with
+each other; that is the scenario). The server is the one the rest of tests/sglang uses
+(tests/sglang/conftest.py), so these run after the others of its kind. `make test-sglang` and `make test-sglang-torch` run them with
 the rest of tests/sglang.
 """
 
@@ -37,16 +38,17 @@ pytestmark = [
 ]
 
 from tests.integration.conftest import start_server, stop_server  # noqa: E402
+from tests.sglang.conftest import SIZING  # noqa: E402
 from tests.support.tickets import TEXT  # noqa: E402
 
 DEADLINE_S = 10.0  # openjev's --engine-timeout-s: a stalled engine is answered 504 after this
 MARGIN_S = 3.0  # what an answer may take beyond the deadline (or beyond a kill)
-SIZING = {"max_running": 4, "context_length": 1024, "chunk": 512}
 RETRYABLE = {502, 503, 504}
-# How many times the ticket text the states in flight at the kill repeat: enough prefill that
-# they are still running 1.5 s in (SGLang on PyTorch prefills faster than SGLang-JAX's native
-# backend, which pads attention; both stay under the 1,024-token context).
-IN_FLIGHT_REPEAT = {"jax": 4, "torch": 14}
+# How many times the ticket text the states in flight at the kill repeat (~800 tokens, under the
+# 1,024-token context): enough prefill that they are still running 1.5 s in. Not less for
+# SGLang-JAX: its server ran the rest of tests/sglang first (and the JIT cache persists across
+# runs), so the shapes of shorter states are compiled already and no compile time pads them.
+IN_FLIGHT_REPEAT = {"jax": 14, "torch": 14}
 
 
 @dataclass
@@ -113,16 +115,15 @@ def health(url: str) -> tuple[int, dict]:
     return r.status_code, r.json()
 
 
-@pytest.fixture(scope="module", params=sgl.enabled_kinds())
-def scene(tmp_path_factory, request):
-    """A server of each kind asked for and an openjev --connect'ed to it. Yields a dict the
-    tests share: `sgl` is whichever server is current (a test replaces a killed one)."""
-    kind = request.param
-    root = tmp_path_factory.mktemp(f"faults_{kind}")
-    folder = sgl.model_folder(kind, root)
-    server = sgl.start(folder, root / "server-1.log", timeout_s=600, jit_cache=root / "jit", kind=kind, **SIZING)
+@pytest.fixture(scope="module")
+def scene(sgl_server):
+    """The kind's shared server (tests/sglang/conftest.py: sgl_server; these tests run after
+    the kind's others, since they kill it) and an openjev --connect'ed to it. Yields a dict
+    the tests share: `sgl` is that server, which a test restarts in place (take_over)."""
+    server = sgl_server
+    root = server.root
     api = None
-    state = {"sgl": server, "folder": folder, "root": root, "kind": kind}
+    state = {"sgl": server, "folder": server.folder, "root": root, "kind": server.kind}
     try:
         api = start_server(
             root,
@@ -148,7 +149,6 @@ def scene(tmp_path_factory, request):
     finally:
         if api is not None:
             stop_server(api)
-        state["sgl"].process.stop(grace_s=2.0)
 
 
 def _group(server) -> int:
@@ -179,7 +179,7 @@ def test_a_stalled_engine_is_answered_504_at_the_deadline_and_recovers(scene):
 
 def test_requests_in_flight_when_the_engine_is_killed_get_503_within_seconds(scene):
     api, server = scene["api"], scene["sgl"]
-    # new states (~220 tokens for jax, ~800 for torch): seconds of prefill each
+    # new states (~800 tokens): seconds of prefill each
     futures = ask_many(api.url, [20, 21, 22], repeat=IN_FLIGHT_REPEAT[scene["kind"]])
     time.sleep(1.5)
     assert not any(f.done() for f in futures), "answered before the kill: nothing was in flight"
@@ -204,14 +204,11 @@ def test_a_connected_engine_that_comes_back_is_used_again(scene):
     old.process.stop(grace_s=1.0)  # reap what is left of the killed group
     port = int(old.url.rsplit(":", 1)[1])
     t0 = time.monotonic()
-    scene["sgl"] = sgl.start(
-        scene["folder"],
-        scene["root"] / "server-2.log",
-        timeout_s=600,
-        port=port,
-        jit_cache=scene["root"] / "jit",  # what the first server compiled: no compiling again
-        kind=scene["kind"],
-        **SIZING,
+    # the same sizes: the shapes the first server compiled come from the JIT cache (jax)
+    old.take_over(
+        sgl.start(
+            scene["folder"], scene["root"] / "server-2.log", timeout_s=600, port=port, kind=scene["kind"], **SIZING
+        )
     )
     back = time.monotonic() - t0
     answer, failed = until_ok(scene["api"].url, 1, 180)  # the warm-up's shapes: compiled, in the JIT cache

@@ -73,21 +73,10 @@ def compiler(loaded):
     return PromptCompiler(loaded.tokenizer, max_labels=MAX_CHOICE_OPTIONS)
 
 
-@pytest.fixture(scope="module", params=sgl.enabled_kinds())
-def server(loaded, tmp_path_factory, request):
-    """One server of each kind asked for, started once for this module (its idle scheduler
-    burns a core: stopped after the last test)."""
-    kind = request.param
-    root = tmp_path_factory.mktemp(f"sgl_{kind}")
-    folder = sgl.model_folder(kind, root)
-    # Sized for these tests: up to 6 branches at once, up to ~1,000 tokens each (see sgl.sizing_flags).
-    srv = sgl.start(
-        folder, root / "server.log", timeout_s=600, max_running=4, context_length=1024, chunk=512, kind=kind
-    )
-    try:
-        yield srv
-    finally:
-        srv.stop()
+@pytest.fixture(scope="module")
+def server(sgl_server):
+    """The kind's shared server (tests/sglang/conftest.py: sgl_server)."""
+    return sgl_server
 
 
 def reference_engine(loaded):
