@@ -179,7 +179,7 @@ def test_playground_runs_an_example_and_shows_the_apis_probabilities(browser, se
     driver.find_element("id", "copy-python").click()
     snippet = driver.find_element("id", "snippet").get_attribute("value")
     assert "from typesafe_sdk import" in snippet and 'TypeSafeClient(api_key="browser-key"' in snippet
-    proc = subprocess.run([sys.executable, "-c", snippet], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([sys.executable, "-c", snippet], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert f"severity {api.json()['answers']['severity']['choice']} " in proc.stdout
 
@@ -188,7 +188,7 @@ def test_playground_runs_an_example_and_shows_the_apis_probabilities(browser, se
     snippet = driver.find_element("id", "snippet").get_attribute("value")
     assert snippet.startswith("curl -sS ") and "Authorization: Bearer browser-key" in snippet
     if shutil.which("curl"):
-        proc = subprocess.run(["bash", "-c", snippet], capture_output=True, text=True, timeout=120)
+        proc = subprocess.run(["bash", "-c", snippet], capture_output=True, text=True, timeout=300)
         assert proc.returncode == 0, proc.stderr
         assert json.loads(proc.stdout)["answers"]["severity"]["choice"] == api.json()["answers"]["severity"]["choice"]
 

@@ -385,3 +385,33 @@ async def test_a_call_that_cannot_reach_the_server_outweighs_a_recent_reply():
         assert await engine.probe() is None
     finally:
         await engine.close()
+
+
+# ---- the server's context
+
+
+async def test_a_plan_longer_than_the_servers_context_is_refused_before_any_call():
+    from openjev.errors import TokensExceeded
+
+    fake = FakeSGLang()
+    with pytest.raises(TokensExceeded, match=r"342 tokens exceeds the SGLang server's context .*--context-length"):
+        await _run(_engine(fake, max_prompt_tokens=341), _plan())
+    assert fake.calls == []  # refused whole: no branch of it was computed
+    result = await _run(_engine(fake, max_prompt_tokens=342), _plan())  # exactly the limit fits
+    assert len(result.branches) == 4
+
+
+@pytest.mark.parametrize(
+    ("info", "limit"),
+    [
+        ({"max_req_input_len": 2047, "context_length": 4096}, 2047),  # the scheduler's own figure wins
+        ({"context_length": 2048}, 2047),  # older servers: the context less the token generated
+        ({"context_length": None}, None),
+        ({"max_req_input_len": True}, None),  # not a number of tokens
+        ({}, None),
+    ],
+)
+def test_the_prompt_limit_is_read_from_the_servers_info(info, limit):
+    from openjev.engines.sglang import max_prompt_tokens
+
+    assert max_prompt_tokens(info) == limit

@@ -307,8 +307,11 @@ def test_float32_parity_with_systemone(client, server, kind):
 def test_refusals_follow_the_cores_abstain_rule(client, server):
     """The server's default rule (GET /v1/limits) declines a question exactly where the same
     request on /v1/systemone marks its answer `x_abstain`, and where the reading's order
-    agreement is below the floor; the other questions of the request are answered."""
-    headers = {"Authorization": f"Bearer {KEY}"}
+    agreement is below the floor; the other questions of the request are answered. The
+    order-agreement floor needs several orders read: both requests ask for 4 rotations (the
+    default readout, parallel, reads one order, so that floor declines nothing there)."""
+    rotations = {"x-openjev-readout": "letters", "x-openjev-rotations": "4"}
+    headers = {"Authorization": f"Bearer {KEY}", **rotations}
     rule = httpx.get(server.url + "/v1/limits", headers=headers, timeout=30).json()["abstain"]
     teams = ["billing", "technical", "shipping", "account", "sales"]
     jev_qs = {
@@ -326,7 +329,7 @@ def test_refusals_follow_the_cores_abstain_rule(client, server):
         {"type": "choice", "name": qid, "instructions": q["instructions"], "choices": [{"value": t} for t in teams]}
         for qid, q in jev_qs.items()
     ]
-    decision = client.decisions.create(model="jev-latest", input=state, questions=oa_qs)
+    decision = client.decisions.create(model="jev-latest", input=state, questions=oa_qs, extra_headers=rotations)
     refused = 0
     for answer in decision.answers:
         marked = jev[answer.name]
@@ -336,6 +339,9 @@ def test_refusals_follow_the_cores_abstain_rule(client, server):
         assert (answer.type == "refusal") == marked.get("x_abstain", False) == below, (answer, marked)
         refused += answer.type == "refusal"
     print(f"refusals: {refused} of {len(oa_qs)} under {rule}")
+    # under the default readout every question is read in one order: nothing to disagree
+    default = client.decisions.create(model="jev-latest", input=state, questions=oa_qs)
+    assert [a.type for a in default.answers] == ["choice"] * len(oa_qs)
 
 
 def test_langchain_openai_decisions_runnable(server):

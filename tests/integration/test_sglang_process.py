@@ -101,6 +101,21 @@ def test_child_is_started_checked_supervised_and_stopped(tokenizer_folder, caplo
     assert child.poll() is not None
 
 
+def test_the_servers_context_bounds_each_branch(tokenizer_folder):
+    """The limit comes from the server's /get_server_info (max_req_input_len): a longer
+    plan is a clear 4xx (TokensExceeded) before anything is sent, not a 502 from its 400."""
+    from openjev.errors import TokensExceeded
+
+    loaded = load(_settings(tokenizer_folder, sglang_args=("--context-length", "64")))
+    engine = loaded.engine
+    try:
+        assert engine.max_prompt_tokens == 63
+        with pytest.raises(TokensExceeded, match="--context-length"):
+            asyncio.run(engine.run(Plan.from_branches([Branch(tuple(range(1, 65)), (5, 6))])))
+    finally:
+        asyncio.run(engine.close())
+
+
 def test_stop_terminates_the_process_group(tokenizer_folder):
     loaded = load(_settings(tokenizer_folder))
     child = loaded.engine.process.process

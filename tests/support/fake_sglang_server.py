@@ -20,6 +20,7 @@ def main() -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=30000)
     parser.add_argument("--disable-radix-cache", action="store_true")
+    parser.add_argument("--context-length", type=int, default=None)
     parser.add_argument("--delay-s", type=float, default=0.0, help="how long each token-id /generate takes")
     args, _ = parser.parse_known_args()
     from transformers import AutoTokenizer
@@ -30,7 +31,10 @@ def main() -> None:
         "tokenizer_path": args.model_path,
         "is_generation": True,
         "disable_radix_cache": args.disable_radix_cache,
+        "context_length": args.context_length,
     }
+    if args.context_length is not None:  # as SGLang's scheduler reports it (its KV pool is larger here)
+        info["max_req_input_len"] = args.context_length - 1
 
     def get(path: str) -> Answer:
         if path == "/health":

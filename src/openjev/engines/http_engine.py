@@ -114,6 +114,9 @@ class HTTPEngine:
         return None if r.status_code == 200 else f"the engine server's health check answered {r.status_code}"
 
     async def run(self, plan: Plan) -> PlanResult:
+        longest = max(len(b) for b in plan.branches)
+        if self.max_prompt_tokens is not None and longest > self.max_prompt_tokens:
+            raise self._too_long(longest)  # before any call: no branch of a refused plan is computed
         if self.strategy == "auto" and self.protocol.shares_prefix_within_a_batch:
             strategy = "all"
         else:
@@ -159,14 +162,17 @@ class HTTPEngine:
             timings_ms={"prefill": (t1 - t0) * 1000, "branches": (t2 - t1) * 1000},
         )
 
+    def _too_long(self, tokens: int) -> TokensExceeded:
+        return TokensExceeded(
+            f"a branch of {tokens} tokens exceeds the {self.protocol.name} server's context "
+            f"({self.max_prompt_tokens} prompt tokens; raise its {self.protocol.context_flag})"
+        )
+
     async def _generate(self, input_ids: Sequence[int], label_ids: Sequence[int], salt: str = "") -> Reply:
         """(label log-probs, prompt tokens, cached tokens) of one branch, in the cache
         namespace `salt` (Plan.cache_namespace)."""
         if self.max_prompt_tokens is not None and len(input_ids) > self.max_prompt_tokens:
-            raise TokensExceeded(
-                f"a branch of {len(input_ids)} tokens exceeds the {self.protocol.name} server's context "
-                f"({self.max_prompt_tokens} prompt tokens; raise its {self.protocol.context_flag})"
-            )
+            raise self._too_long(len(input_ids))
         per_call = self.protocol.max_ids_per_call
         if per_call is None or len(label_ids) <= per_call:
             return await self._call(input_ids, label_ids, salt)

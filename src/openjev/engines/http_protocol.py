@@ -137,4 +137,5 @@ SGLANG = HTTPProtocol(
     request_body=request_body,
     abort_body=abort_body,
     parse_reply=parse_reply,
+    context_flag="--context-length",
 )

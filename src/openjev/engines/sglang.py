@@ -73,7 +73,21 @@ def check(url: str, tokenizer: ChatTokenizer, settings: Settings) -> dict[str, A
     if info.get("disable_radix_cache") and settings.strategy != "all":
         check_args(("--disable-radix-cache",), settings.strategy)
     verify_tokenizer(url, tokenizer)
-    return {"model": info.get("model_path")}
+    return {"model": info.get("model_path"), "max_prompt_tokens": max_prompt_tokens(info)}
+
+
+def max_prompt_tokens(info: dict[str, Any]) -> int | None:
+    """The longest prompt the server takes, from its /server_info: the scheduler's
+    `max_req_input_len` (its context, or its KV pool if smaller, less one generated token),
+    else `context_length` less one; None if it says neither. A longer branch is then refused
+    as a 4xx before it is sent, not answered 400 by the server (a 502 to our caller)."""
+    limit = info.get("max_req_input_len")
+    if isinstance(limit, int) and not isinstance(limit, bool) and limit > 0:
+        return limit
+    context = info.get("context_length")
+    if isinstance(context, int) and not isinstance(context, bool) and context > 1:
+        return context - 1
+    return None
 
 
 def load(settings: Settings) -> LoadedEngine:
@@ -83,7 +97,9 @@ def load(settings: Settings) -> LoadedEngine:
         settings,
         kind(settings),
         check=lambda url, tokenizer: check(url, tokenizer, settings),
-        make=lambda url, _info: HTTPEngine(url, SGLANG, **remote.engine_options(settings)),
+        make=lambda url, info: HTTPEngine(
+            url, SGLANG, max_prompt_tokens=info.get("max_prompt_tokens"), **remote.engine_options(settings)
+        ),
     )
 
 
