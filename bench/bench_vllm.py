@@ -9,11 +9,17 @@ embedded model's weights and tokenizer (tests/vllm/server.py: qwen3_folder), in 
 - openjev:         `openjev serve --model <the Qwen3 folder> --dtype float32` (in-process)
 
 Each is a real HTTP server driven with the same wire requests (bench/common.py): latency of
-an 8-question request on a ~1,000-token state, cold (a state never sent) and warm (the same
-state, new questions), p50 of --repeats, systems alternating; throughput (decisions/s) with
-4 clients; and the jevcompat conformance summary of each. JSON lines.
+an 8-question and a 1-question request (`--questions 8,1`) on a ~1,000-token state, cold (a
+state never sent) and warm (the same state, new questions), p50 of --repeats, systems
+alternating; throughput (decisions/s) with 4 clients; and the jevcompat conformance summary
+of each. JSON lines.
 
-    .venv/bin/python bench/bench_vllm.py [--repeats 3] [--skip-jevcompat]
+openjev over vLLM reads with the server's default readout (`parallel`, which a remote engine
+reads as letters under --rotations, 4); `--also letters:1` adds that readout as one more
+system on the same openjev server (the request headers x-openjev-readout and
+x-openjev-rotations), named `openjev_vllm_letters1`.
+
+    .venv/bin/python bench/bench_vllm.py [--repeats 3] [--questions 8,1] [--also letters:1] [--skip-jevcompat]
 """
 
 from __future__ import annotations
@@ -54,6 +60,7 @@ class System:
 
 
 async def latency(systems: list[System], repeats: int, n: int) -> dict:
+    """Cold and warm p50 of an n-question request, systems alternating."""
     cold = {s.name: [] for s in systems}
     warm = {s.name: [] for s in systems}
     async with httpx.AsyncClient(timeout=1800) as client:
@@ -115,7 +122,14 @@ def jevcompat(system: System, key: str | None, out: Path) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--questions", type=int, default=8)
+    parser.add_argument("--questions", default="8,1", help="question counts of the latency rows")
+    parser.add_argument(
+        "--also",
+        action="append",
+        default=[],
+        metavar="READOUT[:ROTATIONS]",
+        help="an openjev-over-vLLM system reading this way too (request headers), repeatable",
+    )
     parser.add_argument("--clients", type=int, default=4)
     parser.add_argument("--throughput-requests", type=int, default=8)
     parser.add_argument("--skip-jevcompat", action="store_true")
@@ -153,6 +167,12 @@ def main() -> None:
             System("vllm", server.url, {}, SERVED),
             System("openjev_vllm", over.url, over.headers(), "jev-latest"),
         ]
+        for also in args.also:
+            name, _, rotations = also.partition(":")
+            readout = {"x-openjev-readout": name, "x-openjev-rotations": rotations or "1"}
+            systems.append(
+                System(f"openjev_vllm_{name}{rotations}", over.url, {**over.headers(), **readout}, "jev-latest")
+            )
         if not args.skip_inprocess:
             inproc = start_server(
                 root,
@@ -170,14 +190,15 @@ def main() -> None:
             systems.append(System("openjev", inproc.url, inproc.headers(), "jev-latest"))
 
         async def run():
-            print(json.dumps({**head, **await latency(systems, args.repeats, args.questions)}), flush=True)
+            for n in (int(q) for q in args.questions.split(",")):
+                print(json.dumps({**head, **await latency(systems, args.repeats, n)}), flush=True)
             print(
                 json.dumps({**head, **await throughput(systems, args.clients, args.throughput_requests, 4)}), flush=True
             )
 
         asyncio.run(run())
         if not args.skip_jevcompat:
-            for s in systems:
+            for s in [s for s in systems if not s.name.startswith("openjev_vllm_")]:  # one per server
                 key = None if s.name == "vllm" else KEY  # vLLM's --api-key would also guard its token route
                 print(
                     json.dumps({**head, "section": "jevcompat", **jevcompat(s, key, root / f"{s.name}.json")}),

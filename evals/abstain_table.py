@@ -27,6 +27,7 @@ from openjev.evals.dataset import load_items
 
 MASS_FLOORS = (0.0, 0.5, 0.6, 0.7, 0.8, 0.9)
 AGREEMENT_FLOORS = (0.0, 0.3, 0.5, 0.6, 0.75, 1.0)
+CONFIDENCE_FLOORS = (0.5, 0.6, 0.7, 0.8, 0.9)  # on the calibrated top probability, alone
 MIN_COVERAGE = 0.5  # a rule that declines more than half the questions is not a default
 MIN_GAIN = 0.02  # nor one that buys less than 2 points of accuracy on what it answers
 
@@ -37,7 +38,7 @@ class Read:
     correct: bool
     label_mass: float
     order_agreement: float | None
-    top_probability: float = 1.0  # the answer's own top probability (a confidence floor compared beside the rule)
+    top_probability: float = 1.0  # the answer's own (calibrated) top probability: the confidence floor's signal
 
 
 def reads(data: str, run: str) -> list[Read]:
@@ -58,17 +59,20 @@ def reads(data: str, run: str) -> list[Read]:
             q, a = item.request["questions"][qid], main["answers"][qid]
             if q["type"] == "noul":
                 correct = (a["noul"] >= 0.5) == bool(expected)
+                top = max(a["noul"], 1.0 - a["noul"])
             elif q["type"] == "choice":
                 correct = a["choice"] == expected
+                top = max(a["probabilities"].values())
             else:
                 probs = [a["probabilities"][str(i)] for i in range(len(q["criteria"]))]
                 correct = max(range(len(probs)), key=probs.__getitem__) == int(expected)
-            out.append(Read(q["type"], correct, a["x_label_mass"], a.get("x_order_agreement")))
+                top = max(probs)
+            out.append(Read(q["type"], correct, a["x_label_mass"], a.get("x_order_agreement"), top))
     return out
 
 
 def measure(rows: list[Read], rule: AbstainRule) -> dict[str, float]:
-    answered = [r for r in rows if not rule.refuses(r.label_mass, r.order_agreement)]
+    answered = [r for r in rows if not rule.refuses(r.label_mass, r.order_agreement, r.top_probability)]
     return {
         "questions": len(rows),
         "coverage": len(answered) / len(rows) if rows else 0.0,
@@ -78,7 +82,22 @@ def measure(rows: list[Read], rule: AbstainRule) -> dict[str, float]:
 
 
 def grid() -> list[AbstainRule]:
-    return [AbstainRule(m, a) for m in MASS_FLOORS for a in AGREEMENT_FLOORS]
+    """Every pair of mass and agreement floors, then each confidence floor alone."""
+    pairs = [AbstainRule(m, a) for m in MASS_FLOORS for a in AGREEMENT_FLOORS]
+    return pairs + [AbstainRule(min_confidence=c) for c in CONFIDENCE_FLOORS]
+
+
+def rule_text(rule: AbstainRule) -> str:
+    floors = [
+        f"{name} >= {value}"
+        for name, value in (
+            ("mass", rule.min_label_mass),
+            ("agreement", rule.min_order_agreement),
+            ("calibrated top probability", rule.min_confidence),
+        )
+        if value
+    ]
+    return ", ".join(floors) or "none (answer everything)"
 
 
 def choose(rows: list[Read]) -> AbstainRule:
@@ -116,19 +135,19 @@ def main() -> int:
         "# The abstain rule on evals/ (embedded model, server defaults)",
         "",
         f"Made by `evals/abstain_table.py` from `{args.dev}` and `{args.test}`; CPU: {cpu_name()}.",
-        f"Chosen on dev: min_label_mass={chosen.min_label_mass}, min_order_agreement={chosen.min_order_agreement} "
+        f"Chosen on dev: {rule_text(chosen)} "
         f"(best accuracy on answered questions with coverage >= {MIN_COVERAGE:.0%} and a gain >= {MIN_GAIN:.0%}; "
         "else no rule).",
         "",
-        "| min_label_mass | min_order_agreement | dev coverage | dev acc. answered | test coverage | test acc. answered |",
-        "|---|---|---|---|---|---|",
+        "| floors | dev coverage | dev acc. answered | test coverage | test acc. answered |",
+        "|---|---|---|---|---|",
     ]
     for rule in grid():
         d = measure(dev, rule)
         t = measure(test, rule) if test else None
         mark = " **(chosen)**" if rule == chosen else ""
         lines.append(
-            f"| {rule.min_label_mass} | {rule.min_order_agreement}{mark} | {d['coverage']:.2f} | "
+            f"| {rule_text(rule)}{mark} | {d['coverage']:.2f} | "
             f"{d['accuracy_answered']:.3f} | {t['coverage'] if t else float('nan'):.2f} | "
             f"{t['accuracy_answered'] if t else float('nan'):.3f} |"
         )

@@ -11,7 +11,7 @@ fit the calibration on dev only and report on test.
 
 `--rotations R` records letters with R rotations (R at least the most options of any choice
 records every cyclic shift, from which R=1, 2 and 4 and their order-flip twins all
-follow); `--yesno` records the yesno readout too. Rows that need an ordering that was not
+follow); `--parallel` and `--yesno` record those readouts too. Rows that need an ordering that was not
 recorded are left out of the table (and say so). The calibrated rows apply a fit made on
 the dev records (openjev.evals.fit, the same as `openjev calibrate`) to the test records;
 nothing is fitted on test.
@@ -27,16 +27,16 @@ from pathlib import Path
 from typing import Any
 
 from openjev.core import calibration as calib
-from openjev.core.readouts import LettersReadout, ReadoutSpec, YesNoReadout
+from openjev.core.readouts import LettersReadout, ParallelReadout, ReadoutSpec, YesNoReadout
 from openjev.evals import readings
 from openjev.evals.dataset import load_items
 from openjev.evals.fit import fit_readout
 from openjev.evals.metrics import Scored, by_type
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from abstain_table import Read, choose, grid, measure  # the embedded model's abstain table, reused
+from abstain_table import Read, choose, grid, measure, rule_text  # the embedded model's abstain table, reused
 
-CONFIGS = [("letters", 1), ("letters", 2), ("letters", 4), ("yesno", 1)]
+CONFIGS = [("letters", 1), ("letters", 2), ("letters", 4), ("parallel", 1), ("yesno", 1)]
 DATA = {"dev": "evals/data/dev.jsonl", "test": "evals/data/test.jsonl"}
 
 
@@ -73,7 +73,9 @@ def _log(message: str) -> None:
 def record(args: argparse.Namespace) -> int:
     service, loaded = _service(args.model)
     engine = loaded.engine
-    specs = [ReadoutSpec("letters", args.rotations)] + ([ReadoutSpec("yesno")] if args.yesno else [])
+    specs = [ReadoutSpec("letters", args.rotations)]
+    specs += [ReadoutSpec("parallel")] if args.parallel else []
+    specs += [ReadoutSpec("yesno")] if args.yesno else []
     splits = {path: load_items(path)[: args.limit] if args.limit else load_items(path) for path in args.data}
     # Item by item, the splits in turn: a run stopped early (the compute is the limit) still
     # leaves dev items to fit on and test items to report on, in proportion.
@@ -102,7 +104,7 @@ def _rows(service, items, recs, name, rotations) -> list[tuple[Scored, Any]] | N
     if name not in recs:
         return None
     readout = _readout(service, name, rotations)
-    assert isinstance(readout, (LettersReadout, YesNoReadout))
+    assert isinstance(readout, (LettersReadout, YesNoReadout, ParallelReadout))
     try:
         return readings.scored_rows(items, recs[name], readout)
     except readings.MissingReading:
@@ -153,7 +155,9 @@ def table(args: argparse.Namespace) -> int:
         if not dev or not test:
             skipped.append(label)
             continue
-        fits = fit_readout([s for s, _ in dev], prior=args.prior)
+        # parallel reads a choice in its canonical order: no per-position correction there
+        order_free = ("choice",) if name == "parallel" else ()
+        fits = fit_readout([s for s, _ in dev], prior=args.prior, order_free=order_free)
         fits_doc.append({"readout": name, "rotations": rotations, "types": fits})
         tokens = readings.tokens(service, items["test"], ReadoutSpec(name, rotations))
         for calibrated in (False, True):
@@ -210,6 +214,8 @@ def _service_for_tables(model: str):
     tok = AutoTokenizer.from_pretrained(gguf_cache_folder(source, settings.cache_dir), local_files_only=True)
 
     class NoEngine:
+        parallel_layouts = True  # it stands for the in-process engine the readings were recorded on
+
         async def run(self, _plan):
             raise RuntimeError("the table reads recorded log-probs; nothing runs the model")
 
@@ -219,8 +225,7 @@ def _service_for_tables(model: str):
     return build_service(settings, LoadedEngine(NoEngine(), HFChatTokenizer(tok), ModelCard(model, "", ""), 0.0))
 
 
-ABSTAIN_ROWS = ("letters, R=1", "letters, R=4")  # the candidate defaults: the abstain curve is theirs
-CONFIDENCE_FLOORS = (0.0, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
+ABSTAIN_ROWS = ("letters, R=1", "letters, R=4", "parallel")  # the candidate defaults: the abstain curve is theirs
 
 
 def _markdown(args, rows, skipped, items, abstain) -> str:
@@ -272,8 +277,8 @@ def _markdown(args, rows, skipped, items, abstain) -> str:
             "",
             f"## Abstention, {label}, calibrated",
             "",
-            f"The server's rule (label-mass and order-agreement floors), chosen on dev: "
-            f"min_label_mass={chosen.min_label_mass}, min_order_agreement={chosen.min_order_agreement} "
+            f"The server's rule (label-mass, order-agreement or calibrated-confidence floors), chosen on dev: "
+            f"{rule_text(chosen)} "
             "(abstain_table.choose: best accuracy on answered with coverage >= 50 % and a gain >= 2 points; else none).",
             "",
             "| rule | dev coverage | dev acc. answered | test coverage | test acc. answered |",
@@ -285,22 +290,11 @@ def _markdown(args, rows, skipped, items, abstain) -> str:
             d, t = measure(sets["dev"], rule), measure(sets["test"], rule)
             mark = " **(chosen)**" if rule == chosen else ""
             lines.append(
-                f"| mass >= {rule.min_label_mass}, agreement >= {rule.min_order_agreement}{mark} | "
+                f"| {rule_text(rule)}{mark} | "
                 f"{d['coverage']:.2f} | {d['accuracy_answered']:.3f} | {t['coverage']:.2f} | "
                 f"{t['accuracy_answered']:.3f} |"
             )
-        for floor in CONFIDENCE_FLOORS[1:]:
-            d = _confident(sets["dev"], floor)
-            t = _confident(sets["test"], floor)
-            lines.append(
-                f"| calibrated top probability >= {floor} | {d[0]:.2f} | {_fmt(d[1])} | {t[0]:.2f} | {_fmt(t[1])} |"
-            )
     return "\n".join(lines) + "\n"
-
-
-def _confident(reads: list[Read], floor: float) -> tuple[float, float | None]:
-    kept = [r for r in reads if r.top_probability >= floor]
-    return len(kept) / len(reads), (sum(r.correct for r in kept) / len(kept) if kept else None)
 
 
 def main() -> int:
@@ -309,6 +303,7 @@ def main() -> int:
     rec = sub.add_parser("record", help="record per-reading log-probs (slow, resumable)")
     rec.add_argument("data", nargs="+")
     rec.add_argument("--rotations", type=int, default=1)
+    rec.add_argument("--parallel", action="store_true")
     rec.add_argument("--yesno", action="store_true")
     rec.add_argument("--limit", type=int)
     tab = sub.add_parser("table", help="derive the rows, fit on dev, report on test")
@@ -319,7 +314,7 @@ def main() -> int:
     tab.add_argument("--prior", action="store_true", help="allow a per-position prior in the fit (default: T only)")
     for p in (rec, tab):
         p.add_argument("--model", required=True)
-        p.add_argument("--out", default="evals/runs/readings")
+        p.add_argument("--out", default="evals/results/readings")
     args = ap.parse_args()
     return record(args) if args.command == "record" else table(args)
 

@@ -115,6 +115,11 @@ class Settings:
         "decline (refuse) a question when less than this share of the option orders read agree with its answer "
         "(0: off; needs rotations)",
     )
+    abstain_min_confidence: float = _opt(
+        0.0,
+        "decline (refuse) a question whose calibrated top probability is below this (0: off; meaningful only "
+        "under a calibration fitted for the served model)",
+    )
     max_rotations: int = _opt(8, "most rotations one request may ask for (x-openjev-rotations header)")
     rotation_max_options: int = _opt(
         26, "letters: questions with more options are read in one ordering (each rotation repeats the option list)"
@@ -239,6 +244,7 @@ class Settings:
             "abstain": {
                 "min_label_mass": self.abstain_min_label_mass,
                 "min_order_agreement": self.abstain_min_order_agreement,
+                "min_confidence": self.abstain_min_confidence,
             },
             "rotation_max_options": self.rotation_max_options,
             "max_tokens_in_flight": self.max_tokens_in_flight,
@@ -333,7 +339,7 @@ class Settings:
         ):
             if getattr(self, name) > top:
                 raise ConfigError(f"{name} must be at most {top}, got {getattr(self, name)!r}")
-        for name in ("abstain_min_label_mass", "abstain_min_order_agreement"):
+        for name in ("abstain_min_label_mass", "abstain_min_order_agreement", "abstain_min_confidence"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ConfigError(f"{name} must be between 0 and 1, got {getattr(self, name)!r}")
         if self.temperature < 1e-3:

@@ -295,7 +295,9 @@ async def test_refusal_is_per_question():
         jev = (await client.post("/v1/systemone", json=JEV_VALID)).json()["answers"]
         assert all(a["x_abstain"] is True and "type" in a for a in jev.values())
         limits = (await client.get("/v1/limits")).json()
-        assert limits["abstain"] == {"min_label_mass": 1.0, "min_order_agreement": 0.0}
+        assert limits["abstain"] == {"min_label_mass": 1.0, "min_order_agreement": 0.0, "min_confidence": 0.0}
+        models = (await client.get("/v1/models")).json()["models"][0]
+        assert models["x_abstain"] == limits["abstain"]  # the rule in force, said in both places
 
 
 async def test_prompt_cache_key_partitions_the_namespace(api):

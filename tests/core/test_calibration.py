@@ -3,6 +3,8 @@ import math
 
 import pytest
 
+from openjev.core.abstain import AbstainRule
+
 from openjev.core import calibration as calib
 from openjev.core.readouts import ReadoutSpec
 from openjev.errors import ConfigError
@@ -87,7 +89,10 @@ def test_a_document_may_name_the_models_measured_defaults():
     assert cal.default_abstain is not None and cal.default_abstain.describe() == {
         "min_label_mass": 0.6,
         "min_order_agreement": 0.0,
+        "min_confidence": 0.0,
     }
+    confident = calib.from_dict({**DOC, "defaults": {"abstain": {"min_confidence": 0.7}}})
+    assert confident.default_abstain == AbstainRule(min_confidence=0.7)
     plain = calib.from_dict(DOC)
     assert plain.default_readout is None and plain.default_abstain is None
 

@@ -3,6 +3,7 @@ import math
 
 import pytest
 
+from openjev.core import calibration as calib
 from openjev.core.abstain import AbstainRule
 from openjev.core.prompts import PromptCompiler
 from openjev.core.service import DecisionService, ServiceLimits
@@ -202,3 +203,50 @@ def test_abstain_rule_floors():
     assert not AbstainRule().enabled and not AbstainRule().refuses(0.0, 0.0)
     with pytest.raises(ValueError, match="between 0 and 1"):
         AbstainRule(min_label_mass=1.5)
+    confident = AbstainRule(min_confidence=0.7)
+    assert confident.enabled and confident.refuses(1.0, None, 0.69) and not confident.refuses(1.0, None, 0.7)
+    assert not confident.refuses(1.0, 1.0)  # a caller that measures no confidence is never declined for it
+    with pytest.raises(ValueError, match="between 0 and 1"):
+        AbstainRule(min_confidence=-0.1)
+
+
+async def test_the_confidence_floor_reads_the_calibrated_top_probability():
+    """The floor sees each answer's top probability after calibration: a temperature that
+    flattens every reading can push an answer below the floor that its raw reading cleared."""
+    engine = FakeEngine()
+    request = DecisionRequest(STATE, QUESTIONS)
+    plain = await _service(engine).decide(request)
+    tops = {qid: _top(a) for qid, a in plain.answers}
+    floor = sorted(tops.values())[1]  # the weakest answer falls below it, the others do not
+    limits = ServiceLimits(**LIMITS.__dict__)
+    ruled = DecisionService(
+        PromptCompiler(FakeTokenizer(), max_labels=255), engine, limits, abstain=AbstainRule(min_confidence=floor)
+    )
+    result = await ruled.decide(request)
+    assert [qid for qid, a in result.answers if a.abstain] == [q for q, t in tops.items() if t < floor]
+    flat = calib.Calibration(
+        id="flat",
+        model_name="fake",
+        fingerprint="",
+        prompt_version="",
+        base_temperature=1.0,
+        fits=(
+            calib.ReadoutFit(ruled.default_readout, {t: calib.TypeFit(50.0, ()) for t in ("noul", "choice", "score")}),
+        ),
+    )
+    flattened = DecisionService(
+        PromptCompiler(FakeTokenizer(), max_labels=255),
+        engine,
+        limits,
+        abstain=AbstainRule(min_confidence=floor),
+        calibration=flat,
+    )
+    assert all(a.abstain for _, a in (await flattened.decide(request)).answers)  # near-uniform: all below
+
+
+def _top(answer) -> float:
+    if isinstance(answer, NoulAnswer):
+        return max(answer.p_true, 1.0 - answer.p_true)
+    if isinstance(answer, ChoiceAnswer):
+        return max(p for _, p in answer.probabilities)
+    return max(answer.probabilities)

@@ -143,7 +143,9 @@ def from_dict(data: Mapping[str, Any], source: str = "") -> Calibration:
         if "abstain" in defaults:
             floors = defaults["abstain"]
             default_abstain = AbstainRule(
-                float(floors.get("min_label_mass", 0.0)), float(floors.get("min_order_agreement", 0.0))
+                float(floors.get("min_label_mass", 0.0)),
+                float(floors.get("min_order_agreement", 0.0)),
+                float(floors.get("min_confidence", 0.0)),
             )
         return Calibration(
             id=str(data["id"]),

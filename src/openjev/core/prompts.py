@@ -123,7 +123,7 @@ class PromptCompiler:
         prefix, middle, tail = self._frame(state)
         return prefix, middle, [text + tail for text in turn_texts]
 
-    def compile(  # noqa: C901 - core/ is changed by issue 20 this round; split it after that merge
+    def compile(
         self,
         request: DecisionRequest,
         readout: Readout | None = None,
@@ -146,124 +146,104 @@ class PromptCompiler:
         if readout is None:
             readout = LettersReadout(self.labels.texts, self.labels.ids)
         counts = [readout.count(q) for _, q in request.questions]
-        n_branches = sum(counts)
-        if limits is not None and n_branches > limits.max_branches:
+        self._check_shape(request, sum(counts), limits)
+        prefix, middle, tail = self._frame(request.state)
+        # The shared part is encoded once: the state's rendering where the template keeps
+        # it intact (the boundary then falls before a special token), else everything
+        # before the question (the part of each branch is then the reading alone).
+        shared_text, lead = (prefix, middle) if prefix else (middle, "")
+        enc = _Encoder(self._tok, part_cache)
+        shared = enc.whole(shared_text) if shared_text else ()
+        if limits is not None:
+            _check_shared(limits, request, len(shared), sum(counts), enc.work)
+        reads = self._encode_readings(request, readout, counts, enc, lead, tail, len(shared), limits)
+        if shared and not self._split_is_stable(shared_text, [r.text for r in reads], same_lead=bool(lead)):
+            log.warning("prompt split is not token-stable for this template; encoding branches whole")
+            branches = self._whole_branches(shared_text, reads, enc, limits)
+        else:
+            base = len(shared)
+            branches = [
+                Branch(r.part, r.label_ids, shared, parallel=tuple((a + base, b + base) for a, b in r.layout))
+                for r in reads
+            ]
+        plan = Plan.from_branches(branches, cache_namespace=request.cache_namespace)
+        spans, at = [], 0
+        for count in counts:
+            spans.append((at, count))
+            at += count
+        return CompiledRequest(plan=plan, spans=tuple(spans))
+
+    def _check_shape(self, request: DecisionRequest, n_branches: int, limits: CompileLimits | None) -> None:
+        """The limits known before any text is rendered: the branch count, and the state's
+        turns times the fewest tokens a turn takes."""
+        if limits is None:
+            return
+        if n_branches > limits.max_branches:
             raise _exceeded(
                 f"the request reads {n_branches} branches (limit {limits.max_branches} per request; each "
                 "question is one branch per rotation, or under the yesno readout one per option)",
                 0,
             )
         turns = len(request.state.turns)
-        if limits is not None and turns * self.turn_tokens > limits.max_branch_tokens:
-            qid = request.questions[0][0] if request.questions else ""
+        if turns * self.turn_tokens > limits.max_branch_tokens:
             raise _exceeded(
-                f"question {qid!r}: the state's {turns} chat turns alone take at least {turns * self.turn_tokens} "
-                f"tokens (limit {limits.max_branch_tokens} per branch)",
+                f"question {_first_qid(request)!r}: the state's {turns} chat turns alone take at least "
+                f"{turns * self.turn_tokens} tokens (limit {limits.max_branch_tokens} per branch)",
                 0,
             )
-        prefix, middle, tail = self._frame(request.state)
-        # The shared part is encoded once: the state's rendering where the template keeps
-        # it intact (the boundary then falls before a special token), else everything
-        # before the question (the part of each branch is then the reading alone).
-        shared_text, lead = (prefix, middle) if prefix else (middle, "")
-        shared = tuple(self._tok.encode(shared_text)) if shared_text else ()
-        work = len(shared)
-        if limits is not None:
-            floor = len(shared) + 1  # every branch is the shared part and at least one token more
-            if floor > limits.max_branch_tokens:
-                qid = request.questions[0][0] if request.questions else ""
-                raise _exceeded(
-                    f"question {qid!r}: the state and this question take more than {len(shared)} tokens "
-                    f"(limit {limits.max_branch_tokens} per branch)",
-                    work,
-                )
-            if n_branches * floor > limits.max_prompt_tokens:
-                raise _exceeded(
-                    f"the request's {n_branches} branches take at least {n_branches * floor} tokens in all, the "
-                    f"state once per branch (limit {limits.max_prompt_tokens} per request)",
-                    work,
-                )
-        parts: list[tuple[int, ...]] = []
-        texts: list[str] = []
-        label_ids: list[tuple[int, ...]] = []
-        spans: list[tuple[int, int]] = []
+
+    def _encode_readings(
+        self,
+        request: DecisionRequest,
+        readout: Readout,
+        counts: list[int],
+        enc: _Encoder,
+        lead: str,
+        tail: str,
+        shared_len: int,
+        limits: CompileLimits | None,
+    ) -> list[_Encoded]:
+        """Every reading of every question, encoded apart from the shared part, checked
+        against the limits one by one (the first over a limit stops the encoding)."""
+        out: list[_Encoded] = []
         total = 0
-
-        def encode_part(text: str) -> tuple[int, ...]:
-            nonlocal work
-            part = part_cache.get(text) if part_cache is not None else None
-            if part is None:
-                part = tuple(self._tok.encode(text))
-                work += len(part)
-                if part_cache is not None:
-                    part_cache[text] = part
-            return part
-
-        # A parallel reading's turn is its text, then (side by side) its parallel texts, each
-        # encoded on its own; the template's tail follows, encoded on its own too. `layouts`
-        # holds its spans as offsets into its own part (the shared part's length is added
-        # when the branch is made: spans index the whole sequence).
-        layouts: list[tuple[tuple[int, int], ...]] = []
-        pieces: list[tuple[str, tuple[tuple[int, ...], ...], tuple[int, ...]] | None] = []
         for (qid, question), count in zip(request.questions, counts, strict=True):
-            spans.append((len(parts), count))
             for k in range(count):
                 reading = readout.reading(question, k)
                 if reading.parallel:
+                    # the turn's text, then its parallel texts side by side, each encoded on
+                    # its own; the template's tail follows, encoded on its own too
                     text = lead + reading.text
-                    head = encode_part(text)
-                    lines = tuple(encode_part(line) for line in reading.parallel)
-                    end = encode_part(tail)
-                    cuts: list[tuple[int, int]] = []
-                    at = len(head)
-                    for line in lines:
-                        cuts.append((at, at + len(line)))
-                        at += len(line)
-                    part = head + tuple(t for line in lines for t in line) + end
-                    layouts.append(tuple(cuts))
-                    pieces.append((text, lines, end))
+                    lines = tuple(enc.part(line) for line in reading.parallel)
+                    encoded = _Encoded.laid_out(qid, text, enc.part(text), lines, enc.part(tail), reading.label_ids)
                 else:
                     text = lead + reading.text + tail
-                    part = encode_part(text)
-                    layouts.append(())
-                    pieces.append(None)
-                total += len(shared) + len(part)
+                    encoded = _Encoded(qid, text, enc.part(text), reading.label_ids)
+                total += shared_len + len(encoded.part)
                 if limits is not None:
-                    _check(limits, qid, len(shared) + len(part), total, work)
-                parts.append(part)
-                texts.append(text)
-                label_ids.append(reading.label_ids)
-        if shared and not self._split_is_stable(shared_text, texts, same_lead=bool(lead)):
-            log.warning("prompt split is not token-stable for this template; encoding branches whole")
-            total = 0
-            owner = [qid for (qid, _), count in zip(request.questions, counts, strict=True) for _ in range(count)]
-            branches = []
-            for i, text in enumerate(texts):
-                whole = tuple(self._tok.encode(shared_text + text))
-                work += len(whole)
-                layout: tuple[tuple[int, int], ...] = ()
-                piece = pieces[i]
-                if piece is not None:  # the head is re-encoded whole; the spans and tail stay apart
-                    _, lines, end = piece
-                    at = len(whole)
-                    cut_list = []
-                    for line in lines:
-                        cut_list.append((at, at + len(line)))
-                        at += len(line)
-                    layout = tuple(cut_list)
-                    whole = whole + tuple(t for line in lines for t in line) + end
-                total += len(whole)
-                if limits is not None:
-                    _check(limits, owner[i], len(whole), total, work)
-                branches.append(Branch(whole, label_ids[i], parallel=layout))
-        else:
-            base = len(shared)
-            branches = [
-                Branch(p, ids, shared, parallel=tuple((a + base, b + base) for a, b in layout))
-                for p, ids, layout in zip(parts, label_ids, layouts, strict=True)
-            ]
-        plan = Plan.from_branches(branches, cache_namespace=request.cache_namespace)
-        return CompiledRequest(plan=plan, spans=tuple(spans))
+                    _check(limits, qid, shared_len + len(encoded.part), total, enc.work)
+                out.append(encoded)
+        return out
+
+    def _whole_branches(
+        self, shared_text: str, reads: list[_Encoded], enc: _Encoder, limits: CompileLimits | None
+    ) -> list[Branch]:
+        """The branches encoded whole (the shared text and each reading's text together),
+        for a template whose split is not token-stable; a parallel reading's lines and tail
+        stay apart, after its re-encoded head."""
+        total = 0
+        branches = []
+        for r in reads:
+            head = enc.whole(shared_text + r.text)
+            whole: tuple[int, ...] = head
+            layout: tuple[tuple[int, int], ...] = ()
+            if r.lines is not None:
+                whole, layout = _lay_out(head, r.lines, r.end)
+            total += len(whole)
+            if limits is not None:
+                _check(limits, r.qid, len(whole), total, enc.work)
+            branches.append(Branch(whole, r.label_ids, parallel=layout))
+        return branches
 
     def _split_is_stable(self, shared_text: str, texts: list[str], *, same_lead: bool) -> bool:
         """Whether encoding shared_text and each text apart equals encoding them together.
@@ -279,6 +259,92 @@ class PromptCompiler:
             if self._tok.encode(window + text) != window_ids + self._tok.encode(text):
                 return False
         return True
+
+
+class _Encoder:
+    """Encodes text, counting the tokens it encoded (`work`: what a refusal cost); parts go
+    through the optional part cache (text -> ids) shared by a batch's items."""
+
+    def __init__(self, tokenizer: ChatTokenizer, part_cache: dict[str, tuple[int, ...]] | None) -> None:
+        self._tok = tokenizer
+        self._cache = part_cache
+        self.work = 0
+
+    def whole(self, text: str) -> tuple[int, ...]:
+        ids = tuple(self._tok.encode(text))
+        self.work += len(ids)
+        return ids
+
+    def part(self, text: str) -> tuple[int, ...]:
+        cached = self._cache.get(text) if self._cache is not None else None
+        if cached is not None:
+            return cached
+        ids = self.whole(text)
+        if self._cache is not None:
+            self._cache[text] = ids
+        return ids
+
+
+@dataclass(frozen=True)
+class _Encoded:
+    """One reading encoded apart from the shared part. A parallel reading keeps its `lines`
+    and `end` (the template's tail) and its `layout`: the lines' spans as offsets into its
+    own part (the shared part's length is added when the branch is made)."""
+
+    qid: str
+    text: str  # what the split-stability check and a whole re-encoding read (a parallel reading's head)
+    part: tuple[int, ...]
+    label_ids: tuple[int, ...]
+    layout: tuple[tuple[int, int], ...] = ()
+    lines: tuple[tuple[int, ...], ...] | None = None
+    end: tuple[int, ...] = ()
+
+    @classmethod
+    def laid_out(
+        cls,
+        qid: str,
+        text: str,
+        head: tuple[int, ...],
+        lines: tuple[tuple[int, ...], ...],
+        end: tuple[int, ...],
+        label_ids: tuple[int, ...],
+    ) -> _Encoded:
+        part, layout = _lay_out(head, lines, end)
+        return cls(qid, text, part, label_ids, layout, lines, end)
+
+
+def _lay_out(
+    head: tuple[int, ...], lines: tuple[tuple[int, ...], ...], end: tuple[int, ...]
+) -> tuple[tuple[int, ...], tuple[tuple[int, int], ...]]:
+    """head + the lines one after another + end, and each line's span in it."""
+    spans = []
+    at = len(head)
+    for line in lines:
+        spans.append((at, at + len(line)))
+        at += len(line)
+    return head + tuple(t for line in lines for t in line) + end, tuple(spans)
+
+
+def _first_qid(request: DecisionRequest) -> str:
+    return request.questions[0][0] if request.questions else ""
+
+
+def _check_shared(limits: CompileLimits, request: DecisionRequest, shared: int, n_branches: int, work: int) -> None:
+    """The limits known once the shared part is encoded: every branch is the shared part
+    and at least one token more."""
+    floor = shared + 1
+    if floor > limits.max_branch_tokens:
+        raise _exceeded(
+            f"question {_first_qid(request)!r}: the state and this question take more than {shared} tokens "
+            f"(limit {limits.max_branch_tokens} per branch)",
+            work,
+        )
+    if n_branches * floor > limits.max_prompt_tokens:
+        raise _exceeded(
+            f"the request's {n_branches} branches take at least {n_branches * floor} tokens in all, the "
+            f"state once per branch (limit {limits.max_prompt_tokens} per request)",
+            work,
+        )
 
 
 def _exceeded(message: str, work: int) -> TokensExceeded:

@@ -229,6 +229,12 @@ class ParallelReadout:
         self._temperature = temperature
         self._letters = LettersReadout(labels, label_ids, temperature=temperature)
 
+    def orders(self, question: Question) -> list[tuple[int, ...]]:
+        """The option orders read (as LettersReadout.orders): a choice's one canonical order."""
+        if not isinstance(question, ChoiceQuestion) or len(question.options) < 2:
+            return self._letters.orders(question)
+        return [canonical_order(question)]
+
     def count(self, question: Question) -> int:
         if not isinstance(question, ChoiceQuestion) or len(question.options) < 2:
             return self._letters.count(question)

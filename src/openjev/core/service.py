@@ -315,7 +315,7 @@ class DecisionService:
         if not all(math.isfinite(p) for p in probs):
             raise EngineError("the engine's log-probabilities gave non-finite probabilities")
         mass, agreement = combined.label_mass, combined.order_agreement
-        abstain = rule.refuses(mass, agreement)
+        abstain = rule.refuses(mass, agreement, max(probs))
         if isinstance(question, NoulQuestion):
             return NoulAnswer(p_true=probs[0], label_mass=mass, order_agreement=agreement, abstain=abstain)
         if isinstance(question, ChoiceQuestion):

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from openjev.core.ports import Engine
-from openjev.core.readouts import Combined, LettersReadout, ReadoutSpec, YesNoReadout
+from openjev.core.readouts import Combined, LettersReadout, ParallelReadout, ReadoutSpec, YesNoReadout
 from openjev.core.service import DecisionService, question_type
 from openjev.core.types import ChoiceQuestion, DecisionRequest, Option, Question
 from openjev.evals.dataset import Item
@@ -63,7 +63,9 @@ async def _record_item(service: DecisionService, engine: Engine, item: Item, spe
     questions = []
     for (qid, question), (start, count) in zip(request.questions, compiled.spans, strict=True):
         orders: list[list[int] | None] = (
-            [list(o) for o in readout.orders(question)] if isinstance(readout, LettersReadout) else [None] * count
+            [list(o) for o in readout.orders(question)]
+            if isinstance(readout, (LettersReadout, ParallelReadout))
+            else [None] * count
         )
         lps = [list(r.logprobs) for r in result.branches[start : start + count]]
         questions.append({"qid": qid, "type": question_type(question), "orders": orders, "logprobs": lps})
@@ -160,6 +162,14 @@ def combine_yesno(readout: YesNoReadout, question: Question, rec: Recorded) -> C
     return readout.combine(question, list(rec.logprobs))
 
 
+def combine_parallel(readout: ParallelReadout, question: Question, rec: Recorded) -> Combined:
+    """What `readout` answers from the recorded parallel readings (its orders must match:
+    a choice's canonical order, letters R=1 for the other types)."""
+    if tuple(readout.orders(question)) != rec.orders:
+        raise MissingReading(f"{rec.item}/{rec.qid}: recorded orders {rec.orders} are not the parallel readout's")
+    return readout.combine(question, list(rec.logprobs))
+
+
 def expected_index(item: Item, qid: str) -> int:
     q, expected = item.request["questions"][qid], item.expected[qid]
     if q["type"] == "noul":
@@ -172,7 +182,7 @@ def expected_index(item: Item, qid: str) -> int:
 def scored_rows(
     items: Sequence[Item],
     recs: dict[tuple[str, str], Recorded],
-    readout: LettersReadout | YesNoReadout,
+    readout: LettersReadout | YesNoReadout | ParallelReadout,
 ) -> list[tuple[Scored, Combined]]:
     """(Scored, Combined) per recorded question of `items` under `readout`: choice questions
     under letters carry their order flip (top option moved when the options are rotated by
@@ -198,6 +208,10 @@ def scored_rows(
                         top = max(range(n), key=combined.probs.__getitem__)
                         top_twin = max(range(n), key=twin.probs.__getitem__)
                         flipped = (top_twin + 1) % n != top  # twin index j is original option j + 1
+            elif isinstance(readout, ParallelReadout):
+                combined = combine_parallel(readout, question, rec)
+                # the same plan, token for token, for any option order: it cannot flip
+                flipped = False if isinstance(question, ChoiceQuestion) else None
             else:
                 combined = combine_yesno(readout, question, rec)
             out.append((Scored(rec.qtype, combined.probs, expected_index(item, qid), flipped), combined))

@@ -272,6 +272,11 @@ class ModelInfo(BaseModel):
         "(at the default rotations; parallel reads letters on an engine without parallel layouts)",
     )
     x_calibration: CalibrationInfo | None = Field(None, description="the calibration applied by default, if any")
+    x_abstain: dict[str, float] = Field(
+        default_factory=dict,
+        description="the abstain rule in force (its floors: min_label_mass, min_order_agreement, min_confidence); "
+        "the served model's calibration file may set it where the operator did not",
+    )
 
 
 class ModelsResponse(BaseModel):

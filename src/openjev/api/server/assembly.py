@@ -59,7 +59,9 @@ def build_service(settings: Settings, loaded: LoadedEngine) -> DecisionService:
         base_temperature=settings.temperature,
     )
     spec = default_spec(settings)
-    abstain = AbstainRule(settings.abstain_min_label_mass, settings.abstain_min_order_agreement)
+    abstain = AbstainRule(
+        settings.abstain_min_label_mass, settings.abstain_min_order_agreement, settings.abstain_min_confidence
+    )
     if calibration is not None:
         spec, abstain = model_defaults(settings, calibration, spec, abstain)
         log.info(
@@ -114,10 +116,11 @@ def model_defaults(
         log.info(
             "default readout %s: the one measured for this model (calibration %s)", spec.describe(), calibration.id
         )
-    floors = (settings.abstain_min_label_mass, settings.abstain_min_order_agreement)
+    floors = (settings.abstain_min_label_mass, settings.abstain_min_order_agreement, settings.abstain_min_confidence)
     if calibration.default_abstain is not None and floors == (
         glob.abstain_min_label_mass,
         glob.abstain_min_order_agreement,
+        glob.abstain_min_confidence,
     ):
         abstain = calibration.default_abstain
         log.info(

@@ -103,6 +103,7 @@ def install_models(app: FastAPI, settings: Settings, runtime: Runtime) -> None:
                     "x_temperature": settings.temperature,
                     "x_readout": service.default_readout.describe(),
                     "x_readouts": service.readouts_offered(settings.rotations),
+                    "x_abstain": service.abstain.describe(),
                     "x_calibration": None
                     if cal is None
                     else {
@@ -122,7 +123,10 @@ def install_models(app: FastAPI, settings: Settings, runtime: Runtime) -> None:
         responses={**documented.CONNECTION_ERRORS, **documented.UNAUTHORIZED, **documented.RATE_LIMITED},
     )
     async def limits() -> dict[str, Any]:
-        return settings.limits()
+        out = settings.limits()
+        if runtime.service is not None:  # the rule in force: the served model's file may have set it
+            out["abstain"] = runtime.service.abstain.describe()
+        return out
 
 
 def install_health(app: FastAPI, runtime: Runtime) -> None:
