@@ -65,10 +65,11 @@ async def latency(systems: list[System], repeats: int, n: int) -> dict:
     warm = {s.name: [] for s in systems}
     async with httpx.AsyncClient(timeout=1800) as client:
         for s in systems:  # warm-up: kernels, compile caches
-            await s.ask(client, payload(n, tag=7000 + systems.index(s)))
+            await s.ask(client, payload(n, tag=7000 + 1000 * n + systems.index(s)))
         for rep in range(repeats):
             for s in systems if rep % 2 == 0 else systems[::-1]:
-                tag = 8000 + 100 * systems.index(s) + rep
+                # a state no earlier row sent (the rows share the servers' prefix caches)
+                tag = 100_000 + 1000 * n + 100 * systems.index(s) + rep
                 cold[s.name].append(await s.ask(client, payload(n, tag=tag)))
                 warm[s.name].append(await s.ask(client, payload(n, tag=tag, qtag=tag + 5000)))
     row = {"questions": n}

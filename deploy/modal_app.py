@@ -46,13 +46,30 @@ def download(model: str = MODEL) -> None:
 
 
 # To require API keys: a Modal secret holding OPENJEV_API_KEYS, added as secrets=[...].
-@app.function(gpu=GPU, volumes={WEIGHTS: weights}, min_containers=MIN_CONTAINERS, scaledown_window=300,
-              timeout=24 * 3600)
+@app.function(
+    gpu=GPU, volumes={WEIGHTS: weights}, min_containers=MIN_CONTAINERS, scaledown_window=300, timeout=24 * 3600
+)
 @modal.concurrent(max_inputs=256)
 @modal.web_server(port=8000, startup_timeout=1800)
 def serve() -> None:
-    subprocess.Popen([
-        "openjev", "serve", "--host", "0.0.0.0", "--port", "8000", "--engine", "sglang",
-        "--sglang-python", "python", "--model", _local_path(MODEL), "--strategy", "auto",
-        "--", "--mem-fraction-static", "0.85",
-    ])
+    subprocess.Popen(
+        [
+            "openjev",
+            "serve",
+            "--host",
+            "0.0.0.0",
+            "--port",
+            "8000",
+            "--engine",
+            "sglang",
+            "--sglang-python",
+            "python",
+            "--model",
+            _local_path(MODEL),
+            "--strategy",
+            "auto",
+            "--",
+            "--mem-fraction-static",
+            "0.85",
+        ]
+    )

@@ -125,8 +125,11 @@ def _fmt(v: Any, f: str = "{:.3f}") -> str:
 
 
 def _recorded_items(items, recs: dict[str, dict]) -> list:
-    keys = {k[0] for by_name in recs.values() for k in by_name}
-    return [i for i in items if i.id in keys]
+    """The items recorded under every readout that has records: every row of the table is
+    then measured on the same questions."""
+    recorded = [{k[0] for k in by_name} for by_name in recs.values()]
+    common = set.intersection(*recorded) if recorded else set()
+    return [i for i in items if i.id in common]
 
 
 def _reads(rows: list[tuple[Scored, Any]], scored: list[Scored]) -> list[Read]:
@@ -139,6 +142,25 @@ def _reads(rows: list[tuple[Scored, Any]], scored: list[Scored]) -> list[Read]:
     ]
 
 
+def _label(spec: ReadoutSpec) -> str:
+    if spec.per_type:
+        return spec.describe().replace(";", ", ")
+    return spec.name + (f", R={spec.rotations}" if spec.name == "letters" else "")
+
+
+def _policy(args: argparse.Namespace) -> ReadoutSpec | None:
+    """The default named by --default and --per-type, or None."""
+    if not args.default:
+        return None
+    name, _, rot = args.default.partition(":")
+    per_type = []
+    for entry in args.per_type:
+        qtype, _, readout = entry.partition("=")
+        part, _, part_rot = readout.partition(":")
+        per_type.append((qtype, ReadoutSpec(part, int(part_rot or 1))))
+    return ReadoutSpec(name, int(rot or 1), tuple(per_type))
+
+
 def table(args: argparse.Namespace) -> int:
     from openjev.core.wording import PROMPT_VERSION
     from openjev.engines.hf_model import resolve_source, source_fingerprint
@@ -148,10 +170,12 @@ def table(args: argparse.Namespace) -> int:
     recs = {split: _records(folder, split) for split in DATA}
     items = {split: _recorded_items(load_items(path), recs[split]) for split, path in DATA.items()}
     rows, fits_doc, skipped, abstain = [], [], [], {}
+    measured: dict[ReadoutSpec, dict] = {}  # per readout: its calibrated dev and test rows
     for name, rotations in CONFIGS:
+        spec = ReadoutSpec(name, rotations)
         dev = _rows(service, items["dev"], recs["dev"], name, rotations)
         test = _rows(service, items["test"], recs["test"], name, rotations)
-        label = name + (f", R={rotations}" if name == "letters" else "")
+        label = _label(spec)
         if not dev or not test:
             skipped.append(label)
             continue
@@ -159,13 +183,35 @@ def table(args: argparse.Namespace) -> int:
         order_free = ("choice",) if name == "parallel" else ()
         fits = fit_readout([s for s, _ in dev], prior=args.prior, order_free=order_free)
         fits_doc.append({"readout": name, "rotations": rotations, "types": fits})
-        tokens = readings.tokens(service, items["test"], ReadoutSpec(name, rotations))
+        tokens = readings.tokens(service, items["test"], spec)
         for calibrated in (False, True):
             scored = _calibrated(test, fits) if calibrated else [s for s, _ in test]
             rows.append({"readout": label, "calibrated": calibrated, "metrics": by_type(scored), "tokens": tokens})
         abstain[label] = {
             "dev": _reads(dev, _calibrated(dev, fits)),
             "test": _reads(test, _calibrated(test, fits)),
+        }
+        measured[spec] = {"test": test, "fits": fits, "label": label}
+    policy = _policy(args)
+    if policy is not None and policy.per_type:
+        # the per-type default's own rows: each question as its type's readout answered it
+        label = _label(policy)
+        for calibrated in (False, True):
+            scored = []
+            for qtype in ("noul", "choice", "score"):
+                m = measured[policy.for_type(qtype)]
+                part = [(s, c) for s, c in m["test"] if s.qtype == qtype]
+                scored += _calibrated(part, m["fits"]) if calibrated else [s for s, _ in part]
+            tokens = readings.tokens(service, items["test"], policy)
+            rows.append({"readout": label, "calibrated": calibrated, "metrics": by_type(scored), "tokens": tokens})
+        abstain[label] = {
+            split: [
+                r
+                for qtype in ("noul", "choice", "score")
+                for r in abstain[_label(policy.for_type(qtype))][split]
+                if r.qtype == qtype
+            ]
+            for split in ("dev", "test")
         }
     source = resolve_source(_model(args.model))
     today = datetime.date.today().isoformat()
@@ -179,16 +225,19 @@ def table(args: argparse.Namespace) -> int:
         "data": {"files": ["dev.jsonl"], "items": len(items["dev"])},
         "fits": fits_doc,
     }
-    if args.default:
-        name, _, rot = args.default.partition(":")
-        label = name + (f", R={rot or 1}" if name == "letters" else "")
-        rule = choose(abstain[label]["dev"]) if label in abstain else None
-        doc["defaults"] = {"readout": name, "rotations": int(rot or 1)}
+    if policy is not None:
+        rule = choose(abstain[_label(policy)]["dev"]) if _label(policy) in abstain else None
+        doc["defaults"] = {"readout": policy.name, "rotations": policy.rotations}
+        if policy.per_type:
+            doc["defaults"]["per_type"] = {
+                qtype: {"readout": spec.name, "rotations": spec.rotations} for qtype, spec in policy.per_type
+            }
         if rule is not None:
             doc["defaults"]["abstain"] = rule.describe()
     calib.from_dict(doc)  # what we write must load
     (folder / "calibration-dev.json").write_text(json.dumps(doc, indent=2) + "\n")
-    text = _markdown(args, rows, skipped, items, abstain)
+    shown = (*ABSTAIN_ROWS, _label(policy)) if policy is not None else ABSTAIN_ROWS
+    text = _markdown(args, rows, skipped, items, abstain, shown)
     Path(args.results).mkdir(parents=True, exist_ok=True)
     (Path(args.results) / f"quality-{args.model}.md").write_text(text)
     (Path(args.results) / f"quality-{args.model}.json").write_text(
@@ -228,7 +277,7 @@ def _service_for_tables(model: str):
 ABSTAIN_ROWS = ("letters, R=1", "letters, R=4", "parallel")  # the candidate defaults: the abstain curve is theirs
 
 
-def _markdown(args, rows, skipped, items, abstain) -> str:
+def _markdown(args, rows, skipped, items, abstain, shown) -> str:
     n_dev = sum(len(i.expected) for i in items["dev"])
     n_test = sum(len(i.expected) for i in items["test"])
     lines = [
@@ -270,7 +319,7 @@ def _markdown(args, rows, skipped, items, abstain) -> str:
             )
         lines.append(f"| {r['readout']} | {'yes' if r['calibrated'] else 'no'} | " + " | ".join(cells) + " |")
     for label, sets in abstain.items():
-        if label not in ABSTAIN_ROWS:
+        if label not in shown:
             continue
         chosen = choose(sets["dev"])
         lines += [
@@ -310,6 +359,13 @@ def main() -> int:
     tab.add_argument("--results", default="evals/results")
     tab.add_argument(
         "--default", metavar="READOUT[:ROTATIONS]", help="the model's default readout, named in the calibration file"
+    )
+    tab.add_argument(
+        "--per-type",
+        action="append",
+        default=[],
+        metavar="TYPE=READOUT[:ROTATIONS]",
+        help="another default readout for one question type (repeatable), e.g. choice=yesno",
     )
     tab.add_argument("--prior", action="store_true", help="allow a per-position prior in the fit (default: T only)")
     for p in (rec, tab):

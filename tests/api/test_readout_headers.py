@@ -126,7 +126,11 @@ def _model_calibration(tmp_path, **defaults) -> str:
         "model": {"name": "fake-model-1", "fingerprint": ""},
         "prompt_version": PROMPT_VERSION,
         "base_temperature": 1.0,
-        "fits": [{"readout": "letters", "rotations": 1, **fit}, {"readout": "letters", "rotations": 4, **fit}],
+        "fits": [
+            {"readout": "letters", "rotations": 1, **fit},
+            {"readout": "letters", "rotations": 4, **fit},
+            {"readout": "yesno", "types": {"choice": {"temperature": 4.0}}},
+        ],
         "defaults": defaults,
     }
     path = tmp_path / "cal.json"
@@ -159,3 +163,36 @@ async def test_an_operators_readout_flag_wins_over_the_models_default(tmp_path):
         r = await client.post("/v1/systemone", json=VALID)
         assert r.headers["x-openjev-readout"] == "letters;rotations=2"
         assert not any(a.get("x_abstain") for a in r.json()["answers"].values())
+
+
+async def test_the_models_calibration_may_name_a_readout_per_question_type(tmp_path):
+    """choice read as yesno (one reading per option, calibrated by the yesno fit), noul and
+    score as letters R=1; responses and /v1/models say so; a header still reads all one way."""
+    path = _model_calibration(tmp_path, readout="letters", rotations=1, per_type={"choice": {"readout": "yesno"}})
+    async with running_app(calibration=path) as (client, engine):
+        model = (await client.get("/v1/models")).json()["models"][0]
+        assert model["x_readout"] == "letters;choice=yesno" and model["x_calibration"]["applies_to_default"]
+        r = await client.post("/v1/systemone", json=VALID)
+        assert r.status_code == 200, r.text
+        assert r.headers["x-openjev-readout"] == "letters;choice=yesno"
+        assert len(engine.plans[-1].branches) == 1 + 2 + 1  # noul once, each of 2 options, the scale once
+        calibrated = r.json()["answers"]["team"]["probabilities"]
+        raw = (await client.post("/v1/systemone", json=VALID, headers={"x-openjev-calibration": "none"})).json()
+        flat = [abs(p - 0.5) for p in calibrated.values()]
+        assert all(
+            f < abs(p - 0.5) or p == 0.5
+            for f, p in zip(flat, raw["answers"]["team"]["probabilities"].values(), strict=True)
+        )
+        r = await client.post(
+            "/v1/systemone", json=VALID, headers={"x-openjev-readout": "letters", "x-openjev-rotations": "1"}
+        )
+        assert r.headers["x-openjev-readout"] == "letters" and len(engine.plans[-1].branches) == 3
+
+
+async def test_a_per_type_default_without_a_fit_for_each_part_is_refused(tmp_path):
+    from openjev.core import calibration as calib
+    from openjev.errors import ConfigError
+
+    path = _model_calibration(tmp_path, readout="letters", rotations=1, per_type={"choice": {"readout": "parallel"}})
+    with pytest.raises(ConfigError, match=r"parallel.*has no fit"):
+        calib.load(path)

@@ -3,9 +3,8 @@ import math
 
 import pytest
 
-from openjev.core.abstain import AbstainRule
-
 from openjev.core import calibration as calib
+from openjev.core.abstain import AbstainRule
 from openjev.core.readouts import ReadoutSpec
 from openjev.errors import ConfigError
 

@@ -2,7 +2,7 @@ import math
 
 import pytest
 
-from openjev.core.readouts import LettersReadout, ReadoutSpec, YesNoReadout
+from openjev.core.readouts import LettersReadout, PerTypeReadout, ReadoutSpec, YesNoReadout
 from openjev.core.types import ChoiceQuestion, NoulQuestion, Option, ScoreQuestion
 from openjev.errors import ConfigError
 
@@ -25,6 +25,36 @@ def test_spec_normalises_and_refuses():
         ReadoutSpec("words")
     with pytest.raises(ConfigError):
         ReadoutSpec("letters", 0)
+
+
+def test_a_per_type_spec_names_other_readouts_for_some_types_and_compares_by_meaning():
+    spec = ReadoutSpec("letters", 1, (("noul", ReadoutSpec("yesno")), ("choice", ReadoutSpec("yesno", 3))))
+    assert spec.per_type == (("choice", ReadoutSpec("yesno")), ("noul", ReadoutSpec("yesno")))  # sorted
+    assert spec.describe() == "letters;choice=yesno;noul=yesno"
+    assert spec.for_type("choice") == ReadoutSpec("yesno") and spec.for_type("score") == ReadoutSpec("letters")
+    assert spec.parts() == [ReadoutSpec("letters"), ReadoutSpec("yesno"), ReadoutSpec("yesno")]
+    # a type read like the rest is no exception: the spec is the plain one
+    assert ReadoutSpec("letters", 4, (("score", ReadoutSpec("letters", 4)),)) == ReadoutSpec("letters", 4)
+    assert ReadoutSpec("letters", 1, (("score", ReadoutSpec("letters", 2)),)).describe() == "letters;score=letters:2"
+    with pytest.raises(ConfigError, match="question type"):
+        ReadoutSpec("letters", 1, (("ranking", ReadoutSpec("yesno")),))
+    with pytest.raises(ConfigError, match="twice"):
+        ReadoutSpec("letters", 1, (("noul", ReadoutSpec("yesno")), ("noul", ReadoutSpec("parallel"))))
+    with pytest.raises(ConfigError, match="cannot itself"):
+        ReadoutSpec("letters", 1, (("noul", spec),))
+
+
+def test_a_per_type_readout_reads_and_combines_each_question_with_its_types_readout():
+    yesno = YesNoReadout(1, 2)
+    spec = ReadoutSpec("letters", 2, (("choice", ReadoutSpec("yesno")),))
+    readout = PerTypeReadout(spec, letters(2), {"choice": yesno})
+    team, refund = choice("a", "b", "c"), NoulQuestion("Refund?")
+    assert readout.count(team) == 3 and readout.readings(team) == yesno.readings(team)  # one per option
+    assert readout.count(refund) == 2 and readout.readings(refund) == letters(2).readings(refund)
+    lps = [[math.log(0.8), math.log(0.2)], [math.log(0.5), math.log(0.5)], [math.log(0.2), math.log(0.8)]]
+    assert readout.combine(team, lps) == yesno.combine(team, lps)
+    noul = [[math.log(0.9), math.log(0.1)], [math.log(0.3), math.log(0.7)]]
+    assert readout.combine(refund, noul) == letters(2).combine(refund, noul)
 
 
 @pytest.mark.parametrize(

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from openjev.core.readouts import LettersReadout
+from openjev.core.readouts import LettersReadout, ParallelReadout, canonical_order
 from openjev.evals import readings
 from openjev.evals.dataset import Item
 
@@ -30,10 +30,10 @@ ITEM = Item(
 )
 
 
-def _record(model, rotations: int) -> dict:
-    """What `record` writes for ITEM under letters with `rotations`, from `model(order) ->
-    label log-probs` (order: the option index shown at each position)."""
-    readout = LettersReadout(LABELS, IDS, rotations=rotations)
+def _record(model, rotations: int, readout=None) -> dict:
+    """What `record` writes for ITEM under letters with `rotations` (or under `readout`), from
+    `model(order) -> label log-probs` (order: the option index shown at each position)."""
+    readout = readout or LettersReadout(LABELS, IDS, rotations=rotations)
     request = readings.core_request(ITEM)
     questions = []
     for qid, question in request.questions:
@@ -46,7 +46,7 @@ def _record(model, rotations: int) -> dict:
                 "logprobs": [model(o) for o in orders],
             }
         )
-    return {"id": ITEM.id, "readout": "letters", "rotations": rotations, "questions": questions}
+    return {"id": ITEM.id, "readout": readout.spec.name, "rotations": readout.spec.rotations, "questions": questions}
 
 
 def knows(order):  # prefers option 2 (shipping; noul: "true" is option 0) wherever it is shown
@@ -93,3 +93,20 @@ def test_rows_that_need_unrecorded_orderings_say_so():
         _scored(knows, 1, 4)
     rows = _scored(knows, 1, 1)  # R=1 alone: answers, but no order-flip twin to compare
     assert [s.flipped for s, _ in rows if s.qtype == "choice"] == [None]
+
+
+def test_parallel_readings_map_the_canonical_letters_back_to_the_options_and_never_flip():
+    """A parallel reading's letters follow the canonical order (by the text the model sees):
+    the recorded order says which option each letter showed, and combining maps them back."""
+    readout = ParallelReadout(LABELS, IDS)
+    request = readings.core_request(ITEM)
+    team = dict(request.questions)["team"]
+    assert readout.orders(team) == [canonical_order(team)] != [(0, 1, 2, 3)]  # not the caller's order
+    recs = readings.recorded([_record(knows, 1, readout)])
+    rows = readings.scored_rows([ITEM], recs, readout)
+    choice = next(s for s, _ in rows if s.qtype == "choice")
+    assert choice.top == choice.correct == 2 and choice.flipped is False
+    assert choice.probs[2] == pytest.approx(0.7)
+    letters = readings.recorded([_record(knows, 1)])  # letters' records are not parallel's: refused
+    with pytest.raises(readings.MissingReading):
+        readings.scored_rows([ITEM], letters, readout)

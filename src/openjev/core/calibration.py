@@ -13,7 +13,8 @@ calibrate`, numpy/scipy); the request path only applies a fit.
 A calibration file may also name the model's measured defaults (`"defaults"`): the readout
 (and rotations) the server reads with when its operator chose none, and the abstain rule's
 floors; both chosen on the same dev data as the fits (evals/quality_model_table.py). The
-default readout must be one the file has a fit for.
+default readout must be one the file has a fit for. It may name another readout per
+question type (`"per_type": {"choice": {"readout": "yesno"}}`), each with its fit.
 
 A calibration file is bound to what produced its inputs: the model's weights
 fingerprint, the prompt wording's version, the base softmax temperature, and per fit the
@@ -76,7 +77,8 @@ class Calibration:
         return None
 
     def covers(self, spec: ReadoutSpec) -> bool:
-        return any(fit.spec == spec for fit in self.fits)
+        """Whether it has a fit for `spec` (a per-type readout: for any of its parts)."""
+        return any(fit.spec == part for fit in self.fits for part in spec.parts())
 
 
 def apply(fit: TypeFit, probs: Sequence[float]) -> tuple[float, ...]:
@@ -136,9 +138,14 @@ def from_dict(data: Mapping[str, Any], source: str = "") -> Calibration:
         defaults = data.get("defaults") or {}
         default_readout = None
         if "readout" in defaults:
-            default_readout = ReadoutSpec(str(defaults["readout"]), int(defaults.get("rotations", 1)))
-            if default_readout not in specs:
-                raise ValueError(f"default readout {default_readout.describe()!r} has no fit")
+            per_type = tuple(
+                (str(qtype), ReadoutSpec(str(part["readout"]), int(part.get("rotations", 1))))
+                for qtype, part in (defaults.get("per_type") or {}).items()
+            )
+            default_readout = ReadoutSpec(str(defaults["readout"]), int(defaults.get("rotations", 1)), per_type)
+            for part in default_readout.parts():
+                if part not in specs:
+                    raise ValueError(f"default readout {part.describe()!r} has no fit")
         default_abstain = None
         if "abstain" in defaults:
             floors = defaults["abstain"]

@@ -41,15 +41,22 @@ from openjev.core.types import ChoiceQuestion, NoulQuestion, Question, ScoreQues
 from openjev.errors import ConfigError
 
 READOUT_NAMES = ("letters", "yesno", "parallel")
+QUESTION_TYPES = ("noul", "choice", "score")
 
 
 @dataclass(frozen=True)
 class ReadoutSpec:
     """Which readout, and for letters how many orderings. Rotations mean nothing to yesno
-    and parallel (normalised to 1 there, so equal specs compare equal)."""
+    and parallel (normalised to 1 there, so equal specs compare equal).
+
+    `per_type`: other readouts for some question types, as (type, spec) pairs (sorted by
+    type, so equal policies compare equal): a model may read choice questions one way and
+    noul or score questions another (its calibration file names them, chosen on labelled
+    dev data). `name` and `rotations` read the types not named there."""
 
     name: str = "letters"
     rotations: int = 1
+    per_type: tuple[tuple[str, ReadoutSpec], ...] = ()
 
     def __post_init__(self) -> None:
         if self.name not in READOUT_NAMES:
@@ -58,9 +65,39 @@ class ReadoutSpec:
             raise ConfigError(f"rotations must be at least 1, got {self.rotations}")
         if self.name in ("yesno", "parallel") and self.rotations != 1:
             object.__setattr__(self, "rotations", 1)
+        for qtype, spec in self.per_type:
+            if qtype not in QUESTION_TYPES:
+                raise ConfigError(f"unknown question type {qtype!r}; known: {', '.join(QUESTION_TYPES)}")
+            if spec.per_type:
+                raise ConfigError("a per-type readout cannot itself be per type")
+        types = [qtype for qtype, _ in self.per_type]
+        if len(set(types)) != len(types):
+            raise ConfigError("a question type is named twice in a per-type readout")
+        # a type read like the rest is not an exception: dropped, so equal policies compare equal
+        kept = tuple(sorted((t, s) for t, s in self.per_type if s != self.plain))
+        object.__setattr__(self, "per_type", kept)
+
+    @property
+    def plain(self) -> ReadoutSpec:
+        """The readout of the types `per_type` does not name."""
+        return ReadoutSpec(self.name, self.rotations) if self.per_type else self
+
+    def for_type(self, qtype: str) -> ReadoutSpec:
+        """The plain readout that reads questions of `qtype`."""
+        return dict(self.per_type).get(qtype, self.plain)
+
+    def parts(self) -> list[ReadoutSpec]:
+        """Every plain readout this one reads with: the rest's, then each type's."""
+        return [self.plain, *(spec for _, spec in self.per_type)]
 
     def describe(self) -> str:
-        return self.name if self.rotations == 1 else f"{self.name};rotations={self.rotations}"
+        """`letters`, `letters;rotations=4`, or per type `letters;choice=yesno;noul=yesno`
+        (what `x-openjev-readout` and `/v1/models` say)."""
+        head = self.name if self.rotations == 1 else f"{self.name};rotations={self.rotations}"
+        for qtype, spec in self.per_type:
+            part = spec.name if spec.rotations == 1 else f"{spec.name}:{spec.rotations}"
+            head += f";{qtype}={part}"
+        return head
 
 
 @dataclass(frozen=True)
@@ -105,6 +142,12 @@ class Readout(Protocol):
     def combine(self, question: Question, logprobs: Sequence[Sequence[float]]) -> Combined:
         """Raises ValueError where the log-probs admit no distribution (every label -inf)."""
         ...
+
+
+def question_type(question: Question) -> str:
+    return (
+        "noul" if isinstance(question, NoulQuestion) else "choice" if isinstance(question, ChoiceQuestion) else "score"
+    )
 
 
 def n_options(question: Question) -> int:
@@ -259,3 +302,29 @@ class ParallelReadout:
         for position, option in enumerate(canonical_order(question)):
             probs[option] = shown[position]
         return Combined(tuple(probs), scoring.label_mass(lp))
+
+
+class PerTypeReadout:
+    """Reads each question with the readout of its type (ReadoutSpec.per_type); `default`
+    reads the types not named. Each part's readings and combination are its own, so a
+    question's answer is exactly what that readout alone gives."""
+
+    def __init__(self, spec: ReadoutSpec, default: Readout, by_type: dict[str, Readout]) -> None:
+        self.spec = spec
+        self._default = default
+        self._by_type = by_type
+
+    def part(self, question: Question) -> Readout:
+        return self._by_type.get(question_type(question), self._default)
+
+    def count(self, question: Question) -> int:
+        return self.part(question).count(question)
+
+    def reading(self, question: Question, k: int) -> Reading:
+        return self.part(question).reading(question, k)
+
+    def readings(self, question: Question) -> list[Reading]:
+        return self.part(question).readings(question)
+
+    def combine(self, question: Question, logprobs: Sequence[Sequence[float]]) -> Combined:
+        return self.part(question).combine(question, logprobs)

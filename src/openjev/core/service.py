@@ -24,9 +24,11 @@ from openjev.core.readouts import (
     Combined,
     LettersReadout,
     ParallelReadout,
+    PerTypeReadout,
     Readout,
     ReadoutSpec,
     YesNoReadout,
+    question_type,
 )
 from openjev.core.types import (
     Answer,
@@ -100,12 +102,6 @@ class ServiceLimits:
         )
 
 
-def question_type(question: Question) -> str:
-    return (
-        "noul" if isinstance(question, NoulQuestion) else "choice" if isinstance(question, ChoiceQuestion) else "score"
-    )
-
-
 # What the parallel readout becomes on an engine that cannot run parallel layouts (every
 # remote engine): the order-debiased readout any engine runs.
 PARALLEL_FALLBACK = ReadoutSpec("letters", 4)
@@ -146,7 +142,11 @@ class DecisionService:
         self.readout(readout)  # an unavailable default readout fails at startup, not per request
 
     def resolve(self, spec: ReadoutSpec) -> ReadoutSpec:
-        """The readout this engine reads for `spec` (parallel falls back where it cannot run)."""
+        """The readout this engine reads for `spec` (parallel falls back where it cannot run;
+        in a per-type readout, part by part)."""
+        if spec.per_type:
+            plain = self.resolve(spec.plain)
+            return ReadoutSpec(plain.name, plain.rotations, tuple((t, self.resolve(s)) for t, s in spec.per_type))
         if spec.name == "parallel" and not self._parallel_layouts:
             return self._parallel_fallback
         return spec
@@ -168,6 +168,9 @@ class DecisionService:
         cannot be read so."""
         spec = self.resolve(spec)
         found = self._readouts.get(spec)
+        if found is None and spec.per_type:
+            found = PerTypeReadout(spec, self.readout(spec.plain), {t: self.readout(s) for t, s in spec.per_type})
+            self._readouts[spec] = found
         if found is None:
             t = self._limits.temperature
             if spec.name == "yesno":
@@ -271,7 +274,7 @@ class DecisionService:
                 combined = readout.combine(question, logprobs)
             except ValueError as e:
                 raise EngineError("unusable label log-probs from the engine", detail=str(e)) from None
-            fit = cal.fit_for(spec, question_type(question)) if cal is not None else None
+            fit = cal.fit_for(spec.for_type(question_type(question)), question_type(question)) if cal else None
             answers.append((qid, self._answer(question, combined, fit, self.abstain)))
         timings = {"prepare": (t1 - t0) * 1000, **result.timings_ms, "engine": (t2 - t1) * 1000}
         return DecisionResult(
@@ -344,6 +347,6 @@ def used_readout(spec: ReadoutSpec, compiled: CompiledRequest) -> ReadoutSpec:
     its questions got (a question reads min(rotations, options) orders, a scale at most 2,
     one past --rotation-max-options). Under letters each ordering is one branch of the
     question's span. What calibration applies still follows `spec`, the configuration."""
-    if spec.name != "letters" or not compiled.spans:
-        return spec
+    if spec.name != "letters" or spec.per_type or not compiled.spans:
+        return spec  # a per-type readout is described as configured
     return ReadoutSpec(spec.name, max(count for _, count in compiled.spans))

@@ -27,8 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from openjev.core.ports import Engine
-from openjev.core.readouts import Combined, LettersReadout, ParallelReadout, ReadoutSpec, YesNoReadout
-from openjev.core.service import DecisionService, question_type
+from openjev.core.readouts import Combined, LettersReadout, ParallelReadout, ReadoutSpec, YesNoReadout, question_type
+from openjev.core.service import DecisionService
 from openjev.core.types import ChoiceQuestion, DecisionRequest, Option, Question
 from openjev.evals.dataset import Item
 from openjev.evals.metrics import Scored
@@ -186,7 +186,8 @@ def scored_rows(
 ) -> list[tuple[Scored, Combined]]:
     """(Scored, Combined) per recorded question of `items` under `readout`: choice questions
     under letters carry their order flip (top option moved when the options are rotated by
-    one; None where the rotated orderings were not recorded). Questions whose item was not
+    one; None where the rotated orderings were not recorded); under parallel and yesno,
+    whose plan does not depend on the option order, False. Questions whose item was not
     recorded are left out; MissingReading where `readout` itself needs an unrecorded ordering."""
     out = []
     for item in items:
@@ -214,6 +215,8 @@ def scored_rows(
                 flipped = False if isinstance(question, ChoiceQuestion) else None
             else:
                 combined = combine_yesno(readout, question, rec)
+                # each option is judged alone (it never sees the others): it cannot flip
+                flipped = False if isinstance(question, ChoiceQuestion) else None
             out.append((Scored(rec.qtype, combined.probs, expected_index(item, qid), flipped), combined))
     return out
 
