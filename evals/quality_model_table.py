@@ -29,7 +29,7 @@ from typing import Any
 from openjev.core import calibration as calib
 from openjev.core.readouts import LettersReadout, ParallelReadout, ReadoutSpec, YesNoReadout
 from openjev.evals import readings
-from openjev.evals.dataset import load_items
+from openjev.evals.dataset import Item, load_items
 from openjev.evals.fit import fit_readout
 from openjev.evals.metrics import Scored, by_type
 
@@ -148,10 +148,69 @@ def _label(spec: ReadoutSpec) -> str:
     return spec.name + (f", R={spec.rotations}" if spec.name == "letters" else "")
 
 
-def _policy(args: argparse.Namespace) -> ReadoutSpec | None:
-    """The default named by --default and --per-type, or None."""
+TYPES = ("noul", "choice", "score")
+CHEAPER_WITHIN = 0.01  # a cheaper readout whose dev NLL is this close to the best one is taken
+
+
+def _typed_items(items, qtype: str) -> list:
+    """The items reduced to their questions of one type (items without any are left out)."""
+    out = []
+    for item in items:
+        qs = {k: q for k, q in item.request["questions"].items() if q["type"] == qtype}
+        if qs:
+            out.append(Item(item.id, {**item.request, "questions": qs}, {k: item.expected[k] for k in qs}))
+    return out
+
+
+def choose_per_type(service, items, fits_doc: list[dict]) -> tuple[ReadoutSpec, list[dict]]:
+    """Per question type, the readout with the lowest cross-validated NLL on dev after its
+    calibration (its fit's `cv_nll`, temperature form: accuracy and calibration in one
+    number, measured on dev only); a readout that costs fewer tokens for that type and
+    comes within CHEAPER_WITHIN of it is taken instead. The evidence comes back as rows."""
+    evidence, chosen = [], {}
+    for qtype in TYPES:
+        typed = _typed_items(items, qtype)
+        rows = []
+        for f in fits_doc:
+            fit = f["types"].get(qtype)
+            if fit is None:
+                continue
+            spec = ReadoutSpec(f["readout"], f["rotations"])
+            nll = fit["cv_nll"].get("temperature", fit["nll_before"])
+            rows.append(
+                {
+                    "type": qtype,
+                    "readout": _label(spec),
+                    "spec": spec,
+                    "dev_cv_nll": nll,
+                    "dev_raw_nll": fit["nll_before"],
+                    "tokens": readings.tokens(service, typed, spec),
+                }
+            )
+        best = min(r["dev_cv_nll"] for r in rows)
+        pick = min(
+            (r for r in rows if r["dev_cv_nll"] <= best + CHEAPER_WITHIN), key=lambda r: (r["tokens"], r["dev_cv_nll"])
+        )
+        chosen[qtype] = pick["spec"]
+        for r in rows:
+            evidence.append({**{k: v for k, v in r.items() if k != "spec"}, "chosen": r is pick})
+    counts: dict[ReadoutSpec, int] = {}
+    first: dict[ReadoutSpec, int] = {}
+    for n, qtype in enumerate(TYPES):
+        counts[chosen[qtype]] = counts.get(chosen[qtype], 0) + 1
+        first.setdefault(chosen[qtype], n)
+    base = max(counts, key=lambda spec: (counts[spec], -first[spec]))  # the most types; ties: the earliest
+    return ReadoutSpec(base.name, base.rotations, tuple(chosen.items())), evidence
+
+
+def _policy(args: argparse.Namespace, service=None, items=None, fits_doc=None) -> ReadoutSpec | None:
+    """The default named by --default and --per-type (`--default auto`: chosen per type on
+    dev, choose_per_type), or None."""
     if not args.default:
         return None
+    if args.default == "auto":
+        policy, args.evidence = choose_per_type(service, items, fits_doc)
+        return policy
     name, _, rot = args.default.partition(":")
     per_type = []
     for entry in args.per_type:
@@ -192,7 +251,8 @@ def table(args: argparse.Namespace) -> int:
             "test": _reads(test, _calibrated(test, fits)),
         }
         measured[spec] = {"test": test, "fits": fits, "label": label}
-    policy = _policy(args)
+    args.evidence = []
+    policy = _policy(args, service, items["dev"], fits_doc)
     if policy is not None and policy.per_type:
         # the per-type default's own rows: each question as its type's readout answered it
         label = _label(policy)
@@ -301,6 +361,23 @@ def _markdown(args, rows, skipped, items, abstain, shown) -> str:
         )
     if skipped:
         lines += ["", f"Not in this table (their orderings were not recorded): {', '.join(skipped)}."]
+    if args.evidence:
+        lines += [
+            "",
+            "## The readout per question type, chosen on dev",
+            "",
+            "Per type, the readout with the lowest cross-validated NLL on dev after its calibration "
+            f"(5 folds, temperature); a cheaper one (tokens of that type's questions alone) within "
+            f"{CHEAPER_WITHIN} of it is taken instead. Nothing from test enters the choice.",
+            "",
+            "| type | readout | dev NLL raw | dev NLL calibrated (cv) | tokens | chosen |",
+            "|---|---|---|---|---|---|",
+        ]
+        for e in args.evidence:
+            lines.append(
+                f"| {e['type']} | {e['readout']} | {e['dev_raw_nll']:.3f} | {e['dev_cv_nll']:.3f} | "
+                f"{e['tokens']:.0f} | {'**yes**' if e['chosen'] else ''} |"
+            )
     lines += [
         "",
         "Per question type (accuracy / ECE / Brier / NLL; n):",
@@ -358,7 +435,9 @@ def main() -> int:
     tab = sub.add_parser("table", help="derive the rows, fit on dev, report on test")
     tab.add_argument("--results", default="evals/results")
     tab.add_argument(
-        "--default", metavar="READOUT[:ROTATIONS]", help="the model's default readout, named in the calibration file"
+        "--default",
+        metavar="READOUT[:ROTATIONS]",
+        help="the model's default readout, named in the calibration file; auto: chosen per type on dev",
     )
     tab.add_argument(
         "--per-type",

