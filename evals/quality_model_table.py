@@ -277,7 +277,7 @@ def table(args: argparse.Namespace) -> int:
     today = datetime.date.today().isoformat()
     doc = {
         "format": calib.FORMAT,
-        "id": f"{args.model}-dev-{today}",
+        "id": args.id or f"{args.model}-dev-{today}",
         "model": {"name": args.model, "fingerprint": source_fingerprint(source)},
         "prompt_version": PROMPT_VERSION,
         "base_temperature": 1.0,
@@ -439,6 +439,7 @@ def main() -> int:
         metavar="READOUT[:ROTATIONS]",
         help="the model's default readout, named in the calibration file; auto: chosen per type on dev",
     )
+    tab.add_argument("--id", help="the calibration's id (default: MODEL-dev-DATE)")
     tab.add_argument(
         "--per-type",
         action="append",

@@ -103,6 +103,11 @@ class Settings:
     calibration: str = _opt(
         "auto", "calibration applied to answers: auto (the file shipped for the served model, if any), none, or a path"
     )
+    ignore_model_defaults: bool = _opt(
+        False,
+        "do not apply the readout and abstain rule that the served model's calibration file names (applied by "
+        "default where the other flags are left at their defaults): the global defaults",
+    )
     # The abstain rule (core/abstain.py). Chosen on the dev split (evals/abstain_table.py,
     # evals/results/abstain.md): declining the questions where fewer than half the option orders
     # read agree with the answer kept 69 % of the dev questions and raised accuracy on them from

@@ -28,11 +28,14 @@ def test_each_shipped_file_is_chosen_for_its_own_model_only():
 
 
 def test_the_quality_models_file_names_its_measured_defaults():
+    """Chosen per type on dev (docs/quality-model.md): choice options and scales read in two
+    orders, noul once; a floor on the calibrated top probability."""
     cal = _by_model()["qwen2.5-coder-1.5b"]
-    assert cal.default_readout == ReadoutSpec("letters", 1) and cal.covers(cal.default_readout)
-    assert cal.default_abstain is not None
-    for qtype in ("noul", "choice", "score"):  # a temperature per type, no position prior
-        fit = cal.fit_for(cal.default_readout, qtype)
+    spec = cal.default_readout
+    assert spec == ReadoutSpec("letters", 2, (("noul", ReadoutSpec("letters", 1)),)) and cal.covers(spec)
+    assert cal.default_abstain is not None and cal.default_abstain.min_confidence > 0
+    for qtype in ("noul", "choice", "score"):  # a fit for each type's own readout: a temperature, no prior
+        fit = cal.fit_for(spec.for_type(qtype), qtype)
         assert fit is not None and fit.bias == ()
     # the embedded model keeps the global defaults: its file names none
     assert _by_model()["smollm2-135m-instruct"].default_readout is None

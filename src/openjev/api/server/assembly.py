@@ -62,7 +62,7 @@ def build_service(settings: Settings, loaded: LoadedEngine) -> DecisionService:
     abstain = AbstainRule(
         settings.abstain_min_label_mass, settings.abstain_min_order_agreement, settings.abstain_min_confidence
     )
-    if calibration is not None:
+    if calibration is not None and not settings.ignore_model_defaults:
         spec, abstain = model_defaults(settings, calibration, spec, abstain)
         log.info(
             "calibration %s (%s) applied to %s",
