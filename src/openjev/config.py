@@ -103,10 +103,10 @@ class Settings:
     calibration: str = _opt(
         "auto", "calibration applied to answers: auto (the file shipped for the served model, if any), none, or a path"
     )
-    ignore_model_defaults: bool = _opt(
+    ignore_model_abstain: bool = _opt(
         False,
-        "do not apply the readout and abstain rule that the served model's calibration file names (applied by "
-        "default where the other flags are left at their defaults): the global defaults",
+        "do not apply the abstain rule that the served model's calibration file names (its readout and fits still "
+        "apply): the --abstain-* flags' rule, which a floor of 0 cannot otherwise restore",
     )
     # The abstain rule (core/abstain.py). Chosen on the dev split (evals/abstain_table.py,
     # evals/results/abstain.md): declining the questions where fewer than half the option orders

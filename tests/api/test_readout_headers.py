@@ -198,14 +198,14 @@ async def test_a_per_type_default_without_a_fit_for_each_part_is_refused(tmp_pat
         calib.load(path)
 
 
-async def test_an_operator_can_ignore_the_models_defaults_and_keep_its_calibration(tmp_path):
+async def test_an_operator_can_drop_the_models_abstain_rule_and_keep_its_readout_and_calibration(tmp_path):
     path = _model_calibration(tmp_path, readout="letters", rotations=1, abstain={"min_confidence": 1.0})
     async with running_app(calibration=path) as (client, _engine):
         r = await client.post("/v1/systemone", json=VALID)
         assert all(a["x_abstain"] for a in r.json()["answers"].values())  # the file's floor: nothing reaches 1
-    async with running_app(calibration=path, ignore_model_defaults=True) as (client, _engine):
+    async with running_app(calibration=path, ignore_model_abstain=True) as (client, _engine):
         model = (await client.get("/v1/models")).json()["models"][0]
-        assert model["x_readout"] == "letters;rotations=4" and model["x_abstain"]["min_confidence"] == 0.0
+        assert model["x_readout"] == "letters" and model["x_abstain"]["min_confidence"] == 0.0
         r = await client.post("/v1/systemone", json=VALID)
         assert r.headers["x-openjev-calibration"] == "fake-model-measured"  # the calibration still applies
         assert not any(a.get("x_abstain") for a in r.json()["answers"].values())

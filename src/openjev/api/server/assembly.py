@@ -62,7 +62,7 @@ def build_service(settings: Settings, loaded: LoadedEngine) -> DecisionService:
     abstain = AbstainRule(
         settings.abstain_min_label_mass, settings.abstain_min_order_agreement, settings.abstain_min_confidence
     )
-    if calibration is not None and not settings.ignore_model_defaults:
+    if calibration is not None:
         spec, abstain = model_defaults(settings, calibration, spec, abstain)
         log.info(
             "calibration %s (%s) applied to %s",
@@ -104,9 +104,10 @@ def model_defaults(
     settings: Settings, calibration: Calibration, spec: ReadoutSpec, abstain: AbstainRule
 ) -> tuple[ReadoutSpec, AbstainRule]:
     """The served model's measured defaults, from its calibration file, where the operator
-    left the global ones: --readout/--rotations at letters/4 take the file's readout, the two
-    --abstain-* floors at their defaults take the file's floors. A flag set to anything else
-    wins (a flag set to the global default itself cannot be told from none)."""
+    left the global ones: --readout/--rotations at their defaults take the file's readout, the
+    three --abstain-* floors at their defaults take the file's floors unless
+    --ignore-model-abstain. A flag set to anything else wins (a flag set to the global default
+    itself cannot be told from none: hence --ignore-model-abstain)."""
     glob = Settings()
     if calibration.default_readout is not None and (settings.readout, settings.rotations) == (
         glob.readout,
@@ -117,11 +118,8 @@ def model_defaults(
             "default readout %s: the one measured for this model (calibration %s)", spec.describe(), calibration.id
         )
     floors = (settings.abstain_min_label_mass, settings.abstain_min_order_agreement, settings.abstain_min_confidence)
-    if calibration.default_abstain is not None and floors == (
-        glob.abstain_min_label_mass,
-        glob.abstain_min_order_agreement,
-        glob.abstain_min_confidence,
-    ):
+    left = floors == (glob.abstain_min_label_mass, glob.abstain_min_order_agreement, glob.abstain_min_confidence)
+    if calibration.default_abstain is not None and left and not settings.ignore_model_abstain:
         abstain = calibration.default_abstain
         log.info(
             "abstain floors %s: the ones measured for this model (calibration %s)", abstain.describe(), calibration.id
