@@ -274,7 +274,8 @@ class DecisionService:
                 combined = readout.combine(question, logprobs)
             except ValueError as e:
                 raise EngineError("unusable label log-probs from the engine", detail=str(e)) from None
-            fit = cal.fit_for(spec.for_type(question_type(question)), question_type(question)) if cal else None
+            qtype = question_type(question)
+            fit = cal.fit_for(spec.for_type(qtype), qtype) if cal is not None else None
             answers.append((qid, self._answer(question, combined, fit, self.abstain)))
         timings = {"prepare": (t1 - t0) * 1000, **result.timings_ms, "engine": (t2 - t1) * 1000}
         return DecisionResult(
