@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from openjev.core.readouts import READOUT_NAMES
 from openjev.errors import ConfigError
 
 ENV_PREFIX = "OPENJEV_"
@@ -90,15 +91,17 @@ class Settings:
     # decision quality (docs/quality.md)
     # Default from measurement (docs/quality-readouts.md): parallel reads choice options side
     # by side, order-free at the cost of one reading; an engine without parallel layouts (every
-    # remote one) reads letters under --rotations instead.
+    # remote one) reads canonical instead: the same order, the options one after another.
     readout: str = _opt(
         "parallel",
-        "how questions are read: letters (lettered options), yesno (a Yes/No branch per option) or parallel "
-        "(choice options read side by side, order-free; in-process engine only, others read letters under "
-        "--rotations)",
+        "how questions are read: letters (lettered options), yesno (a Yes/No branch per option), parallel "
+        "(choice options read side by side, order-free; in-process engine only, others read canonical) or "
+        "canonical (choice options lettered once in an order of their own text, order-free)",
     )
     rotations: int = _opt(
-        4, "letters readout (and parallel's fallback): cyclic rotations of the options read and averaged"
+        4,
+        "letters readout: cyclic rotations of the options read and averaged (set alone, with --readout left at "
+        "parallel, it asks for letters)",
     )
     calibration: str = _opt(
         "auto", "calibration applied to answers: auto (the file shipped for the served model, if any), none, or a path"
@@ -355,8 +358,8 @@ class Settings:
             raise ConfigError(f"log_format must be text or json, got {self.log_format!r}")
         if self.log_level.lower() not in ("debug", "info", "warning", "error", "critical"):
             raise ConfigError(f"log_level must be debug, info, warning, error or critical, got {self.log_level!r}")
-        if self.readout not in ("letters", "yesno", "parallel"):
-            raise ConfigError(f"readout must be letters, yesno or parallel, got {self.readout!r}")
+        if self.readout not in READOUT_NAMES:
+            raise ConfigError(f"readout must be one of {', '.join(READOUT_NAMES)}, got {self.readout!r}")
         if self.docs not in ("public", "auth", "off"):
             raise ConfigError(f"docs must be public, auth or off, got {self.docs!r}")
         for name in self.allowed_hosts:

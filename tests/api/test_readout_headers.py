@@ -11,16 +11,16 @@ async def test_default_readout_and_no_calibration_are_named_in_headers(api):
     r = await client.post("/v1/systemone", json=VALID)
     assert r.status_code == 200
     # The default (parallel) on an engine without parallel layouts, like this fake, falls back
-    # to letters under 4 rotations; these questions have 2 options (or a scale): each is read
-    # in 2 orders, and the header says what was read.
-    assert r.headers["x-openjev-readout"] == "letters;rotations=2"
+    # to canonical: every question read once, and the header says what was read.
+    assert r.headers["x-openjev-readout"] == "canonical"
     assert r.headers["x-openjev-calibration"] == "none"  # the fake model has no shipped calibration
-    assert all("x_order_agreement" in a for a in r.json()["answers"].values())
-    assert len(engine.plans[0].branches) == 2 + 2 + 2  # 2 options (or a scale) read in 2 orders each
-    r = await client.post("/v1/systemone", json=VALID, headers={"x-openjev-rotations": "1"})
-    assert r.headers["x-openjev-readout"] == "letters"
     assert all("x_order_agreement" not in a for a in r.json()["answers"].values())
-    assert len(engine.plans[-1].branches) == 3
+    assert len(engine.plans[0].branches) == 3
+    r = await client.post("/v1/systemone", json=VALID, headers={"x-openjev-rotations": "4"})
+    # 2 options (or a scale) read in 2 orders each
+    assert r.headers["x-openjev-readout"] == "letters;rotations=2"
+    assert all("x_order_agreement" in a for a in r.json()["answers"].values())
+    assert len(engine.plans[-1].branches) == 2 + 2 + 2
 
 
 async def test_headers_override_the_readout_per_request(api):
@@ -103,13 +103,30 @@ async def test_parallel_falls_back_on_an_engine_without_layouts_and_models_say_s
     # the fake engine, like every remote engine, cannot run parallel layouts
     async with running_app(readout="parallel", rotations=4) as (client, engine):
         model = (await client.get("/v1/models")).json()["models"][0]
-        assert model["x_readout"] == "letters;rotations=4"
-        assert model["x_readouts"]["parallel"] == "letters;rotations=4"
+        assert model["x_readout"] == "canonical"
+        assert model["x_readouts"]["parallel"] == "canonical"
         assert model["x_readouts"]["letters"] == "letters;rotations=4"
         r = await client.post("/v1/systemone", json=VALID, headers={"x-openjev-readout": "parallel"})
-        # letters under 4 rotations; the header names the orders really read (2 options: 2)
-        assert r.status_code == 200 and r.headers["x-openjev-readout"] == "letters;rotations=2"
+        # parallel's sequential twin: one reading of the options in the canonical order
+        assert r.status_code == 200 and r.headers["x-openjev-readout"] == "canonical"
         assert not any(b.parallel for plan in engine.plans for b in plan.branches)
+        assert len(engine.plans[-1].branches) == 3  # one per question
+        # rotations asked for alone ask for letters, as under parallel
+        r = await client.post("/v1/systemone", json=VALID, headers={"x-openjev-rotations": "2"})
+        assert r.status_code == 200 and r.headers["x-openjev-readout"] == "letters;rotations=2"
+
+
+async def test_the_canonical_readout_answers_the_same_for_any_option_order():
+    async with running_app(readout="canonical") as (client, engine):
+        options = {"billing": "Payments", "shipping": "Delivery", "returns": None}
+        asked = {"type": "choice", "instructions": "Which team?", "criteria": options}
+        flipped = {**asked, "criteria": dict(reversed(list(options.items())))}
+        a = await client.post("/v1/systemone", json={**VALID, "questions": {"q": asked}})
+        b = await client.post("/v1/systemone", json={**VALID, "questions": {"q": flipped}})
+        assert a.status_code == b.status_code == 200 and a.headers["x-openjev-readout"] == "canonical"
+        first, second = engine.plans[-2:]
+        assert [x.input_ids for x in first.branches] == [x.input_ids for x in second.branches]  # the same plan
+        assert a.json()["answers"]["q"] == b.json()["answers"]["q"]
 
 
 def _model_calibration(tmp_path, **defaults) -> str:

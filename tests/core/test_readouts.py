@@ -185,3 +185,29 @@ def test_parallel_reads_noul_and_scales_as_letters():
     for q in (NoulQuestion("Refund?"), ScoreQuestion("How urgent?", ("low", "mid", "high"))):
         assert ro.readings(q) == letters(1).readings(q)
     assert ReadoutSpec("parallel", 4) == ReadoutSpec("parallel")  # rotations mean nothing to it
+
+
+def test_canonical_reads_choice_options_once_in_parallels_order_one_after_another():
+    from openjev.core.readouts import ParallelReadout
+
+    ro = LettersReadout(LABELS, IDS, canonical=True)
+    assert ro.spec == ReadoutSpec("canonical") == ReadoutSpec("canonical", 4)  # one reading, whatever --rotations
+    a = ChoiceQuestion("Which team?", (Option("x", "Zebra"), Option("y", "Apple"), Option("z", None)))
+    b = ChoiceQuestion("Which team?", (a.options[2], a.options[0], a.options[1]))  # the caller's order differs
+    [ra], [rb] = ro.readings(a), ro.readings(b)
+    assert ra == rb and not ra.parallel  # the same text for any order, a plain (sequential) reading
+    assert ra.text.endswith("A. Apple\nB. Zebra\nC. z") and ra.label_ids == IDS[:3]
+    assert ro.orders(a) == ParallelReadout(LABELS, IDS).orders(a)  # parallel's sequential twin
+    lp = [math.log(0.5), math.log(0.3), math.log(0.2)]  # A, B, C
+    pa, pb = ro.combine(a, [lp]), ro.combine(b, [lp])
+    assert pa.probs == pytest.approx((0.3, 0.5, 0.2))  # x=Zebra=B, y=Apple=A, z=C
+    assert dict(zip("xyz", pa.probs, strict=True)) == dict(zip("zxy", pb.probs, strict=True))
+    assert pa.order_agreement is None and ro.count(a) == 1
+
+
+def test_canonical_reads_noul_and_scales_as_one_plain_reading():
+    ro = LettersReadout(LABELS, IDS, rotations=4, canonical=True)
+    for q in (NoulQuestion("Refund?"), ScoreQuestion("How urgent?", ("low", "mid", "high"))):
+        assert ro.readings(q) == letters(1).readings(q) and ro.count(q) == 1
+    many = choice(*(f"o{i:02d}" for i in range(30)))
+    assert ro.count(many) == 1 and ro.orders(many) == [tuple(range(30))]

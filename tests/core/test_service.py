@@ -170,12 +170,11 @@ async def test_parallel_runs_where_the_engine_runs_layouts_and_falls_back_elsewh
     remote = FakeEngine()
     unable = DecisionService(compiler, remote, limits, readout=spec)
     result = await unable.decide(DecisionRequest(STATE, QUESTIONS))
-    # letters under 4 rotations; the result names the orders really read (these questions
-    # have at most 2 options or a scale: 2 orders)
-    assert unable.default_readout.describe() == "letters;rotations=4" and result.readout == "letters;rotations=2"
-    assert not any(b.parallel for b in remote.plans[0].branches)
+    # parallel's sequential twin: each question read once, choice options in the canonical order
+    assert unable.default_readout.describe() == "canonical" and result.readout == "canonical"
+    assert not any(b.parallel for b in remote.plans[0].branches) and len(remote.plans[0].branches) == 3
     result = await unable.decide(DecisionRequest(STATE, QUESTIONS), readout=spec)  # a per-request ask too
-    assert result.readout == "letters;rotations=2"
+    assert result.readout == "canonical"
 
 
 async def test_abstain_rule_marks_exactly_the_answers_below_its_floors():

@@ -18,6 +18,11 @@ extra readings share the state's computation like any other branch.
   does not depend on the order the options came in, at the cost of one reading. noul and
   score questions are read as letters (their order is the API's, not the caller's). Only
   an engine that runs parallel layouts can read it (the service falls back otherwise).
+- `canonical`: parallel's sequential twin, for engines that cannot run layouts: a choice
+  question's options lettered once, one after another, in the same canonical order. The
+  answer does not depend on the caller's order (order flips are zero by construction) at
+  one reading's cost; the model's preference for early letters stays, but falls on options
+  by their text, not by where the caller put them. noul and score are read as letters.
 - `yesno` (the second seed's method): noul reads Yes/No directly; every choice option
   and score level is its own reading, judged Yes/No; P(yes) of each candidate (Yes vs No,
   renormalised) is normalised over the question's candidates. The candidates of a
@@ -40,14 +45,15 @@ from openjev.core import scoring, wording
 from openjev.core.types import ChoiceQuestion, NoulQuestion, Question, ScoreQuestion
 from openjev.errors import ConfigError
 
-READOUT_NAMES = ("letters", "yesno", "parallel")
+READOUT_NAMES = ("letters", "yesno", "parallel", "canonical")
+ONE_READING = ("yesno", "parallel", "canonical")  # readouts rotations mean nothing to
 QUESTION_TYPES = ("noul", "choice", "score")
 
 
 @dataclass(frozen=True)
 class ReadoutSpec:
-    """Which readout, and for letters how many orderings. Rotations mean nothing to yesno
-    and parallel (normalised to 1 there, so equal specs compare equal).
+    """Which readout, and for letters how many orderings. Rotations mean nothing to yesno,
+    parallel and canonical (normalised to 1 there, so equal specs compare equal).
 
     `per_type`: other readouts for some question types, as (type, spec) pairs (sorted by
     type, so equal policies compare equal): a model may read choice questions one way and
@@ -63,7 +69,7 @@ class ReadoutSpec:
             raise ConfigError(f"unknown readout {self.name!r}; known: {', '.join(READOUT_NAMES)}")
         if self.rotations < 1:
             raise ConfigError(f"rotations must be at least 1, got {self.rotations}")
-        if self.name in ("yesno", "parallel") and self.rotations != 1:
+        if self.name in ONE_READING and self.rotations != 1:
             object.__setattr__(self, "rotations", 1)
         for qtype, spec in self.per_type:
             if qtype not in QUESTION_TYPES:
@@ -167,8 +173,11 @@ class LettersReadout:
         rotations: int = 1,
         temperature: float = 1.0,
         max_rotated_options: int = 26,
+        canonical: bool = False,
     ) -> None:
-        self.spec = ReadoutSpec("letters", rotations)
+        # canonical: a choice's options in canonical_order, read once (the `canonical` readout)
+        self.spec = ReadoutSpec("canonical") if canonical else ReadoutSpec("letters", rotations)
+        self._canonical = canonical
         self._labels = tuple(labels)
         self._ids = tuple(label_ids)
         self._temperature = temperature
@@ -180,6 +189,8 @@ class LettersReadout:
         """The option orders read: position j of ordering k shows option orders[k][j]."""
         n = n_options(question)
         ascending = tuple(range(n))
+        if self._canonical and isinstance(question, ChoiceQuestion):
+            return [canonical_order(question)]
         if n > self._max_rotated:
             return [ascending]
         if isinstance(question, ScoreQuestion):
@@ -190,7 +201,7 @@ class LettersReadout:
 
     def count(self, question: Question) -> int:
         n = n_options(question)
-        if n > self._max_rotated:
+        if n > self._max_rotated or self._canonical:
             return 1
         if isinstance(question, ScoreQuestion):
             return 1 if self.spec.rotations == 1 else 2

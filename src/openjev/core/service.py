@@ -103,8 +103,9 @@ class ServiceLimits:
 
 
 # What the parallel readout becomes on an engine that cannot run parallel layouts (every
-# remote engine): the order-debiased readout any engine runs.
-PARALLEL_FALLBACK = ReadoutSpec("letters", 4)
+# remote engine): its sequential twin, the same canonical order read once, which any engine
+# runs and which is as order-free and as cheap.
+PARALLEL_FALLBACK = ReadoutSpec("canonical")
 
 
 class DecisionService:
@@ -190,6 +191,7 @@ class DecisionService:
                     rotations=spec.rotations,
                     temperature=t,
                     max_rotated_options=self._limits.rotation_max_options,
+                    canonical=spec.name == "canonical",
                 )
             self._readouts[spec] = found
         return found

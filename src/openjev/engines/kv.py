@@ -61,7 +61,10 @@ class KVChain:
         """One chunk owning its memory (for long-lived cache entries)."""
         if not self.chunks:
             return self
-        layers = tuple((k.clone(), v.clone()) for k, v in (self.layer(i) for i in range(len(self.chunks[0]))))
+        if len(self.chunks) > 1:  # layer() concatenates: new tensors of their own already
+            layers = tuple(self.layer(i) for i in range(len(self.chunks[0])))
+        else:  # a view may pin a larger tensor (the rest of a forward's output): copy it out
+            layers = tuple((k.clone(), v.clone()) for k, v in self.chunks[0])
         return KVChain((layers,), self.length)
 
     @property

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import httpx
 
+from openjev.core.readouts import READOUT_NAMES
 from openjev.evals import report
 from openjev.evals.dataset import DataError, load_items
 from openjev.evals.metrics import by_type
@@ -37,9 +38,7 @@ def _common(p: argparse.ArgumentParser) -> None:
 def add_commands(sub: argparse._SubParsersAction) -> None:
     ev = sub.add_parser("eval", help="measure accuracy and calibration on labelled data")
     _common(ev)
-    ev.add_argument(
-        "--readout", choices=("letters", "yesno", "parallel"), help="readout to ask for (default: the server's)"
-    )
+    ev.add_argument("--readout", choices=READOUT_NAMES, help="readout to ask for (default: the server's)")
     ev.add_argument("--rotations", type=int, help="letters: rotations to ask for (default: the server's)")
     ev.add_argument("--uncalibrated", action="store_true", help="ask for raw answers (x-openjev-calibration: none)")
     ev.add_argument("--no-flips", action="store_true", help="skip the rotated choice requests (no order-flip rate)")
@@ -52,7 +51,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
         "--config",
         action="append",
         metavar="READOUT[:ROTATIONS]",
-        help="readout to fit, repeatable: letters, letters:4, yesno, parallel (default: the server's readout)",
+        help="readout to fit, repeatable: letters, letters:4, yesno, parallel, canonical (default: the server's readout)",
     )
     cal.add_argument("-o", "--output", default="calibration.json", help="calibration file to write")
     cal.add_argument("--id", help="calibration id (default: <model>-<data>-<date>)")
@@ -119,8 +118,8 @@ def evaluate(args: argparse.Namespace) -> int:
 
 def _parse_config(text: str) -> RunConfig:
     name, _, rot = text.partition(":")
-    if name not in ("letters", "yesno", "parallel"):
-        raise ValueError(f"--config {text!r}: readout must be letters, yesno or parallel")
+    if name not in READOUT_NAMES:
+        raise ValueError(f"--config {text!r}: readout must be one of {', '.join(READOUT_NAMES)}")
     return RunConfig(readout=name, rotations=int(rot) if rot else 1, calibrated=False, flips=False)
 
 
@@ -162,9 +161,10 @@ def calibrate(args: argparse.Namespace) -> int:
                     file=sys.stderr,
                 )
                 return 1
-            # parallel reads choice options in a canonical order: a correction by request
-            # position would bring the caller's order back into its answers
-            types = fit_readout(scored, order_free=("choice",) if config.readout == "parallel" else ())
+            # parallel and canonical read choice options in a canonical order: a correction by
+            # request position would bring the caller's order back into their answers
+            order_free = ("choice",) if config.readout in ("parallel", "canonical") else ()
+            types = fit_readout(scored, order_free=order_free)
             fits.append({"readout": config.readout, "rotations": config.rotations, "types": types})
             for qtype, fit in types.items():
                 print(

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from openjev.api.contract import schemas
+from openjev.core.readouts import READOUT_NAMES
 
 Responses = dict[int | str, dict[str, Any]]
 
@@ -86,8 +87,9 @@ READOUT_HEADERS: list[dict[str, Any]] = [
         "in": "header",
         "required": False,
         "description": "how questions are read (default: the server's --readout); parallel reads choice "
-        "options side by side (order-free), on the in-process engine; others read letters R=4 for it",
-        "schema": {"type": "string", "enum": ["letters", "yesno", "parallel"]},
+        "options side by side (order-free), on the in-process engine; other engines read canonical for it "
+        "(the options lettered once in an order of their own text: order-free, one reading)",
+        "schema": {"type": "string", "enum": list(READOUT_NAMES)},
     },
     {
         "name": "x-openjev-rotations",

@@ -96,7 +96,6 @@ def build_service(settings: Settings, loaded: LoadedEngine) -> DecisionService:
         calibration=calibration,
         abstain=abstain,
         parallel_layouts=bool(getattr(loaded.engine, "parallel_layouts", False)),
-        parallel_fallback=ReadoutSpec("letters", settings.rotations),
     )
 
 
