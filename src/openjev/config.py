@@ -89,19 +89,20 @@ class Settings:
     cache_dir: str = _opt(_default_cache_dir(), "where converted weights are cached (GGUF -> safetensors)")
     temperature: float = _opt(1.0, "softmax temperature applied to label log-probs (1.0 = the model's own)")
     # decision quality (docs/quality.md)
-    # Default from measurement (docs/quality-readouts.md): parallel reads choice options side
-    # by side, order-free at the cost of one reading; an engine without parallel layouts (every
-    # remote one) reads canonical instead: the same order, the options one after another.
+    # Default from measurement (docs/quality-readouts.md): canonical reads a choice's options once,
+    # lettered in an order of their own text, so the caller's order never reaches the model;
+    # one reading, on every engine, and the best of the readouts on the embedded model's dev set.
     readout: str = _opt(
-        "parallel",
-        "how questions are read: letters (lettered options), yesno (a Yes/No branch per option), parallel "
-        "(choice options read side by side, order-free; in-process engine only, others read canonical) or "
-        "canonical (choice options lettered once in an order of their own text, order-free)",
+        "canonical",
+        "how questions are read: canonical (a choice's options lettered once in an order of their own text: "
+        "order-free, one reading), letters (lettered in the caller's order; --rotations orders averaged), "
+        "yesno (a Yes/No branch per option) or parallel (choice options read side by side, order-free; "
+        "in-process engine only, others read canonical)",
     )
     rotations: int = _opt(
         4,
         "letters readout: cyclic rotations of the options read and averaged (set alone, with --readout left at "
-        "parallel, it asks for letters)",
+        "canonical, it asks for letters)",
     )
     calibration: str = _opt(
         "auto", "calibration applied to answers: auto (the file shipped for the served model, if any), none, or a path"

@@ -10,8 +10,7 @@ async def test_default_readout_and_no_calibration_are_named_in_headers(api):
     client, engine = api
     r = await client.post("/v1/systemone", json=VALID)
     assert r.status_code == 200
-    # The default (parallel) on an engine without parallel layouts, like this fake, falls back
-    # to canonical: every question read once, and the header says what was read.
+    # The default (canonical): every question read once, and the header says what was read.
     assert r.headers["x-openjev-readout"] == "canonical"
     assert r.headers["x-openjev-calibration"] == "none"  # the fake model has no shipped calibration
     assert all("x_order_agreement" not in a for a in r.json()["answers"].values())
@@ -111,7 +110,7 @@ async def test_parallel_falls_back_on_an_engine_without_layouts_and_models_say_s
         assert r.status_code == 200 and r.headers["x-openjev-readout"] == "canonical"
         assert not any(b.parallel for plan in engine.plans for b in plan.branches)
         assert len(engine.plans[-1].branches) == 3  # one per question
-        # rotations asked for alone ask for letters, as under parallel
+        # rotations asked for alone ask for letters
         r = await client.post("/v1/systemone", json=VALID, headers={"x-openjev-rotations": "2"})
         assert r.status_code == 200 and r.headers["x-openjev-readout"] == "letters;rotations=2"
 

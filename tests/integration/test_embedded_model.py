@@ -180,6 +180,27 @@ def test_answers_are_well_formed_distributions(embedded, compiler):
     assert min(a.label_mass for _, a in result.answers) > 0.3
 
 
+def test_canonical_readout_answers_the_same_for_any_option_order_on_the_real_model(embedded, compiler):
+    """The default readout: the same request with its options reversed is the same plan, so
+    the real model gives each option the same probability (order flips are 0, not rare)."""
+    from openjev.core.readouts import LettersReadout
+
+    readout = LettersReadout(compiler.labels.texts, compiler.labels.ids, canonical=True)
+    team = dict(TICKET_QUESTIONS)["team"]
+    assert isinstance(team, ChoiceQuestion)
+    shuffled = ChoiceQuestion(team.instructions, team.options[::-1])
+    plans = [compiler.compile(DecisionRequest(STATE, (("team", q),)), readout).plan for q in (team, shuffled)]
+    assert plans[0] == plans[1] and not plans[0].branches[0].parallel  # one plain reading, the same tokens
+    [result] = _run(_engine(embedded), plans[0])
+    lp = [list(result.branches[0].logprobs)]
+    by_name = [
+        dict(zip((o.name for o in q.options), readout.combine(q, lp).probs, strict=True)) for q in (team, shuffled)
+    ]
+    assert by_name[0] == by_name[1]
+    plain = LettersReadout(compiler.labels.texts, compiler.labels.ids)  # letters in the caller's order differ
+    assert plain.readings(team) != plain.readings(shuffled)
+
+
 def test_parallel_readout_is_order_free_and_exact_on_the_real_model(embedded, compiler):
     from openjev.core.plan import Branch
     from openjev.core.readouts import ParallelReadout

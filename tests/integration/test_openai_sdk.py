@@ -309,7 +309,7 @@ def test_refusals_follow_the_cores_abstain_rule(client, server):
     request on /v1/systemone marks its answer `x_abstain`, and where the reading's order
     agreement is below the floor; the other questions of the request are answered. The
     order-agreement floor needs several orders read: both requests ask for 4 rotations (the
-    default readout, parallel, reads one order, so that floor declines nothing there)."""
+    default readout, canonical, reads one order, so that floor declines nothing there)."""
     rotations = {"x-openjev-readout": "letters", "x-openjev-rotations": "4"}
     headers = {"Authorization": f"Bearer {KEY}", **rotations}
     rule = httpx.get(server.url + "/v1/limits", headers=headers, timeout=30).json()["abstain"]
