@@ -1,7 +1,7 @@
 """What order debiasing costs: readouts side by side on one in-process server (embedded model).
 
-For each readout (per-request headers: letters R=1, letters R=4, parallel, and any given with
---readout), 1- and 8-question requests on a ~1,000-token state: cold (a state never sent)
+For each readout (per-request headers: letters R=1, letters R=4, parallel, canonical; `--only`
+picks some), 1- and 8-question requests on a ~1,000-token state: cold (a state never sent)
 and warm (the same state again, new questions), p50 over --repeats, the readouts taking
 turns within each repeat (the order rotates), so machine load hits them alike. Also the
 tokens the engine computed (usage.x_computed_tokens) per request. One JSON line per row,
@@ -30,6 +30,7 @@ READOUTS = {
     "letters R=1": {"x-openjev-readout": "letters", "x-openjev-rotations": "1"},
     "letters R=4": {"x-openjev-readout": "letters", "x-openjev-rotations": "4"},
     "parallel": {"x-openjev-readout": "parallel"},
+    "canonical": {"x-openjev-readout": "canonical"},
 }
 
 
@@ -123,12 +124,18 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--sizes", default="1,8", help="questions per request, comma-separated")
     ap.add_argument("--out", help="also write the rows and the table to this JSON file")
+    ap.add_argument("--only", help=f"comma-separated readouts of: {', '.join(READOUTS)} (letters R=1 is always read)")
     args = ap.parse_args()
+    chosen = {"letters R=1", *(n.strip() for n in (args.only or ",".join(READOUTS)).split(","))}
+    unknown = chosen - set(READOUTS)
+    if unknown:
+        ap.error(f"--only: unknown readouts {sorted(unknown)}")
+    readouts = {name: headers for name, headers in READOUTS.items() if name in chosen}
     settings = load_settings({"calibration": "none", "engine_timeout_s": 1800})
     head = {"machine": machine(), "dtype": settings.dtype, "repeats": args.repeats}
     sizes = [int(s) for s in args.sizes.split(",")]
     with local_server(settings) as url:
-        rows = asyncio.run(measure(url, READOUTS, args.repeats, sizes))
+        rows = asyncio.run(measure(url, readouts, args.repeats, sizes))
     for r in rows:
         print(json.dumps({**head, **r}), flush=True)
     table = markdown(rows, head)

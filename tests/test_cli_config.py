@@ -128,3 +128,14 @@ def test_trusted_proxies_take_addresses_and_networks():
     args = build_parser().parse_args(["serve", "--trusted-proxies", "127.0.0.1,10.0.0.0/8", "--trusted-proxies", "::1"])
     assert _settings(args).trusted_proxies == ("127.0.0.1", "10.0.0.0/8", "::1")
     assert load_settings({}, environ={"OPENJEV_TRUSTED_PROXIES": "192.168.1.1"}).trusted_proxies == ("192.168.1.1",)
+
+
+def test_the_readouts_config_accepts_are_the_cores():
+    from openjev.config import READOUTS
+    from openjev.core.readouts import READOUT_NAMES
+
+    assert sorted(READOUTS) == sorted(READOUT_NAMES)
+    for name in READOUT_NAMES:
+        assert load_settings({"readout": name}, environ={}).readout == name
+    with pytest.raises(ConfigError, match="readout must be one of"):
+        load_settings({"readout": "tea-leaves"}, environ={})

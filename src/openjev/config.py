@@ -16,8 +16,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from openjev.core.readouts import READOUT_NAMES
 from openjev.errors import ConfigError
+
+# core.readouts.READOUT_NAMES (config sits below core: tests/test_cli_config.py keeps them equal)
+READOUTS = ("letters", "yesno", "parallel", "canonical")
 
 ENV_PREFIX = "OPENJEV_"
 
@@ -359,8 +361,8 @@ class Settings:
             raise ConfigError(f"log_format must be text or json, got {self.log_format!r}")
         if self.log_level.lower() not in ("debug", "info", "warning", "error", "critical"):
             raise ConfigError(f"log_level must be debug, info, warning, error or critical, got {self.log_level!r}")
-        if self.readout not in READOUT_NAMES:
-            raise ConfigError(f"readout must be one of {', '.join(READOUT_NAMES)}, got {self.readout!r}")
+        if self.readout not in READOUTS:
+            raise ConfigError(f"readout must be one of {', '.join(READOUTS)}, got {self.readout!r}")
         if self.docs not in ("public", "auth", "off"):
             raise ConfigError(f"docs must be public, auth or off, got {self.docs!r}")
         for name in self.allowed_hosts:
