@@ -11,7 +11,7 @@ fit the calibration on dev only and report on test.
 
 `--rotations R` records letters with R rotations (R at least the most options of any choice
 records every cyclic shift, from which R=1, 2 and 4 and their order-flip twins all
-follow); `--parallel` and `--yesno` record those readouts too. Rows that need an ordering that was not
+follow); `--parallel`, `--canonical` and `--yesno` record those readouts too. Rows that need an ordering that was not
 recorded are left out of the table (and say so). The calibrated rows apply a fit made on
 the dev records (openjev.evals.fit, the same as `openjev calibrate`) to the test records;
 nothing is fitted on test.
@@ -36,7 +36,9 @@ from openjev.evals.metrics import Scored, by_type
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from abstain_table import Read, choose, grid, measure, rule_text  # the embedded model's abstain table, reused
 
-CONFIGS = [("letters", 1), ("letters", 2), ("letters", 4), ("parallel", 1), ("yesno", 1)]
+# Order matters on a tie: canonical reads noul and score exactly as letters R=1 (the same
+# readings, the same NLL, the same tokens), and choose_per_type keeps the first of equals.
+CONFIGS = [("letters", 1), ("letters", 2), ("letters", 4), ("parallel", 1), ("yesno", 1), ("canonical", 1)]
 DATA = {"dev": "evals/data/dev.jsonl", "test": "evals/data/test.jsonl"}
 
 
@@ -73,8 +75,9 @@ def _log(message: str) -> None:
 def record(args: argparse.Namespace) -> int:
     service, loaded = _service(args.model)
     engine = loaded.engine
-    specs = [ReadoutSpec("letters", args.rotations)]
+    specs = [ReadoutSpec("letters", args.rotations)] if args.rotations else []  # 0: no letters this run
     specs += [ReadoutSpec("parallel")] if args.parallel else []
+    specs += [ReadoutSpec("canonical")] if args.canonical else []
     specs += [ReadoutSpec("yesno")] if args.yesno else []
     splits = {path: load_items(path)[: args.limit] if args.limit else load_items(path) for path in args.data}
     # Item by item, the splits in turn: a run stopped early (the compute is the limit) still
@@ -238,8 +241,8 @@ def table(args: argparse.Namespace) -> int:
         if not dev or not test:
             skipped.append(label)
             continue
-        # parallel reads a choice in its canonical order: no per-position correction there
-        order_free = ("choice",) if name == "parallel" else ()
+        # parallel and canonical read a choice in its canonical order: no per-position correction there
+        order_free = ("choice",) if name in ("parallel", "canonical") else ()
         fits = fit_readout([s for s, _ in dev], prior=args.prior, order_free=order_free)
         fits_doc.append({"readout": name, "rotations": rotations, "types": fits})
         tokens = readings.tokens(service, items["test"], spec)
@@ -428,8 +431,9 @@ def main() -> int:
     sub = ap.add_subparsers(dest="command", required=True)
     rec = sub.add_parser("record", help="record per-reading log-probs (slow, resumable)")
     rec.add_argument("data", nargs="+")
-    rec.add_argument("--rotations", type=int, default=1)
+    rec.add_argument("--rotations", type=int, default=1, help="letters rotations to record (0: none)")
     rec.add_argument("--parallel", action="store_true")
+    rec.add_argument("--canonical", action="store_true")
     rec.add_argument("--yesno", action="store_true")
     rec.add_argument("--limit", type=int)
     tab = sub.add_parser("table", help="derive the rows, fit on dev, report on test")
