@@ -21,7 +21,7 @@ order-free, the same on both engines); `--also letters:4` adds a readout as one 
 on the openjev-over-vLLM server (the request headers x-openjev-readout and
 x-openjev-rotations), named `openjev_vllm_letters4`.
 
-    .venv/bin/python bench/bench_vllm.py [--repeats 3] [--questions 8,1] [--also letters:1] [--skip-jevcompat]
+    .venv/bin/python bench/bench_vllm.py [--repeats 3] [--questions 8,1] [--also letters:4] [--skip-jevcompat] [--beside-vllm]
 """
 
 from __future__ import annotations
@@ -53,8 +53,8 @@ KEY = "bench-key-1"
 
 
 class System:
-    """`alone`: a context in which the system is measured (the in-process server: with the
-    vLLM server stopped, see `paused`)."""
+    """`alone`: a context in which the system is measured (with the servers it does not use
+    stopped, see `paused`)."""
 
     def __init__(self, name: str, url: str, headers: dict, model: str, alone=contextlib.nullcontext) -> None:
         self.name, self.url, self.headers, self.model, self.alone = name, url, headers, model, alone

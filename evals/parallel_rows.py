@@ -26,7 +26,7 @@ from pathlib import Path
 
 from openjev.config import load_settings
 from openjev.core import calibration as calib
-from openjev.core.readouts import ReadoutSpec
+from openjev.core.readouts import CANONICAL_ORDER, ReadoutSpec
 from openjev.evals.dataset import load_items
 from openjev.evals.local import local_server
 from openjev.evals.metrics import Scored, by_type
@@ -37,7 +37,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--data", default="evals/data/test.jsonl")
     ap.add_argument("--calibration", required=True)
-    ap.add_argument("--readout", choices=("parallel", "canonical"), default="parallel")
+    ap.add_argument("--readout", choices=CANONICAL_ORDER, default="parallel")
     ap.add_argument("--out", help="run folder (default: evals/runs/table/<readout>-r1-raw-once)")
     ap.add_argument("--results", help="default: evals/results/quality-<readout>.json")
     ap.add_argument("--flips", action="store_true", help="also send the flip requests (0 by construction)")

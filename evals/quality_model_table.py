@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from openjev.core import calibration as calib
-from openjev.core.readouts import LettersReadout, ParallelReadout, ReadoutSpec, YesNoReadout
+from openjev.core.readouts import CANONICAL_ORDER, LettersReadout, ParallelReadout, ReadoutSpec, YesNoReadout
 from openjev.evals import readings
 from openjev.evals.dataset import Item, load_items
 from openjev.evals.fit import fit_readout
@@ -242,7 +242,7 @@ def table(args: argparse.Namespace) -> int:
             skipped.append(label)
             continue
         # parallel and canonical read a choice in its canonical order: no per-position correction there
-        order_free = ("choice",) if name in ("parallel", "canonical") else ()
+        order_free = ("choice",) if name in CANONICAL_ORDER else ()
         fits = fit_readout([s for s, _ in dev], prior=args.prior, order_free=order_free)
         fits_doc.append({"readout": name, "rotations": rotations, "types": fits})
         tokens = readings.tokens(service, items["test"], spec)

@@ -47,6 +47,9 @@ from openjev.errors import ConfigError
 
 READOUT_NAMES = ("letters", "yesno", "parallel", "canonical")
 ONE_READING = ("yesno", "parallel", "canonical")  # readouts rotations mean nothing to
+# Readouts that letter a choice's options in canonical_order, never the caller's: a fit
+# corrects no request position for them, and rotations asked alone ask for letters instead.
+CANONICAL_ORDER = ("parallel", "canonical")
 QUESTION_TYPES = ("noul", "choice", "score")
 
 

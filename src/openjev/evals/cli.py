@@ -13,7 +13,7 @@ from pathlib import Path
 
 import httpx
 
-from openjev.core.readouts import READOUT_NAMES
+from openjev.core.readouts import CANONICAL_ORDER, READOUT_NAMES
 from openjev.evals import report
 from openjev.evals.dataset import DataError, load_items
 from openjev.evals.metrics import by_type
@@ -163,7 +163,7 @@ def calibrate(args: argparse.Namespace) -> int:
                 return 1
             # parallel and canonical read choice options in a canonical order: a correction by
             # request position would bring the caller's order back into their answers
-            order_free = ("choice",) if config.readout in ("parallel", "canonical") else ()
+            order_free = ("choice",) if config.readout in CANONICAL_ORDER else ()
             types = fit_readout(scored, order_free=order_free)
             fits.append({"readout": config.readout, "rotations": config.rotations, "types": types})
             for qtype, fit in types.items():

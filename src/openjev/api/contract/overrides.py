@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from fastapi.exceptions import RequestValidationError
 
 from openjev.config import Settings
-from openjev.core.readouts import READOUT_NAMES, ReadoutSpec
+from openjev.core.readouts import CANONICAL_ORDER, READOUT_NAMES, ReadoutSpec
 
 READOUT_HEADER = "x-openjev-readout"
 ROTATIONS_HEADER = "x-openjev-rotations"
@@ -36,7 +36,7 @@ def _invalid(header: str, value: str, msg: str) -> RequestValidationError:
 def default_spec(settings: Settings) -> ReadoutSpec:
     """--readout/--rotations as a spec. --rotations set away from its default under a readout
     that reads one order (parallel, canonical) asks for letters, as the rotations header does."""
-    if settings.readout in ("parallel", "canonical") and settings.rotations != Settings().rotations:
+    if settings.readout in CANONICAL_ORDER and settings.rotations != Settings().rotations:
         return ReadoutSpec("letters", settings.rotations)
     return ReadoutSpec(settings.readout, settings.rotations)
 
@@ -59,7 +59,7 @@ def decide_options(headers: Mapping[str, str], settings: Settings) -> tuple[Read
         rotations = int(raw.strip())
         if not 1 <= rotations <= settings.max_rotations:
             raise _invalid(ROTATIONS_HEADER, raw, f"rotations must be between 1 and {settings.max_rotations}")
-    if raw is not None and READOUT_HEADER not in headers and name in ("parallel", "canonical"):
+    if raw is not None and READOUT_HEADER not in headers and name in CANONICAL_ORDER:
         name = "letters"  # rotations are a letters parameter: asking for them asks for letters
     return ReadoutSpec(name, rotations), _calibrate(headers)
 
