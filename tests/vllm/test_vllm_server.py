@@ -90,7 +90,10 @@ def server(loaded, tmp_path_factory):
         return
     root = tmp_path_factory.mktemp("vllm")
     t0 = time.perf_counter()
-    srv = vl.start(model_folder(), root / "server.log", timeout_s=900)
+    # Eager: vLLM compiles its model graph at every start (over 2 minutes on 2 cores, and its
+    # compile cache misses on a clean clone's new model path); that changes its kernels,
+    # not its routes or results. bench/bench_vllm.py keeps the compiled graph for speed.
+    srv = vl.start(model_folder(), root / "server.log", timeout_s=900, extra=("--enforce-eager",))
     print(f"vLLM healthy after {time.perf_counter() - t0:.0f} s")
     try:
         yield srv
