@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml $(LOCK) Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 ifeq ($(INSTALLER),uv)
 	# --compile-bytecode: uv writes no .pyc files by itself (pip does), and where
-	# PYTHONDONTWRITEBYTECODE is set (CI) none are ever written, so every process compiled
+	# PYTHONDONTWRITEBYTECODE is set (as on these machines) none are ever written, so every process compiled
 	# transformers and its imports from source again: measured 21 s to import, 11 s with .pyc.
 	$(PY) -m pip install --quiet uv==$(UV_VERSION)
 	$(VENV)/bin/uv pip install --quiet --python $(PY) --no-deps --require-hashes --compile-bytecode -r $(LOCK)
