@@ -113,7 +113,12 @@ async def test_choice_values_are_typed(api):
     q = {
         "type": "choice",
         "instructions": "Is it true?",
-        "choices": [{"value": "true"}, {"value": True}, {"value": False}, {"value": "false"}],
+        "choices": [
+            {"value": "true", "description": "the text true"},
+            {"value": True, "description": "yes"},
+            {"value": False, "description": "no"},
+            {"value": "false", "description": "the text false"},
+        ],
     }
     # One reading: the fake engine's arbitrary log-probs must not meet the abstain rule
     # (order agreement needs several orders), which is not what this test is about.

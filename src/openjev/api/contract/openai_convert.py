@@ -33,7 +33,7 @@ Loc = tuple[str | int, ...]
 
 
 def invalid(loc: Loc, msg: str, kind: str = "value_error") -> RequestValidationError:
-    """A 400 on this face (api/contract/faces.py), `param` naming `loc`."""
+    """A 400 on this format (api/contract/openai_format.py), `param` naming `loc`."""
     return RequestValidationError([{"loc": ("body", *loc), "msg": msg, "type": kind}])
 
 
@@ -101,19 +101,12 @@ def _instructions(value: oa.Instructions, loc: Loc) -> str:
     return _parts_text(value, (*loc, "instructions"))
 
 
-def choice_text(value: str | bool) -> str:
-    return ("true" if value else "false") if isinstance(value, bool) else value
-
-
 def question_of(q: oa.QuestionPredicate | oa.QuestionChoice | oa.QuestionScore, loc: Loc) -> core.Question:
     instructions = _instructions(q.instructions, loc)
     if isinstance(q, oa.QuestionPredicate):
         return core.NoulQuestion(instructions=instructions)
     if isinstance(q, oa.QuestionChoice):
-        options = tuple(
-            core.Option(f"#{i}", c.description if c.description is not None else choice_text(c.value))
-            for i, c in enumerate(q.choices)
-        )
+        options = tuple(core.Option(f"#{i}", oa.shown_text(c)) for i, c in enumerate(q.choices))
         return core.ChoiceQuestion(instructions=instructions, options=options)
     levels = tuple(lv.label if lv.description is None else f"{lv.label}: {lv.description}" for lv in q.levels)
     return core.ScoreQuestion(instructions=instructions, levels=levels)

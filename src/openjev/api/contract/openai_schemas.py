@@ -19,6 +19,7 @@ from pydantic import (
     StrictBool,
     StrictStr,
     Tag,
+    field_validator,
     model_validator,
 )
 
@@ -191,6 +192,13 @@ class Level(_Strict):
     label: str
     description: str | None = None
 
+    @field_validator("label")
+    @classmethod
+    def _readable(cls, v: str) -> str:
+        if not v.strip():
+            raise ValueError("a level's label must contain a non-space character (the model reads it)")
+        return v
+
 
 class QuestionPredicate(_Strict):
     """The answer is the probability that the statement in `instructions` is true."""
@@ -209,7 +217,8 @@ class QuestionChoice(_Strict):
     @model_validator(mode="after")
     def _unique(self) -> QuestionChoice:
         seen: set[tuple[type, str | bool]] = set()
-        for choice in self.choices:
+        shown: dict[str, int] = {}  # what the model reads of each choice -> its position
+        for i, choice in enumerate(self.choices):
             key = (type(choice.value), choice.value)
             if key in seen:
                 raise ValueError(
@@ -217,7 +226,23 @@ class QuestionChoice(_Strict):
                     '(the string "true" and the boolean true are different choices)'
                 )
             seen.add(key)
+            text = shown_text(choice).strip()
+            if not text:
+                raise ValueError(f"choice {i} shows the model nothing (an empty or blank value and no description)")
+            if text in shown:
+                raise ValueError(
+                    f"choices {shown[text]} and {i} read the same to the model ({text[:40]!r}); the pick would go "
+                    "by their position: give them different descriptions, or remove one"
+                )
+            shown[text] = i
         return self
+
+
+def shown_text(choice: Choice) -> str:
+    """What the model reads of a choice: its description, else its value (`true` for the boolean)."""
+    if choice.description is not None:
+        return choice.description
+    return ("true" if choice.value else "false") if isinstance(choice.value, bool) else choice.value
 
 
 class QuestionScore(_Strict):

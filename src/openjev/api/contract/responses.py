@@ -9,8 +9,12 @@ from collections.abc import Mapping
 from typing import Any
 
 import orjson
+from starlette.datastructures import MutableHeaders
 from starlette.responses import JSONResponse
 from starlette.types import Receive, Scope, Send
+
+from openjev.api.contract.face import Problem
+from openjev.api.contract.formats import render_error
 
 
 class FastJSONResponse(JSONResponse):
@@ -20,22 +24,25 @@ class FastJSONResponse(JSONResponse):
 
 # Where an error response leaves its wire `error_type` for the access log and the metrics.
 ERROR_TYPE_KEY = "error_type"
-VALIDATION_ERROR = "validation_error"  # the error_type of a 422 (its detail is a list)
 
 
 class ErrorResponse(JSONResponse):
-    """An error answer in the contract's shape, which records its `error_type` in the
-    request's state as it is sent: the access log and the metrics read it there (data),
-    never by parsing the body again. Validation errors (a `detail[]` list) are
-    "validation_error"."""
+    """An error answer: its `Problem` (api/contract/face.py) rendered, as it is sent, by the
+    format of the route it answers (api/contract/formats.py, by the request's path), so that
+    no error is made in one format and converted to another. It records its `error_type` in
+    the request's state: the access log and the metrics read it there (data), never by
+    parsing the body again."""
 
-    def __init__(
-        self, content: Any, *, status_code: int, error_type: str, headers: Mapping[str, str] | None = None
-    ) -> None:
-        super().__init__(content, status_code=status_code, headers=headers)
-        self.error_type = error_type
+    def __init__(self, problem: Problem, *, headers: Mapping[str, str] | None = None) -> None:
+        super().__init__(None, status_code=problem.status, headers={**problem.headers, **(headers or {})})
+        self.problem = problem
+        self.error_type = problem.error_type
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        status, body = render_error(scope.get("path", ""), self.problem)
+        self.status_code = status
+        self.body = orjson.dumps(body)
+        MutableHeaders(raw=self.raw_headers)["content-length"] = str(len(self.body))
         scope.setdefault("state", {})[ERROR_TYPE_KEY] = self.error_type
         await super().__call__(scope, receive, send)
 

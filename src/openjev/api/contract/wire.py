@@ -38,7 +38,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
 
-from openjev.api.contract.responses import VALIDATION_ERROR, ErrorResponse
+from openjev.api.contract.face import Problem
+from openjev.api.contract.responses import ErrorResponse
 from openjev.errors import UnsupportedMediaType
 
 log = logging.getLogger(__name__)
@@ -381,15 +382,14 @@ def safe_errors(errors: Any) -> list[dict[str, Any]]:
 
 
 async def validation_error(_request: Request, exc: RequestValidationError) -> JSONResponse:
-    """The 422 handler; echoes only what `safe_errors` made safe, and cannot fail."""
+    """The validation handler (a 422 on Jev's routes, rendered by the route's format); echoes
+    only what `safe_errors` made safe, and cannot fail."""
     try:
-        return ErrorResponse({"detail": safe_errors(exc.errors())}, status_code=422, error_type=VALIDATION_ERROR)
+        return ErrorResponse(Problem.invalid(safe_errors(exc.errors())))
     except Exception:  # never a 500 for a bad request: a plain 422 instead
         log.exception("could not render a validation error")
         return ErrorResponse(
-            {"detail": [{"loc": ["body"], "msg": "the request is invalid", "type": "value_error"}]},
-            status_code=422,
-            error_type=VALIDATION_ERROR,
+            Problem.invalid([{"loc": ["body"], "msg": "the request is invalid", "type": "value_error"}])
         )
 
 

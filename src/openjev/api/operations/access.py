@@ -16,7 +16,7 @@ from typing import Any
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from openjev.api.contract.paths import route_of
+from openjev.api.contract.paths import BATCH, METRICS, PROBES, route_of
 from openjev.api.contract.responses import error_type_of
 from openjev.api.operations import disclosure
 from openjev.api.operations.logs import ACCESS
@@ -25,8 +25,6 @@ from openjev.api.operations.middleware import request_id_of
 
 log = logging.getLogger(__name__)
 access_log = logging.getLogger(ACCESS)
-
-BATCH_ROUTE = "/v1/systemone/batch"
 
 
 class AccessLog:
@@ -67,7 +65,7 @@ class AccessLog:
         batch = state.get("batch")
         if batch is not None:  # each item has its own line too (record_item)
             fields.update({f"items_{k}" if k != "items" else k: v for k, v in batch.items()})
-        if route == "/health" or route == "/health/live" or route == "/metrics":
+        if route in PROBES:
             level = logging.DEBUG  # probes every few seconds would drown the requests
         else:
             level = logging.WARNING if status >= 500 and status != 503 else logging.INFO
@@ -91,20 +89,22 @@ class AccessLog:
         them (answers, tokens, status, rejection), under the batch's request id."""
         key = scope.get("state", {}).get("key_name") or "-"
         error = (line or {}).get("error") or {}
-        error_type = error.get("error_type") if status >= 400 else ("client_closed_request" if status == 499 else None)
+        error_type = error.get("error_type") if status >= 400 else None
+        if status == 499 and error_type is None:  # nobody read it: the client went away
+            error_type = "client_closed_request"
         duration_s = time.perf_counter() - started
         fields: dict[str, Any] = {
             "request_id": request_id_of(scope),
             "key": key,
             "method": scope.get("method"),
-            "route": BATCH_ROUTE,
+            "route": BATCH,
             "item": index,
             "status": status,
             "error_type": error_type,
             "duration_ms": round(duration_s * 1000, 2),
         }
         try:
-            self.metrics.observe_item(status, key, error_type)
+            self.metrics.observe_item(status, key, error_type, duration_s)
             if result is not None:
                 self.metrics.observe_result(result)
                 fields.update(result_fields(result))
@@ -156,7 +156,7 @@ class MetricsEndpoint:
         self.metrics = metrics
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["path"] == "/metrics" and scope["method"] in ("GET", "HEAD"):
+        if scope["type"] == "http" and scope["path"] == METRICS and scope["method"] in ("GET", "HEAD"):
             await Response(self.metrics.exposition(), media_type=CONTENT_TYPE)(scope, receive, send)
             return
         await self.app(scope, receive, send)

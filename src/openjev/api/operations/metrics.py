@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping
 from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessCollector, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from openjev.api.contract.paths import SINGLE_DECISION_ROUTES
 from openjev.core import types as core
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -89,7 +90,7 @@ class Metrics:
         self.phase = Histogram(
             "openjev_phase_seconds",
             "decision request time by phase (total: the whole HTTP "
-            "request; prepare: compile; queue/prefill: in-process engine; engine: the engine call)",
+            "request on every decision route, or a batch item until its line; prepare: compile; queue/prefill: in-process engine; engine: the engine call)",
             ("phase",),
             buckets=_TIME_BUCKETS,
             registry=r,
@@ -131,14 +132,16 @@ class Metrics:
         self.requests.labels(route, str(status), key).inc()
         if status >= 400:
             self.rejections.labels(str(status), error_type or "unknown").inc()
-        if route == "/v1/systemone":
+        if route in SINGLE_DECISION_ROUTES:  # every format's; a batch's time is its items'
             self.phase.labels("total").observe(total_s)
 
-    def observe_item(self, status: int, key: str, error_type: str | None) -> None:
-        """One batch item's outcome (its answers and tokens go through observe_result)."""
+    def observe_item(self, status: int, key: str, error_type: str | None, total_s: float) -> None:
+        """One batch item's outcome, its time from the batch's start to its line (its answers
+        and tokens go through observe_result)."""
         self.batch_items.labels(str(status), key).inc()
         if status >= 400:
             self.rejections.labels(str(status), error_type or "unknown").inc()
+        self.phase.labels("total").observe(total_s)
 
     def observe_result(self, result: core.DecisionResult) -> None:
         for name in ("prepare", "queue", "prefill", "engine"):

@@ -14,6 +14,7 @@ from starlette.datastructures import Headers, MutableHeaders
 from starlette.routing import Match, Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from openjev.api.contract.face import Problem
 from openjev.api.contract.paths import route_of
 from openjev.api.contract.responses import ErrorResponse
 from openjev.api.operations import disclosure
@@ -22,19 +23,12 @@ from openjev.errors import MalformedBody, OpenjevError, PayloadTooLarge, Request
 log = logging.getLogger(__name__)
 
 REQUEST_ID_HEADER = "x-typesafe-request-id"
+INTERNAL = Problem(500, "unknown", "internal error")  # a bug: nothing more is said
 
 
 def error_response(exc: OpenjevError, request_id: str | None = None) -> ErrorResponse:
-    """The contract's non-validation error shape: {"detail": {"error_type", "message"}}."""
-    headers = dict(exc.headers)
-    if request_id:
-        headers[REQUEST_ID_HEADER] = request_id
-    return ErrorResponse(
-        {"detail": {"error_type": exc.error_type, "message": exc.message}},
-        status_code=exc.status,
-        error_type=exc.error_type,
-        headers=headers,
-    )
+    """`exc` as an error answer, rendered by the format of the route it answers."""
+    return ErrorResponse(Problem.of(exc), headers={REQUEST_ID_HEADER: request_id} if request_id else None)
 
 
 def request_id_of(scope: Scope) -> str | None:
@@ -295,9 +289,4 @@ class ErrorMiddleware:
                 extra={"fields": {"request_id": request_id_of(scope)}},
             )
             if not started:
-                response = ErrorResponse(
-                    {"detail": {"error_type": "unknown", "message": "internal error"}},
-                    status_code=500,
-                    error_type="unknown",
-                )
-                await response(scope, receive, send_tracked)
+                await ErrorResponse(INTERNAL)(scope, receive, send_tracked)

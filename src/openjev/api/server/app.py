@@ -14,7 +14,6 @@ from fastapi_offline import FastAPIOffline
 
 from openjev import __version__
 from openjev.api.contract import wire
-from openjev.api.contract.faces import FaceMiddleware
 from openjev.api.identity.admission import AdmissionMiddleware
 from openjev.api.identity.hosts import HostMiddleware, HostPolicy
 from openjev.api.operations.access import AccessLogMiddleware, MetricsEndpoint
@@ -72,7 +71,6 @@ def create_app(
     hosts = HostPolicy.of(settings)
     if hosts is not None:  # DNS rebinding: before the key and the body
         app.add_middleware(HostMiddleware, policy=hosts)
-    app.add_middleware(FaceMiddleware)  # errors of OpenAI's routes in OpenAI's shape (api/contract/faces.py)
     app.add_middleware(RequestIdMiddleware)  # outermost of ours: ids on 413/415 too
     wire.install(app)  # every JSON body parsed strictly (api/contract/wire.py); 422s that cannot fail
     handlers.install(app)

@@ -27,7 +27,7 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,12 +37,16 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from openjev.api.contract import convert, documented, schemas, wire
+from openjev.api.contract.jev_format import JEV
 from openjev.api.contract.overrides import decide_options
+from openjev.api.contract.paths import BATCH
 from openjev.api.identity import tenancy
 from openjev.api.identity.admission import charge_refused
 from openjev.api.identity.auth import require_key
 from openjev.api.identity.keys import KeyLimits, current_key
 from openjev.api.operations.middleware import request_id_of
+from openjev.api.server import pipeline
+from openjev.api.server.pipeline import unless_disconnected
 from openjev.config import Settings
 from openjev.core.prompts import CompiledRequest
 from openjev.core.readouts import ReadoutSpec
@@ -141,12 +145,11 @@ def install(
     app: FastAPI,
     settings: Settings,
     ready: Callable[[], tuple[DecisionService, ModelCard]],
-    unless_disconnected: Callable[[Request, Awaitable[Any]], Awaitable[Any]],
 ) -> None:
     """Add the batch route to `app`; `ready` is the runtime's (service, card) or raises NotReady."""
 
     @app.post(
-        "/v1/systemone/batch",
+        BATCH,
         dependencies=[Depends(require_key)],
         summary="Many decisions in one call (NDJSON in completion order, or a JSON array with Accept: application/json)",
         openapi_extra={"parameters": documented.READOUT_HEADERS},
@@ -236,14 +239,14 @@ def _request_of(raw: Any, body: BatchRequest, shared: Any, settings: Settings) -
             state = schemas.StateItem.model_validate({"state": raw}).state
         except ValidationError as e:
             raise _ItemInvalid(_validation_message(e)) from None
-        return DecisionRequest(state=convert.state_of(state), questions=shared), body.model
+        return tenancy.scoped(DecisionRequest(state=convert.state_of(state), questions=shared)), body.model
     try:
         parsed = schemas.SystemOneRequest.model_validate(raw)
+        return pipeline.admitted(JEV, parsed, settings.max_questions), parsed.model
     except ValidationError as e:
         raise _ItemInvalid(_validation_message(e)) from None
-    if len(parsed.questions) > settings.max_questions:
-        raise _ItemInvalid(f"at most {settings.max_questions} questions per request, got {len(parsed.questions)}")
-    return convert.request_of(parsed), parsed.model
+    except RequestValidationError as e:  # the format's own count check
+        raise _ItemInvalid("; ".join(str(err["msg"]) for err in e.errors())) from None
 
 
 def _prepare_all(
@@ -266,13 +269,10 @@ def _prepare_all(
         item = _Item(index, readout=spec, calibrate=calibrate, request_id=request_id)
         t0 = time.perf_counter()
         try:
-            decision, model = _request_of(raw, body, shared, settings)
-            item.request = tenancy.scoped(decision)  # the key's cache namespace
-            item.model = convert.resolve_model(model, served)
-            item.compiled = service.prepare_now(item.request, service.readout(spec), part_cache)
-        except TokensExceeded as exc:
-            charge_refused(key_limits, exc)
-            item.line = _error_line(item, exc)
+            with pipeline.charging(key_limits):
+                item.request, model = _request_of(raw, body, shared, settings)  # in the key's namespace
+                item.model = convert.resolve_model(model, served)
+                item.compiled = service.prepare_now(item.request, service.readout(spec), part_cache)
         except OpenjevError as exc:
             item.line = _error_line(item, exc)
         item.prepare_ms = (time.perf_counter() - t0) * 1000

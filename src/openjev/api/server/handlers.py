@@ -1,5 +1,6 @@
-"""Exception handlers: every error the routes raise leaves in the contract's shape,
-`{"detail": {"error_type", "message"}}` (validation errors keep FastAPI's `detail[]`)."""
+"""Exception handlers: every error the routes raise becomes one `Problem`
+(api/contract/face.py), rendered by the format of the route it answers (Jev's
+`{"detail": {"error_type", "message"}}` unless the route speaks another)."""
 
 from __future__ import annotations
 
@@ -10,9 +11,10 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from openjev.api.contract.face import Problem
 from openjev.api.contract.responses import ErrorResponse
 from openjev.api.operations import disclosure
-from openjev.api.operations.middleware import REQUEST_ID_HEADER, error_response, request_id_of
+from openjev.api.operations.middleware import INTERNAL, REQUEST_ID_HEADER, error_response, request_id_of
 from openjev.errors import OpenjevError
 
 log = logging.getLogger(__name__)
@@ -37,23 +39,13 @@ async def _http_error(request: Request, exc: Exception) -> JSONResponse:
         message = f"method {request.method} is not allowed on this route" + (
             f" (allowed: {allowed})" if allowed else ""
         )
-    return ErrorResponse(
-        {"detail": {"error_type": kind, "message": message}},
-        status_code=exc.status_code,
-        error_type=kind,
-        headers=getattr(exc, "headers", None),
-    )
+    return ErrorResponse(Problem(exc.status_code, kind, message, dict(getattr(exc, "headers", None) or {})))
 
 
 async def _unexpected(request: Request, _exc: Exception) -> JSONResponse:
     # Runs outside our middleware (Starlette's ServerErrorMiddleware), so add the id here.
     log.exception("unexpected error")
-    return ErrorResponse(
-        {"detail": {"error_type": "unknown", "message": "internal error"}},
-        status_code=500,
-        error_type="unknown",
-        headers={REQUEST_ID_HEADER: request_id_of(request.scope) or ""},
-    )
+    return ErrorResponse(INTERNAL, headers={REQUEST_ID_HEADER: request_id_of(request.scope) or ""})
 
 
 def install(app: FastAPI) -> None:

@@ -1,85 +1,36 @@
-"""The routes over the runtime: decisions (/v1/systemone and its aliases; the batch lives in
-api/server/batch.py), models, limits and health."""
+"""The routes over the runtime: the decision routes of every wire format (one pipeline,
+api/server/pipeline.py; the formats registered in api/contract/formats.py), the batch
+(api/server/batch.py), models, limits and health."""
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Awaitable
-from typing import Any, TypeVar
+from typing import Any
 
-from fastapi import Depends, FastAPI, Request
-from fastapi.exceptions import RequestValidationError
+from fastapi import Depends, FastAPI
 from fastapi.responses import JSONResponse
 
-from openjev.api.contract import convert, documented, schemas, wire
-from openjev.api.contract.overrides import decide_options
-from openjev.api.contract.responses import FastJSONResponse
-from openjev.api.identity import tenancy
-from openjev.api.identity.admission import charge_refused
+from openjev.api.contract import documented, schemas
+from openjev.api.contract.formats import FORMATS
+from openjev.api.contract.jev_format import JEV
 from openjev.api.identity.auth import require_key
 from openjev.api.operations import disclosure
-from openjev.api.server import batch, openai_routes, playground
+from openjev.api.server import batch, pipeline, playground
 from openjev.api.server.assembly import Runtime
 from openjev.config import Settings
-from openjev.core.types import DecisionRequest
 from openjev.core.wording import PROMPT_VERSION
-from openjev.errors import ClientDisconnected, TokensExceeded
-
-T = TypeVar("T")
 
 # POST routes with the /v1/systemone contract: the vendor's name first, then the aliases.
-# (/v1/decisions is OpenAI's Decisions format: api/server/openai_routes.py.)
-SYSTEMONE_ROUTES = ("/v1/systemone", "/api/alpha/decisions")
+SYSTEMONE_ROUTES = JEV.paths
 
 
 def install(app: FastAPI, settings: Settings, runtime: Runtime) -> None:
     """Every route of the API (the playground's page included)."""
-    install_decisions(app, settings, runtime)
-    openai_routes.install(app, settings, runtime, unless_disconnected)
-    batch.install(app, settings, runtime.ready, unless_disconnected)
+    for fmt in FORMATS:
+        pipeline.install(app, fmt, settings, runtime)
+    batch.install(app, settings, runtime.ready)
     playground.install(app)
     install_models(app, settings, runtime)
     install_health(app, runtime)
-
-
-def install_decisions(app: FastAPI, settings: Settings, runtime: Runtime) -> None:
-    async def systemone(body: schemas.SystemOneRequest, request: Request) -> JSONResponse:
-        if len(body.questions) > settings.max_questions:
-            raise RequestValidationError(
-                [
-                    {
-                        "loc": ("body", "questions"),
-                        "type": "too_long",
-                        "input": None,
-                        "msg": f"at most {settings.max_questions} questions per request, got {len(body.questions)}",
-                    }
-                ]
-            )
-        decision = tenancy.scoped(await convert_off_loop(request, body))
-        spec, calibrate = decide_options(request.headers, settings)
-        service, card = runtime.ready()
-        model = convert.resolve_model(body.model, card.name)
-        try:
-            result = await unless_disconnected(request, service.decide(decision, readout=spec, calibrate=calibrate))
-        except TokensExceeded as exc:
-            charge_refused(request.app.state.ops.key_limits, exc)
-            raise
-        request.state.result = result  # for the access log and metrics (api/operations/access.py)
-        return FastJSONResponse(convert.result_to_wire(result, model), headers=convert.result_headers(result))
-
-    # The same handler under the route names other Jev-compatible servers use.
-    for path in SYSTEMONE_ROUTES:
-        app.add_api_route(
-            path,
-            systemone,
-            methods=["POST"],
-            response_model=schemas.SystemOneResponse,
-            responses=documented.DECISION_ERRORS,
-            openapi_extra={"parameters": documented.READOUT_HEADERS},
-            dependencies=[Depends(require_key)],
-            summary="Answer typed questions about a state"
-            + ("" if path == SYSTEMONE_ROUTES[0] else f" (alias of {SYSTEMONE_ROUTES[0]})"),
-        )
 
 
 def install_models(app: FastAPI, settings: Settings, runtime: Runtime) -> None:
@@ -156,27 +107,3 @@ def install_health(app: FastAPI, runtime: Runtime) -> None:
     @app.get("/health/live", summary="200 while the process serves HTTP")
     async def live() -> dict[str, str]:
         return {"status": "ok"}
-
-
-async def convert_off_loop(request: Request, body: schemas.SystemOneRequest) -> DecisionRequest:
-    """The body as a core request; in a worker thread where the body is large (a state of
-    66,000 chat turns takes tens of milliseconds to convert: not on the event loop)."""
-    if len(await request.body()) <= wire.THREAD_FROM_BYTES:
-        return convert.request_of(body)
-    return await asyncio.to_thread(convert.request_of, body)
-
-
-async def unless_disconnected(request: Request, work: Awaitable[T]) -> T:
-    """Await `work`, cancelling it if the client goes away (no one would read the answer)."""
-    task = asyncio.ensure_future(work)
-    try:
-        while True:
-            done, _ = await asyncio.wait({task}, timeout=0.5)
-            if done:
-                return task.result()
-            if await request.is_disconnected():
-                task.cancel()
-                raise ClientDisconnected("the client went away before the answer was ready")
-    finally:
-        if not task.done():
-            task.cancel()

@@ -1,0 +1,133 @@
+"""The one decision pipeline: every decision route, whatever its wire format, and every batch
+item run these steps, in this order. A format (api/contract/face.py `WireFormat`) supplies
+only its parser, converter, renderers, paths and docs.
+
+1. the body parsed strictly and validated (api/contract/wire.py `WireRoute`, off the event
+   loop for a large body);
+2. `admitted`: the question count, the conversion to the core's request (in a worker thread
+   for a large body: `convert_off_loop`), the caller's cache namespace and the format's
+   partition in it;
+3. the readout headers (api/contract/overrides.py), the runtime's service, the model asked for;
+4. the decision, watched for the client leaving (`unless_disconnected`), the work of a
+   refused request charged to the caller's key (`charging`);
+5. the result on `request.state` (the access log and the metrics read it there,
+   api/operations/access.py), rendered by the format with the readout headers.
+
+Errors are raised, never rendered here: api/server/handlers.py makes each one `Problem`,
+and the request's format renders it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+from collections.abc import Awaitable, Iterator
+from contextlib import contextmanager
+from typing import Any, TypeVar
+
+from fastapi import Depends, FastAPI, Request
+from fastapi.responses import Response
+
+from openjev.api.contract import convert, documented, wire
+from openjev.api.contract.face import WireFormat
+from openjev.api.contract.overrides import decide_options
+from openjev.api.contract.responses import FastJSONResponse
+from openjev.api.identity import tenancy
+from openjev.api.identity.admission import charge_refused
+from openjev.api.identity.auth import require_key
+from openjev.api.identity.keys import KeyLimits
+from openjev.api.operations.middleware import request_id_of
+from openjev.api.server.assembly import Runtime
+from openjev.config import Settings
+from openjev.core.types import DecisionRequest
+from openjev.errors import ClientDisconnected, TokensExceeded
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+def admitted(fmt: WireFormat, body: Any, max_questions: int) -> DecisionRequest:
+    """Step 2 of the module doc (the model aside), on the calling thread (a worker thread for
+    a large body): the core request, in the caller's cache namespace and its partition."""
+    return tenancy.partitioned(tenancy.scoped(fmt.convert(body, max_questions)), fmt.partition(body))
+
+
+@contextmanager
+def charging(key_limits: KeyLimits) -> Iterator[None]:
+    """A request refused for its tokens charges the work it cost to the caller's key, so
+    that a refused body cannot be repeated for free (api/identity/admission.py)."""
+    try:
+        yield
+    except TokensExceeded as exc:
+        charge_refused(key_limits, exc)
+        raise
+
+
+async def convert_off_loop(request: Request, fmt: WireFormat, body: Any, max_questions: int) -> DecisionRequest:
+    """`admitted`, in a worker thread where the body is large (a state of 66,000 chat turns
+    takes tens of milliseconds to convert: not on the event loop)."""
+    if len(await request.body()) <= wire.THREAD_FROM_BYTES:
+        return admitted(fmt, body, max_questions)
+    return await asyncio.to_thread(admitted, fmt, body, max_questions)
+
+
+async def unless_disconnected(request: Request, work: Awaitable[T]) -> T:
+    """Await `work`, cancelling it if the client goes away (no one would read the answer)."""
+    task = asyncio.ensure_future(work)
+    try:
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=0.5)
+            if done:
+                return task.result()
+            if await request.is_disconnected():
+                task.cancel()
+                raise ClientDisconnected("the client went away before the answer was ready")
+    finally:
+        if not task.done():
+            task.cancel()
+
+
+async def decide(fmt: WireFormat, body: Any, request: Request, settings: Settings, runtime: Runtime) -> Response:
+    """One decision request on `fmt`, through every step of the module doc."""
+    key_limits = request.app.state.ops.key_limits
+    decision = await convert_off_loop(request, fmt, body, settings.max_questions)
+    spec, calibrate = decide_options(request.headers, settings)
+    service, card = runtime.ready()
+    model = convert.resolve_model(fmt.model_of(body), card.name)
+    audit = fmt.audit(body)
+    if audit:
+        log.info(fmt.name + " request", extra={"fields": {"request_id": request_id_of(request.scope), **audit}})
+    with charging(key_limits):
+        result = await unless_disconnected(request, service.decide(decision, readout=spec, calibrate=calibrate))
+    request.state.result = result  # for the access log and metrics (api/operations/access.py)
+    return FastJSONResponse(fmt.render(body, result, model), headers=convert.result_headers(result))
+
+
+def install(app: FastAPI, fmt: WireFormat, settings: Settings, runtime: Runtime) -> None:
+    """`fmt`'s routes: one handler, under each of its paths (the first its own name)."""
+
+    async def endpoint(body: Any, request: Request) -> Response:
+        return await decide(fmt, body, request, settings, runtime)
+
+    # FastAPI reads the body model from the signature: the format's own.
+    endpoint.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+        [
+            inspect.Parameter("body", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=fmt.body),
+            inspect.Parameter("request", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=Request),
+        ]
+    )
+    own = fmt.paths[0]
+    for path in fmt.paths:
+        app.add_api_route(
+            path,
+            endpoint,
+            methods=["POST"],
+            response_model=fmt.response,
+            responses=fmt.responses,
+            openapi_extra={"parameters": documented.READOUT_HEADERS},
+            dependencies=[Depends(require_key)],
+            summary=fmt.summary + ("" if path == own else f" (alias of {own})"),
+            name=f"{fmt.name}:{path}",
+        )
