@@ -147,6 +147,8 @@ def test_raw_response_carries_the_openjev_headers(client):
     for header in ("x-openjev-calibration", "x-openjev-prefix-tokens", "x-typesafe-request-id", "server-timing"):
         assert raw.headers.get(header), header
     assert raw.parse().answers[0].name == "refund"
+    assert raw.headers["x-request-id"] == raw.headers["x-typesafe-request-id"]  # the SDK's _request_id
+    assert client.decisions.create(model="jev-latest", input=TICKET, questions=QUESTIONS[:1])._request_id
 
 
 def test_each_4xx_raises_the_sdks_exception_class(client, server):

@@ -58,7 +58,11 @@ class WireFormat:
     - `render(body, result, model)`: the answer's body;
     - `render_error(problem)`: (status, body) of an error on this format;
     - `audit(body)`: log fields about the request (never its text), {} for none;
-    - `summary`, `responses`: its OpenAPI summary and documented statuses.
+    - `summary`, `responses`: its OpenAPI summary and documented statuses;
+    - `id_header`: a header that repeats the request id where the format's clients read
+      it (OpenAI's SDK: `x-request-id`), None for none;
+    - `rate_limit_headers`: whether answers carry the caller's key limits as OpenAI's
+      `x-ratelimit-*` headers (api/server/conventions.py).
     """
 
     name: str
@@ -73,3 +77,5 @@ class WireFormat:
     responses: dict[int | str, dict[str, Any]]
     partition: Callable[[Any], str] = lambda _body: ""
     audit: Callable[[Any], dict[str, str]] = lambda _body: {}
+    id_header: str | None = None
+    rate_limit_headers: bool = False

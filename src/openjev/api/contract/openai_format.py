@@ -146,4 +146,6 @@ OPENAI = WireFormat(
     responses=RESPONSES,
     partition=lambda body: oc.cache_partition(body.prompt_cache_key),
     audit=_audit,
+    id_header="x-request-id",
+    rate_limit_headers=True,
 )

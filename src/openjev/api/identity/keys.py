@@ -315,3 +315,23 @@ class KeyLimits:
 
     def take_tokens(self, entry: KeyEntry, tokens: int) -> None:
         self._take(entry, "tokens_per_min", tokens, "distinct tokens")
+
+    def standing(self, entry: KeyEntry) -> dict[str, tuple[int, int, float]]:
+        """What the key has left, by kind with a limit ("requests_per_min",
+        "tokens_per_min"): (the limit per minute, what may be taken now, seconds until the
+        bucket is full again). Read only: nothing is taken (OpenAI's x-ratelimit-* headers)."""
+        out: dict[str, tuple[int, int, float]] = {}
+        for kind in _LIMITS:
+            per_min = getattr(entry, kind)
+            per_min = self._defaults[kind] if per_min is None else per_min
+            if not per_min:
+                continue
+            with self._lock:
+                bucket = self._buckets.get((entry.name, kind, per_min))
+                if bucket is None:
+                    out[kind] = (per_min, per_min, 0.0)
+                    continue
+                bucket._refill()
+                level = bucket.level
+            out[kind] = (per_min, max(0, int(level)), max(0.0, (bucket.capacity - level) / bucket.rate))
+        return out

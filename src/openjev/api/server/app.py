@@ -20,6 +20,7 @@ from openjev.api.operations.access import AccessLogMiddleware, MetricsEndpoint
 from openjev.api.operations.middleware import BodyMiddleware, ErrorMiddleware, HeadMiddleware, RequestIdMiddleware
 from openjev.api.server import handlers, routes
 from openjev.api.server.assembly import Loader, Runtime, build_service, lifespan
+from openjev.api.server.conventions import ConventionsMiddleware
 from openjev.api.server.drain import DrainMiddleware
 from openjev.api.server.ops import Operations
 from openjev.api.server.routes import SYSTEMONE_ROUTES
@@ -66,6 +67,7 @@ def create_app(
         proxies=ops.proxies,
         docs_auth=settings.docs == "auth",
     )
+    app.add_middleware(ConventionsMiddleware, key_limits=ops.key_limits)  # x-request-id, x-ratelimit-* (OpenAI)
     app.add_middleware(ErrorMiddleware)  # what those raise, and bugs, in the contract's error shape
     app.add_middleware(AccessLogMiddleware, access=ops.access)  # one log line and the metrics per request
     hosts = HostPolicy.of(settings)
