@@ -116,7 +116,9 @@ def test_allowed_hosts_take_commas_and_repeats_and_the_environment():
 
 
 def test_connection_limits_are_shown_in_limits():
-    limits = load_settings({}, environ={}).limits()
+    from openjev.api.server.limits import limits_body
+
+    limits = limits_body(load_settings({}, environ={}), None, None)
     assert {"max_connections", "head_timeout_s", "body_timeout_s", "max_head_bytes"} <= set(limits)
 
 

@@ -235,42 +235,6 @@ class Settings:
         """Long enough for the longest admitted request (compile + engine deadline) unless set."""
         return self.drain_timeout_s or self.engine_timeout_s + 15.0
 
-    def limits(self) -> dict[str, Any]:
-        """The limits a client may rely on (served at GET /v1/limits)."""
-        return {
-            "max_questions": self.max_questions,
-            "max_choice_options": MAX_CHOICE_OPTIONS,
-            "min_choice_options": MIN_CHOICE_OPTIONS,
-            "max_score_levels": MAX_SCORE_LEVELS,
-            "min_score_levels": MIN_SCORE_LEVELS,
-            "max_body_bytes": self.max_body_bytes,
-            "max_json_depth": self.max_json_depth,
-            "max_branch_tokens": self.max_branch_tokens,
-            "max_request_tokens": self.max_request_tokens,
-            "max_branches": self.max_branches,
-            "max_prompt_tokens": self.max_prompt_tokens,
-            "max_in_flight": self.max_in_flight,
-            "engine_timeout_s": self.engine_timeout_s,
-            "max_rotations": self.max_rotations,
-            "abstain": {
-                "min_label_mass": self.abstain_min_label_mass,
-                "min_order_agreement": self.abstain_min_order_agreement,
-                "min_confidence": self.abstain_min_confidence,
-            },
-            "rotation_max_options": self.rotation_max_options,
-            "max_tokens_in_flight": self.max_tokens_in_flight,
-            "key_requests_per_min": self.key_requests_per_min,
-            "key_tokens_per_min": self.key_tokens_per_min,
-            "max_batch_items": self.max_batch_items,
-            "max_batch_tokens": self.max_batch_tokens,
-            "max_connections": self.max_connections,
-            "head_timeout_s": self.head_timeout_s,
-            "body_timeout_s": self.body_timeout_s,
-            "max_head_bytes": self.max_head_bytes,
-            "send_timeout_s": self.send_timeout_s,
-            "max_body_chunks": self.max_body_chunks,
-        }
-
     @property
     def loopback_bind(self) -> bool:
         """Listening on a loopback interface only (the default): reachable from this machine alone."""

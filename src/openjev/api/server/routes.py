@@ -13,9 +13,11 @@ from openjev.api.contract import documented, schemas
 from openjev.api.contract.formats import FORMATS
 from openjev.api.contract.jev_format import JEV
 from openjev.api.identity.auth import require_key
+from openjev.api.identity.keys import current_key
 from openjev.api.operations import disclosure
 from openjev.api.server import batch, pipeline, playground
 from openjev.api.server.assembly import Runtime
+from openjev.api.server.limits import limits_body
 from openjev.config import Settings
 from openjev.core.wording import PROMPT_VERSION
 
@@ -70,14 +72,11 @@ def install_models(app: FastAPI, settings: Settings, runtime: Runtime) -> None:
     @app.get(
         "/v1/limits",
         dependencies=[Depends(require_key)],
-        summary="The limits this server enforces",
+        summary="The limits this server enforces, the calling key's own included",
         responses={**documented.CONNECTION_ERRORS, **documented.UNAUTHORIZED, **documented.RATE_LIMITED},
     )
     async def limits() -> dict[str, Any]:
-        out = settings.limits()
-        if runtime.service is not None:  # the rule in force: the served model's file may have set it
-            out["abstain"] = runtime.service.abstain.describe()
-        return out
+        return limits_body(settings, current_key.get(), runtime.service)
 
 
 def install_health(app: FastAPI, runtime: Runtime) -> None:

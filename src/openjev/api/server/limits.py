@@ -1,0 +1,72 @@
+"""GET /v1/limits: what a client may rely on, built at the edge from the settings, the
+served model's abstain rule, and the calling key's own limits (its per-key
+requests/tokens per minute where the keys file sets them, else the server's defaults,
+which is what the key is held to)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from openjev.api.identity.keys import KeyEntry
+from openjev.config import MAX_CHOICE_OPTIONS, MAX_SCORE_LEVELS, MIN_CHOICE_OPTIONS, MIN_SCORE_LEVELS, Settings
+from openjev.core.service import DecisionService
+
+# The settings a client may rely on, served under their own names.
+_SETTINGS = (
+    "max_questions",
+    "max_body_bytes",
+    "max_json_depth",
+    "max_branch_tokens",
+    "max_request_tokens",
+    "max_branches",
+    "max_prompt_tokens",
+    "max_in_flight",
+    "engine_timeout_s",
+    "max_rotations",
+    "rotation_max_options",
+    "max_tokens_in_flight",
+    "max_batch_items",
+    "max_batch_tokens",
+    "max_connections",
+    "head_timeout_s",
+    "body_timeout_s",
+    "max_head_bytes",
+    "send_timeout_s",
+    "max_body_chunks",
+)
+
+
+def key_limits_of(settings: Settings, entry: KeyEntry | None) -> dict[str, int]:
+    """The calling key's own limits (0: none); the server's defaults without a key."""
+
+    def own(value: int | None, default: int) -> int:
+        return default if value is None else value
+
+    return {
+        "key_requests_per_min": own(entry.requests_per_min if entry else None, settings.key_requests_per_min),
+        "key_tokens_per_min": own(entry.tokens_per_min if entry else None, settings.key_tokens_per_min),
+    }
+
+
+def limits_body(settings: Settings, entry: KeyEntry | None, service: DecisionService | None) -> dict[str, Any]:
+    """The body of GET /v1/limits for the caller `entry` (None: no keys in use)."""
+    out: dict[str, Any] = {name: getattr(settings, name) for name in _SETTINGS}
+    out.update(
+        {
+            "max_choice_options": MAX_CHOICE_OPTIONS,
+            "min_choice_options": MIN_CHOICE_OPTIONS,
+            "max_score_levels": MAX_SCORE_LEVELS,
+            "min_score_levels": MIN_SCORE_LEVELS,
+            "abstain": {
+                "min_label_mass": settings.abstain_min_label_mass,
+                "min_order_agreement": settings.abstain_min_order_agreement,
+                "min_confidence": settings.abstain_min_confidence,
+            },
+            **key_limits_of(settings, entry),
+        }
+    )
+    if entry is not None:
+        out["key"] = entry.name
+    if service is not None:  # the rule in force: the served model's file may have set it
+        out["abstain"] = service.abstain.describe()
+    return out
