@@ -16,3 +16,7 @@ def test_configuration_table_lists_every_setting():
 def test_the_two_commands_are_named():
     assert "make serve" in README and "make test" in README
     assert "make test" in (ROOT / ".ci" / "run").read_text()
+
+
+def test_the_readme_stays_within_250_lines():
+    assert len(README.splitlines()) <= 250  # the rest belongs in docs/

@@ -345,8 +345,6 @@ class Settings:
 
 
 _DAY = 86_400.0
-LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
-
 
 def _wildcard(name: str) -> bool:
     return name == "*" or (name.startswith("*.") and "*" not in name[2:] and len(name) > 2)
