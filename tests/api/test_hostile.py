@@ -480,3 +480,44 @@ async def test_the_sentinel_compile_bomb_is_refused_from_the_state_alone(route):
         assert "128 branches take at least" in message and "the state once per branch" in message, message
         assert engine.plans == []
         await still_serves(client)
+
+
+# ---- limits before work (issue 28, item 3): a key in tokens/min debt is answered 429 at the
+# door, before its body is read or anything compiled
+
+
+@pytest.mark.parametrize("route", ["/v1/systemone", "/v1/systemone/batch", "/v1/decisions"])
+async def test_a_key_in_token_debt_is_refused_before_any_compile(monkeypatch, route):
+    from openjev.core.prompts import PromptCompiler
+
+    compiles = []
+    original = PromptCompiler.compile
+
+    def counted(self, request, *args, **kwargs):
+        compiles.append(len(request.questions))
+        return original(self, request, *args, **kwargs)
+
+    monkeypatch.setattr(PromptCompiler, "compile", counted)
+    async with running_app(api_keys=("key-a", "key-b"), key_tokens_per_min=3000) as (client, engine):
+        a, b = ({"Authorization": f"Bearer {k}"} for k in ("key-a", "key-b"))
+        bomb = {
+            **VALID,
+            "state": "7 " * 40_000,
+            "questions": {"q": json.loads(NOUL)},
+        }  # 40,001 tokens, per branch 32,768
+        r = await client.post("/v1/systemone", json=bomb, headers=a)
+        assert r.status_code == 422 and "per branch" in r.json()["detail"]["message"], r.text[:300]
+        assert len(compiles) == 1  # the refused compile's work (40,000 tokens) is charged to key-a
+        if route == "/v1/decisions":
+            payload = {"model": "jev-latest", "input": "x", "questions": [{"type": "predicate", "name": "q"}]}
+        else:
+            payload = {"requests": [bomb]} if route.endswith("batch") else bomb
+        for _ in range(3):
+            again = await client.post(route, json=payload, headers={**a, "accept": "application/json"})
+            assert again.status_code == 429, again.text[:300]
+            assert "in debt" in again.text and "before any work" in again.text
+            assert int(again.headers["retry-after"]) >= 1
+        assert len(compiles) == 1, "a key in debt still got compile work"
+        assert engine.plans == []
+        ok = await client.post("/v1/systemone", json=VALID, headers=b)  # another key is served
+        assert ok.status_code == 200, ok.text
