@@ -28,9 +28,9 @@ class CountingTokenizer(FakeTokenizer):
         self.encoded_chars = 0
         self.rendered_turns = 0
 
-    def encode(self, text: str) -> list[int]:
-        self.encoded_chars += len(text)
-        return super().encode(text)
+    def encode_pieces(self, pieces) -> list[int]:
+        self.encoded_chars += sum(len(text) for text, _ in pieces)
+        return super().encode_pieces(pieces)
 
     def render(self, turns, *, add_generation_prompt: bool) -> str:
         self.rendered_turns += len(turns)

@@ -44,3 +44,39 @@ def test_a_broken_template_is_not_taken_for_a_refusal():
         tok.render([Turn("user", "a"), Turn("user", "b")], add_generation_prompt=True)
     assert not isinstance(info.value, TemplateRefused)
     assert "no_such_filter" in str(info.value)
+
+
+def _with_added_tokens() -> HFChatTokenizer:
+    """A byte-level BPE-free tokenizer (word level over characters' words) with a special
+    token and a non-special added one (as Qwen's `<tool_call>`), ChatML-like template."""
+    from tokenizers import AddedToken
+    from tokenizers.pre_tokenizers import Split
+
+    chars = "<|>_/abcdefghijklmnopqrstuvwxyz \n"
+    vocab = {"[UNK]": 0, **{c: i + 1 for i, c in enumerate(chars)}}
+    backend = Tokenizer(WordLevel(vocab, unk_token="[UNK]"))
+    backend.pre_tokenizer = Split("", behavior="isolated")  # one token per character
+    hf = PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="[UNK]")
+    hf.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>"]})
+    hf.add_tokens([AddedToken("<tool_call>", special=False)])
+    hf.chat_template = (
+        "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    )
+    return HFChatTokenizer(hf)
+
+
+def test_added_tokens_come_from_the_template_only():
+    tok = _with_added_tokens()
+    text = "<|im_start|>user\nhi <|im_end|> <tool_call> there<|im_end|>\n"
+    start, end = tok.encode("<|im_start|>")[0], tok.encode("<|im_end|>")[0]
+    call = tok.encode("<tool_call>")[0]
+    # the template's own text: its special tokens read as such, exactly as encode() does
+    assert tok.encode_pieces(((text, True),)) == tok.encode(text)
+    # the caller's part as plain text: every character a token, no added token from it
+    caller = "hi <|im_end|> <tool_call> there"
+    ids = tok.encode_pieces((("<|im_start|>user\n", True), (caller, False), ("<|im_end|>\n", True)))
+    assert ids.count(start) == 1 and ids.count(end) == 1 and call not in ids
+    assert len(ids) == 1 + len("user\n") + len(caller) + 1 + 1
+    # a run spanning pieces is one text (tokens may span the boundary, as in encode)
+    assert tok.encode_pieces((("ab", True), ("cd", False))) == tok.encode("abcd")

@@ -50,19 +50,31 @@ class FakeTokenizer:
         return self.vocab.setdefault(piece, len(self.vocab) + 1)
 
     def encode(self, text: str) -> list[int]:
+        return self.encode_pieces(((text, True),))
+
+    def encode_pieces(self, pieces: Sequence[tuple[str, bool]]) -> list[int]:
+        """As a real tokenizer's: special tokens only from template pieces; plain pieces'
+        text (a caller's) is words and punctuation whatever it spells."""
         self.encode_calls += 1
         ids: list[int] = []
-        for part in _SPECIAL.split(text):
-            if not part:
-                continue
-            if _SPECIAL.fullmatch(part):
-                ids.append(self._id(part))
-                continue
-            for piece in _PIECE.findall(part):
-                if piece.startswith(" ") and piece[1:] in self.split_labels:
-                    ids += [self._id(piece[:2]), self._id(piece[2:])]
+        run: list[str] = []
+        for text, template in pieces:
+            for part in _SPECIAL.split(text) if template else (text,):
+                if template and _SPECIAL.fullmatch(part):
+                    ids += self._plain("".join(run))
+                    run = []
+                    ids.append(self._id(part))
                 else:
-                    ids.append(self._id(piece))
+                    run.append(part)
+        return ids + self._plain("".join(run))
+
+    def _plain(self, text: str) -> list[int]:
+        ids: list[int] = []
+        for piece in _PIECE.findall(text):
+            if piece.startswith(" ") and piece[1:] in self.split_labels:
+                ids += [self._id(piece[:2]), self._id(piece[2:])]
+            else:
+                ids.append(self._id(piece))
         return ids
 
 

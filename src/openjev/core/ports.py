@@ -49,6 +49,12 @@ class Engine(Protocol):
     async def close(self) -> None: ...
 
 
+# A text in pieces, each (text, template): a template piece is the chat template's own text
+# and may hold its special tokens; every other piece (whatever a caller sent, and the
+# wording) is plain text, never read as a special token. Joined, the pieces are one text.
+Segments = tuple[tuple[str, bool], ...]
+
+
 class TemplateRefused(Exception):
     """The chat template refuses these turns (e.g. Gemma's demands strict user/assistant
     alternation); `ChatTokenizer.render` raises it so callers can try another arrangement."""
@@ -63,5 +69,14 @@ class ChatTokenizer(Protocol):
         ...
 
     def encode(self, text: str) -> list[int]:
-        """Token ids of `text`, adding no special tokens of its own (the template has them)."""
+        """Token ids of `text`, adding no special tokens of its own (the template has them);
+        special tokens spelled in `text` are read as such: for the template's own text only."""
+        ...
+
+    def encode_pieces(self, pieces: Segments) -> list[int]:
+        """Token ids of the pieces joined as one text (tokens may span pieces, as in
+        encode(joined)), where only a template piece may yield a special (added) token: a
+        plain piece's characters are encoded as ordinary text even where they spell one
+        (`<|im_start|>` in a caller's text is as many tokens as its characters). For joined
+        text that spells no special token in its plain pieces, this equals encode(joined)."""
         ...

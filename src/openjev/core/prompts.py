@@ -5,6 +5,11 @@ then a user turn with the reading's text, then the assistant turn opened by the 
 own template (thinking off) and the answer cue. The branch is read at its last position
 for the reading's labels. A question's branches are contiguous, in the readout's order.
 
+Caller text is text (core/frame.py): the template is rendered around placeholders and
+the caller's texts put in their places by position, never found by searching the
+rendering; every text but the template's own is encoded as plain text
+(`ChatTokenizer.encode_pieces`), so no caller text becomes a control token.
+
 Tokenization is split at a turn boundary: the state's turns are encoded once and each
 reading's part on its own. That equals encoding the whole text only where the boundary
 cannot merge tokens (it falls before the template's turn-opening special token); this is
@@ -16,18 +21,16 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
+from openjev.core.frame import Frame, content_rule, frame, tail_chars, text_of
 from openjev.core.labels import LabelSet, verify_labels, verify_words
 from openjev.core.plan import Branch, Plan
-from openjev.core.ports import ChatTokenizer, TemplateRefused
+from openjev.core.ports import ChatTokenizer, Segments
 from openjev.core.readouts import LettersReadout, Readout
 from openjev.core.types import ChoiceQuestion, DecisionRequest, State, Turn
 from openjev.core.wording import ANSWER_CUE, LABEL_SEPARATOR, NO, YES, letters_text
-from openjev.errors import ModelUnsuitable, TokensExceeded
+from openjev.errors import TokensExceeded
 
 log = logging.getLogger(__name__)
-
-# Stands in for the question turn while the template is probed; never reaches the model.
-_SENTINEL = "\x00openjev-question\x00"
 
 _PROBE_STATE = State(turns=(Turn("user", "The parcel arrived two weeks late and my card was charged twice."),))
 _PROBE_QUESTION = ChoiceQuestion(instructions="Which team should handle this?", options=())
@@ -64,8 +67,9 @@ class PromptCompiler:
 
     def __init__(self, tokenizer: ChatTokenizer, *, max_labels: int) -> None:
         self._tok = tokenizer
-        prefix, middle, tails = self._render_texts(_PROBE_STATE, [letters_text(_PROBE_QUESTION, (), ())])
-        context = prefix + middle + tails[0]
+        self._rule = content_rule(tokenizer)
+        probe = self._frame(_PROBE_STATE)
+        context = text_of((*probe.prefix, *probe.middle, (letters_text(_PROBE_QUESTION, (), ()), False), *probe.tail))
         self.labels: LabelSet = verify_labels(tokenizer.encode, context, LABEL_SEPARATOR, max_labels)
         yes_no = verify_words(tokenizer.encode, context, LABEL_SEPARATOR, (YES, NO))
         self.yes_no: tuple[int, int] | None = None if yes_no is None else (yes_no[0], yes_no[1])
@@ -95,33 +99,8 @@ class PromptCompiler:
             found.append(max(0, (sizes[1] - sizes[0]) // (2 * len(pattern))))
         return min(found) if found else 0
 
-    def _frame(self, state: State) -> tuple[str, str, str]:
-        """(prefix, middle, tail): a branch's text is prefix + middle + <reading> + tail.
-
-        `prefix` is the state's own rendering where the template keeps it intact, else "".
-        """
-        turns = list(state.turns)
-        try:
-            full = self._tok.render([*turns, Turn("user", _SENTINEL)], add_generation_prompt=True)
-        except TemplateRefused:
-            # Templates that demand strict user/assistant alternation (Gemma's) refuse a
-            # second user turn: the question then joins the last user turn.
-            if not turns or turns[-1].role != "user":
-                raise
-            folded = Turn("user", turns[-1].content + "\n\n" + _SENTINEL)
-            full = self._tok.render([*turns[:-1], folded], add_generation_prompt=True)
-        at = full.find(_SENTINEL)
-        if at < 0:
-            raise ModelUnsuitable("the model's chat template dropped the question turn")
-        head, tail = full[:at], full[at + len(_SENTINEL) :]
-        state_only = self._tok.render(turns, add_generation_prompt=False) if turns else ""
-        split = len(state_only) if head.startswith(state_only) else 0
-        return head[:split], head[split:], tail + ANSWER_CUE
-
-    def _render_texts(self, state: State, turn_texts: list[str]) -> tuple[str, str, list[str]]:
-        """(prefix, middle, tails): branch i's text is prefix + middle + tails[i]."""
-        prefix, middle, tail = self._frame(state)
-        return prefix, middle, [text + tail for text in turn_texts]
+    def _frame(self, state: State) -> Frame:
+        return frame(self._tok, state, self._rule, ANSWER_CUE)
 
     def compile(
         self,
@@ -147,16 +126,16 @@ class PromptCompiler:
             readout = LettersReadout(self.labels.texts, self.labels.ids)
         counts = [readout.count(q) for _, q in request.questions]
         self._check_shape(request, sum(counts), limits)
-        prefix, middle, tail = self._frame(request.state)
+        fr = self._frame(request.state)
         # The shared part is encoded once: the state's rendering where the template keeps
         # it intact (the boundary then falls before a special token), else everything
         # before the question (the part of each branch is then the reading alone).
-        shared_text, lead = (prefix, middle) if prefix else (middle, "")
+        shared_text, lead = (fr.prefix, fr.middle) if fr.prefix else (fr.middle, ())
         enc = _Encoder(self._tok, part_cache)
         shared = enc.whole(shared_text) if shared_text else ()
         if limits is not None:
             _check_shared(limits, request, len(shared), sum(counts), enc.work)
-        reads = self._encode_readings(request, readout, counts, enc, lead, tail, len(shared), limits)
+        reads = self._encode_readings(request, readout, counts, enc, lead, fr.tail, len(shared), limits)
         if shared and not self._split_is_stable(shared_text, [r.text for r in reads], same_lead=bool(lead)):
             log.warning("prompt split is not token-stable for this template; encoding branches whole")
             branches = self._whole_branches(shared_text, reads, enc, limits)
@@ -198,8 +177,8 @@ class PromptCompiler:
         readout: Readout,
         counts: list[int],
         enc: _Encoder,
-        lead: str,
-        tail: str,
+        lead: Segments,
+        tail: Segments,
         shared_len: int,
         limits: CompileLimits | None,
     ) -> list[_Encoded]:
@@ -213,11 +192,11 @@ class PromptCompiler:
                 if reading.parallel:
                     # the turn's text, then its parallel texts side by side, each encoded on
                     # its own; the template's tail follows, encoded on its own too
-                    text = lead + reading.text
-                    lines = tuple(enc.part(line) for line in reading.parallel)
+                    text = (*lead, (reading.text, False))
+                    lines = tuple(enc.part(((line, False),)) for line in reading.parallel)
                     encoded = _Encoded.laid_out(qid, text, enc.part(text), lines, enc.part(tail), reading.label_ids)
                 else:
-                    text = lead + reading.text + tail
+                    text = (*lead, (reading.text, False), *tail)
                     encoded = _Encoded(qid, text, enc.part(text), reading.label_ids)
                 total += shared_len + len(encoded.part)
                 if limits is not None:
@@ -226,7 +205,7 @@ class PromptCompiler:
         return out
 
     def _whole_branches(
-        self, shared_text: str, reads: list[_Encoded], enc: _Encoder, limits: CompileLimits | None
+        self, shared_text: Segments, reads: list[_Encoded], enc: _Encoder, limits: CompileLimits | None
     ) -> list[Branch]:
         """The branches encoded whole (the shared text and each reading's text together),
         for a template whose split is not token-stable; a parallel reading's lines and tail
@@ -245,7 +224,7 @@ class PromptCompiler:
             branches.append(Branch(whole, r.label_ids, parallel=layout))
         return branches
 
-    def _split_is_stable(self, shared_text: str, texts: list[str], *, same_lead: bool) -> bool:
+    def _split_is_stable(self, shared_text: Segments, texts: list[Segments], *, same_lead: bool) -> bool:
         """Whether encoding shared_text and each text apart equals encoding them together.
 
         Proven on a window: the last STABILITY_WINDOW characters of the shared text, which
@@ -253,10 +232,10 @@ class PromptCompiler:
         shorter), so the check costs the same for a 2 MB state as for a short one. One
         text suffices where every text starts with the same boundary text (`same_lead`).
         """
-        window = shared_text[-STABILITY_WINDOW:]
-        window_ids = self._tok.encode(window)
+        window = tail_chars(shared_text, STABILITY_WINDOW)
+        window_ids = self._tok.encode_pieces(window)
         for text in texts[:1] if same_lead else texts:
-            if self._tok.encode(window + text) != window_ids + self._tok.encode(text):
+            if self._tok.encode_pieces(window + text) != window_ids + self._tok.encode_pieces(text):
                 return False
         return True
 
@@ -270,19 +249,25 @@ class _Encoder:
         self._cache = part_cache
         self.work = 0
 
-    def whole(self, text: str) -> tuple[int, ...]:
-        ids = tuple(self._tok.encode(text))
+    def whole(self, text: Segments) -> tuple[int, ...]:
+        ids = tuple(self._tok.encode_pieces(text))
         self.work += len(ids)
         return ids
 
-    def part(self, text: str) -> tuple[int, ...]:
-        cached = self._cache.get(text) if self._cache is not None else None
-        if cached is not None:
-            return cached
-        ids = self.whole(text)
-        if self._cache is not None:
-            self._cache[text] = ids
-        return ids
+    def part(self, text: Segments) -> tuple[int, ...]:
+        if self._cache is None:
+            return self.whole(text)
+        key = _key(text)
+        cached = self._cache.get(key)
+        if cached is None:
+            cached = self._cache[key] = self.whole(text)
+        return cached
+
+
+def _key(text: Segments) -> str:
+    """The part cache's key: one string per segments, length-prefixed so that no two
+    differ only in where a caller's text ends (a caller may send any character)."""
+    return "".join(f"{len(piece)}{'t' if template else 'p'}{piece}" for piece, template in text)
 
 
 @dataclass(frozen=True)
@@ -292,7 +277,7 @@ class _Encoded:
     own part (the shared part's length is added when the branch is made)."""
 
     qid: str
-    text: str  # what the split-stability check and a whole re-encoding read (a parallel reading's head)
+    text: Segments  # what the split-stability check and a whole re-encoding read (a parallel reading's head)
     part: tuple[int, ...]
     label_ids: tuple[int, ...]
     layout: tuple[tuple[int, int], ...] = ()
@@ -303,7 +288,7 @@ class _Encoded:
     def laid_out(
         cls,
         qid: str,
-        text: str,
+        text: Segments,
         head: tuple[int, ...],
         lines: tuple[tuple[int, ...], ...],
         end: tuple[int, ...],

@@ -1,7 +1,18 @@
-"""The core's ChatTokenizer port over a Hugging Face tokenizer."""
+"""The core's ChatTokenizer port over a Hugging Face tokenizer.
+
+Caller text is text: `encode_pieces` reads special (added) tokens only in the template's
+own pieces. It splits those pieces at the added tokens itself (the template's text is the
+model's, so searching it is safe) and encodes every run between them, template text and
+caller text together, with a copy of the tokenizer that has no added tokens at all (the
+same normalizer, pre-tokenizer and model): `<|im_start|>` in a caller's text is then as many
+tokens as its characters' ordinary encoding, and for ordinary text the ids equal encode()'s,
+which splits at the added tokens first and encodes the runs between them the same way.
+"""
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Sequence
 
 import jinja2
@@ -27,6 +38,8 @@ class HFChatTokenizer:
         # pool, ~5x less time for the short texts of a small request (bench/bench_api.py).
         backend = getattr(tokenizer, "backend_tokenizer", None)
         self._fast = backend if backend is not None and not getattr(tokenizer, "split_special_tokens", False) else None
+        self._plain = _without_added_tokens(backend) if backend is not None else None
+        self._added, self._added_ids = _added_tokens(tokenizer)
 
     def render(self, turns: Sequence[Turn], *, add_generation_prompt: bool) -> str:
         messages = [{"role": t.role, "content": t.content} for t in turns]
@@ -47,3 +60,73 @@ class HFChatTokenizer:
                 return self._fast.encode_batch([text], add_special_tokens=False)[0].ids
             return self._fast.encode(text, add_special_tokens=False).ids
         return list(self._tok(text, add_special_tokens=False)["input_ids"])
+
+    def encode_pieces(self, pieces: Sequence[tuple[str, bool]]) -> list[int]:
+        items: list[str | int] = []  # runs of plain text and the template's added tokens' ids
+        run: list[str] = []
+        for text, template in pieces:
+            at = 0
+            if template and self._added is not None:
+                for m in self._added.finditer(text):
+                    run.append(text[at : m.start()])
+                    items += ["".join(run), self._added_ids[str(m.lastgroup)]]
+                    run, at = [], m.end()
+            run.append(text[at:] if at else text)
+        items.append("".join(run))
+        texts = [x for x in items if isinstance(x, str) and x]
+        encoded = iter(self._encode_plain(texts))
+        ids: list[int] = []
+        for x in items:
+            if isinstance(x, int):
+                ids.append(x)
+            elif x:
+                ids += next(encoded)
+        return ids
+
+    def _encode_plain(self, texts: list[str]) -> list[list[int]]:
+        """Each text encoded as ordinary characters (no added token recognised)."""
+        if not texts:
+            return []
+        if self._plain is None:  # a slow (Python) tokenizer: its own switch does the same
+            out = self._tok(texts, add_special_tokens=False, split_special_tokens=True)["input_ids"]
+            return [list(ids) for ids in out]
+        if sum(len(t) for t in texts) > GIL_FREE_CHARS or len(texts) > 1:
+            return [e.ids for e in self._plain.encode_batch(texts, add_special_tokens=False)]
+        return [self._plain.encode(texts[0], add_special_tokens=False).ids]
+
+
+def _without_added_tokens(backend):
+    """A copy of the Rust tokenizer with no added tokens: their texts are then ordinary text
+    (their ids stay in the vocabulary, which only the template's own pieces can reach)."""
+    from tokenizers import Tokenizer
+
+    data = json.loads(backend.to_str())
+    data["added_tokens"] = []
+    data["truncation"] = None
+    data["padding"] = None
+    return Tokenizer.from_str(json.dumps(data))
+
+
+def _added_tokens(tokenizer) -> tuple[re.Pattern[str] | None, dict[str, int]]:
+    """A pattern matching the tokenizer's added tokens in the template's text (longest first,
+    as the tokenizer matches them; with the whitespace a token strips), one named group per
+    token, and each group's token id."""
+    decoder = getattr(tokenizer, "added_tokens_decoder", None) or {}
+    ids: dict[str, int] = {}
+    patterns: list[tuple[int, str]] = []
+    for token_id, token in decoder.items():
+        content = str(getattr(token, "content", token))
+        if not content:
+            continue
+        name = f"t{int(token_id)}"
+        ids[name] = int(token_id)
+        pattern = re.escape(content)
+        if getattr(token, "lstrip", False):
+            pattern = r"\s*" + pattern
+        if getattr(token, "rstrip", False):
+            pattern += r"\s*"
+        patterns.append((len(content), f"(?P<{name}>{pattern})"))
+    if not patterns:
+        return None, ids
+    patterns.sort(key=lambda p: -p[0])
+    return re.compile("|".join(p for _, p in patterns)), ids

@@ -1,7 +1,9 @@
 """Admission: every rule on who gets in and how much, in one module.
 
 - At the door (`AdmissionMiddleware`), before the body is read: which paths need a key,
-  the key itself (401), and the key's requests/min bucket on the decision routes (429).
+  the key itself (401), and on the decision routes the key's tokens/min debt (429: a key
+  whose earlier work, refused requests' included, overdrew its bucket gets no compile
+  work until it is paid back) and its requests/min bucket (429).
 - In tokens (`GatedEngine`): the engine port wrapped with a server-wide bound on distinct
   tokens in flight (529 beyond, Retry-After from the measured drain rate) and the calling
   key's tokens/min bucket (429 beyond); `charge_refused` charges a refused request's work.
@@ -244,5 +246,6 @@ class AdmissionMiddleware:
         if entry is None:
             raise AuthenticationError("invalid API key")
         if path in DECISION_ROUTES:
+            self.key_limits.refuse_debt(entry)  # before the body is read: a key in debt buys no compile
             self.key_limits.take_request(entry)
         return entry

@@ -27,6 +27,7 @@ import dataclasses
 import hashlib
 import hmac
 import logging
+import math
 import re
 import threading
 import time
@@ -295,6 +296,30 @@ class KeyLimits:
             if bucket is None:
                 bucket = self._buckets[key] = TokenBucket(per_min, self._clock)
             bucket.charge(tokens)
+
+    def refuse_debt(self, entry: KeyEntry) -> None:
+        """429 where the key's tokens/min bucket is in debt (earlier work, refused requests'
+        included, took more than it had): checked at the door, before the body is read or
+        anything compiled, so a key in debt cannot buy compile work with refused requests.
+        Retry-After: until the debt is paid back."""
+        per_min = entry.tokens_per_min
+        per_min = self._defaults["tokens_per_min"] if per_min is None else per_min
+        if not per_min:
+            return
+        with self._lock:
+            bucket = self._buckets.get((entry.name, "tokens_per_min", per_min))
+            if bucket is None:
+                return
+            bucket.charge(0)  # refilled to now
+            debt = -bucket.level
+            wait = (debt + 1) / bucket.rate if debt >= 0 else 0.0
+        if wait > 0:
+            raise RateLimited(
+                f"API key {entry.name!r} is over its {per_min} distinct tokens per minute (in debt by "
+                f"{math.ceil(debt)} tokens of earlier work, refused requests' included): refused before any "
+                "work; retry later",
+                retry_after_s=wait,
+            )
 
     def take_request(self, entry: KeyEntry) -> None:
         self._take(entry, "requests_per_min", 1, "requests")
