@@ -220,7 +220,15 @@ class AdmissionMiddleware:
             await self.app(scope, receive, send)
             return
         entry = self._authenticate(scope, scope["path"])
-        scope.setdefault("state", {})["key_name"] = entry.name if entry else None
+        state = scope.setdefault("state", {})
+        state["key_name"] = entry.name if entry else None
+        # The entry is the request's before its limits are checked, so that what answers a 429
+        # at the door (outside this middleware, where the ContextVar is unset) still knows whose
+        # limits to show (api/server/conventions.py).
+        state["key_entry"] = entry
+        if entry is not None and scope["path"] in DECISION_ROUTES:
+            self.key_limits.refuse_debt(entry)  # before the body is read: a key in debt buys no compile
+            self.key_limits.take_request(entry)
         token = current_key.set(entry)
         try:
             await self.app(scope, receive, send)
@@ -228,7 +236,7 @@ class AdmissionMiddleware:
             current_key.reset(token)
 
     def _authenticate(self, scope: Scope, path: str) -> KeyEntry | None:
-        """The caller's key where one is needed (raises 401/429); None where none is."""
+        """The caller's key where one is needed (raises 401); None where none is."""
         keys = self.keys
         guarded = (
             path.startswith("/v1/")
@@ -245,7 +253,4 @@ class AdmissionMiddleware:
         entry = keys.identify(given.strip())
         if entry is None:
             raise AuthenticationError("invalid API key")
-        if path in DECISION_ROUTES:
-            self.key_limits.refuse_debt(entry)  # before the body is read: a key in debt buys no compile
-            self.key_limits.take_request(entry)
         return entry

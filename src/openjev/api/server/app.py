@@ -67,8 +67,9 @@ def create_app(
         proxies=ops.proxies,
         docs_auth=settings.docs == "auth",
     )
-    app.add_middleware(ConventionsMiddleware, key_limits=ops.key_limits)  # x-request-id, x-ratelimit-* (OpenAI)
     app.add_middleware(ErrorMiddleware)  # what those raise, and bugs, in the contract's error shape
+    # Outside ErrorMiddleware, so a 429 or 401 answered at the door carries them too.
+    app.add_middleware(ConventionsMiddleware, key_limits=ops.key_limits)  # x-request-id, x-ratelimit-* (OpenAI)
     app.add_middleware(AccessLogMiddleware, access=ops.access)  # one log line and the metrics per request
     hosts = HostPolicy.of(settings)
     if hosts is not None:  # DNS rebinding: before the key and the body

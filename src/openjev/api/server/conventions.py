@@ -15,7 +15,7 @@ from starlette.datastructures import MutableHeaders
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from openjev.api.contract.formats import format_of
-from openjev.api.identity.keys import KeyLimits, current_key
+from openjev.api.identity.keys import KeyEntry, KeyLimits
 from openjev.api.operations.middleware import request_id_of
 
 _KINDS = {"requests_per_min": "requests", "tokens_per_min": "tokens"}
@@ -29,9 +29,8 @@ def duration(seconds: float) -> str:
     return f"{minutes}m{rest}s" if minutes else f"{rest}s"
 
 
-def rate_limit_headers(key_limits: KeyLimits) -> dict[str, str]:
+def rate_limit_headers(key_limits: KeyLimits, entry: KeyEntry | None) -> dict[str, str]:
     """The calling key's x-ratelimit-* headers ({} without a key or without limits)."""
-    entry = current_key.get()
     if entry is None:
         return {}
     out: dict[str, str] = {}
@@ -45,7 +44,7 @@ def rate_limit_headers(key_limits: KeyLimits) -> dict[str, str]:
 
 class ConventionsMiddleware:
     """Adds a format's client headers to every response of its routes. Outside admission,
-    whose key (a ContextVar) it reads as the response starts."""
+    whose key (in the request's scope state) it reads as the response starts."""
 
     def __init__(self, app: ASGIApp, key_limits: KeyLimits) -> None:
         self.app = app
@@ -67,7 +66,10 @@ class ConventionsMiddleware:
                 if fmt.id_header is not None and rid:
                     headers[fmt.id_header] = rid
                 if fmt.rate_limit_headers:
-                    for name, value in rate_limit_headers(self.key_limits).items():
+                    # The key admission named (scope state, set before its limits are checked):
+                    # a 429 at the door is answered out here, where current_key is unset.
+                    entry = scope.get("state", {}).get("key_entry")
+                    for name, value in rate_limit_headers(self.key_limits, entry).items():
                         headers[name] = value
             await send(message)
 
