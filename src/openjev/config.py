@@ -240,111 +240,17 @@ class Settings:
         """Listening on a loopback interface only (the default): reachable from this machine alone."""
         return is_loopback_name(self.host)
 
-    def validate(self) -> Settings:  # noqa: C901 - one check per setting; split with issue 20's config.py changes, not across them
+    def validate(self) -> Settings:
         """Every setting checked at start, before anything loads: a value that cannot work is a
         ConfigError (the CLI exits 2 with it), never a server that answers every request wrong."""
-        for f in dataclasses.fields(self):
-            value = getattr(self, f.name)
-            if isinstance(value, float) and not math.isfinite(value):
-                raise ConfigError(f"{f.name} must be a finite number, got {value!r}")
-        for name in ("port", "sglang_port", "vllm_port"):
-            if not 1 <= getattr(self, name) <= 65535:
-                raise ConfigError(f"{name} must be a port number (1-65535), got {getattr(self, name)!r}")
-        positive = (
-            "max_questions",
-            "max_body_bytes",
-            "max_json_depth",
-            "max_branch_tokens",
-            "max_request_tokens",
-            "max_branches",
-            "max_prompt_tokens",
-            "max_in_flight",
-            "engine_timeout_s",
-            "retry_after_s",
-            "attention_budget",
-            "batch_tokens",
-            "max_engine_calls",
-            "startup_timeout_s",
-            "rotations",
-            "max_rotations",
-            "rotation_max_options",
-            "max_batch_items",
-            "max_batch_tokens",
-            "slice_ms",
-            "warmup_min_tokens",
-            "max_connections",
-            "head_timeout_s",
-            "body_timeout_s",
-            "send_timeout_s",
-            "max_body_chunks",
-        )
-        for name in positive:
-            if getattr(self, name) <= 0:
-                raise ConfigError(f"{name} must be positive, got {getattr(self, name)!r}")
-        for name in (
-            "prefix_cache_bytes",
-            "batch_window_ms",
-            "max_tokens_in_flight",
-            "drain_timeout_s",
-            "max_queue_wait_s",
-            "key_requests_per_min",
-            "key_tokens_per_min",
-        ):
-            if getattr(self, name) < 0:
-                raise ConfigError(f"{name} must not be negative, got {getattr(self, name)!r}")
-        # Upper bounds: beyond them a value is a typo, and some would overflow a timer or a tensor.
-        for name, top in (
-            ("temperature", 1000.0),
-            ("engine_timeout_s", _DAY),
-            ("startup_timeout_s", _DAY),
-            ("drain_timeout_s", _DAY),
-            ("max_queue_wait_s", _DAY),
-            ("head_timeout_s", 3600.0),
-            ("send_timeout_s", 3600.0),
-            ("max_body_chunks", 1 << 24),
-            ("body_timeout_s", _DAY),
-            ("retry_after_s", 3600),
-            ("batch_window_ms", 60_000.0),
-            ("slice_ms", 3_600_000.0),
-            ("max_rotations", MAX_CHOICE_OPTIONS),
-            ("rotation_max_options", MAX_CHOICE_OPTIONS),
-            ("max_body_bytes", 1 << 30),
-            ("max_head_bytes", 1 << 24),
-            ("max_connections", 1 << 20),
-        ):
-            if getattr(self, name) > top:
-                raise ConfigError(f"{name} must be at most {top}, got {getattr(self, name)!r}")
-        for name in ("abstain_min_label_mass", "abstain_min_order_agreement", "abstain_min_confidence"):
-            if not 0.0 <= getattr(self, name) <= 1.0:
-                raise ConfigError(f"{name} must be between 0 and 1, got {getattr(self, name)!r}")
-        if self.temperature < 1e-3:
-            raise ConfigError(f"temperature must be between 0.001 and 1000, got {self.temperature!r}")
-        if self.max_head_bytes < 1024:
-            raise ConfigError(f"max_head_bytes must be at least 1024, got {self.max_head_bytes!r}")
-        if self.log_format not in ("text", "json"):
-            raise ConfigError(f"log_format must be text or json, got {self.log_format!r}")
-        if self.log_level.lower() not in ("debug", "info", "warning", "error", "critical"):
-            raise ConfigError(f"log_level must be debug, info, warning, error or critical, got {self.log_level!r}")
-        if self.readout not in READOUTS:
-            raise ConfigError(f"readout must be one of {', '.join(READOUTS)}, got {self.readout!r}")
-        if self.docs not in ("public", "auth", "off"):
-            raise ConfigError(f"docs must be public, auth or off, got {self.docs!r}")
-        for name in self.allowed_hosts:
-            if not name or any(c.isspace() or c in "/@" for c in name) or ("*" in name and not _wildcard(name)):
-                raise ConfigError(f"allowed_hosts: {name!r} is not a host name, `*.domain` or `*`")
-        for entry in self.trusted_proxies:
-            try:
-                ipaddress.ip_network(entry, strict=False)
-            except ValueError:
-                raise ConfigError(f"trusted_proxies: {entry!r} is not an IP address or network") from None
+        _check_numbers(self)
+        _check_names(self)
         if self.rotations > self.max_rotations:
             raise ConfigError(f"rotations ({self.rotations}) exceeds max_rotations ({self.max_rotations})")
         if self.max_questions > 4096:
             raise ConfigError("max_questions above 4096 is not supported")
         return self
 
-
-_DAY = 86_400.0
 
 def _wildcard(name: str) -> bool:
     return name == "*" or (name.startswith("*.") and "*" not in name[2:] and len(name) > 2)
@@ -413,3 +319,80 @@ def load_settings(overrides: Mapping[str, Any] | None = None, environ: Mapping[s
         if value is not None:
             values[name] = value
     return Settings(**values).validate()
+
+
+_DAY = 86_400.0
+_POSITIVE = """max_questions max_body_bytes max_json_depth max_branch_tokens max_request_tokens max_branches
+    max_prompt_tokens max_in_flight engine_timeout_s retry_after_s attention_budget batch_tokens max_engine_calls
+    startup_timeout_s rotations max_rotations rotation_max_options max_batch_items max_batch_tokens slice_ms
+    warmup_min_tokens max_connections head_timeout_s body_timeout_s send_timeout_s max_body_chunks""".split()
+_NOT_NEGATIVE = """prefix_cache_bytes batch_window_ms max_tokens_in_flight drain_timeout_s max_queue_wait_s
+    key_requests_per_min key_tokens_per_min""".split()
+# Upper bounds: beyond them a value is a typo, and some would overflow a timer or a tensor.
+_AT_MOST: dict[str, float] = {
+    "temperature": 1000.0,
+    **dict.fromkeys(("engine_timeout_s", "startup_timeout_s", "drain_timeout_s", "max_queue_wait_s"), _DAY),
+    **dict.fromkeys(("head_timeout_s", "send_timeout_s"), 3600.0),
+    "retry_after_s": 3600,
+    "body_timeout_s": _DAY,
+    "max_body_chunks": 1 << 24,
+    "batch_window_ms": 60_000.0,
+    "slice_ms": 3_600_000.0,
+    **dict.fromkeys(("max_rotations", "rotation_max_options"), MAX_CHOICE_OPTIONS),
+    "max_body_bytes": 1 << 30,
+    "max_head_bytes": 1 << 24,
+    "max_connections": 1 << 20,
+}
+_FRACTIONS = ("abstain_min_label_mass", "abstain_min_order_agreement", "abstain_min_confidence")
+
+
+def _check_numbers(s: Settings) -> None:
+    """Finite and in range (`_check_bounds`); the temperature and the head size have floors."""
+    for f in dataclasses.fields(s):
+        value = getattr(s, f.name)
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ConfigError(f"{f.name} must be a finite number, got {value!r}")
+    _check_bounds(s)
+    if s.temperature < 1e-3:
+        raise ConfigError(f"temperature must be between 0.001 and 1000, got {s.temperature!r}")
+    if s.max_head_bytes < 1024:
+        raise ConfigError(f"max_head_bytes must be at least 1024, got {s.max_head_bytes!r}")
+
+
+def _check_bounds(s: Settings) -> None:
+    """Ports, positive and non-negative settings, upper bounds, fractions."""
+    for name in ("port", "sglang_port", "vllm_port"):
+        if not 1 <= getattr(s, name) <= 65535:
+            raise ConfigError(f"{name} must be a port number (1-65535), got {getattr(s, name)!r}")
+    for name in _POSITIVE:
+        if getattr(s, name) <= 0:
+            raise ConfigError(f"{name} must be positive, got {getattr(s, name)!r}")
+    for name in _NOT_NEGATIVE:
+        if getattr(s, name) < 0:
+            raise ConfigError(f"{name} must not be negative, got {getattr(s, name)!r}")
+    for name, top in _AT_MOST.items():
+        if getattr(s, name) > top:
+            raise ConfigError(f"{name} must be at most {top}, got {getattr(s, name)!r}")
+    for name in _FRACTIONS:
+        if not 0.0 <= getattr(s, name) <= 1.0:
+            raise ConfigError(f"{name} must be between 0 and 1, got {getattr(s, name)!r}")
+
+
+def _check_names(s: Settings) -> None:
+    """The settings that name one of a few choices, hosts or networks."""
+    if s.log_format not in ("text", "json"):
+        raise ConfigError(f"log_format must be text or json, got {s.log_format!r}")
+    if s.log_level.lower() not in ("debug", "info", "warning", "error", "critical"):
+        raise ConfigError(f"log_level must be debug, info, warning, error or critical, got {s.log_level!r}")
+    if s.readout not in READOUTS:
+        raise ConfigError(f"readout must be one of {', '.join(READOUTS)}, got {s.readout!r}")
+    if s.docs not in ("public", "auth", "off"):
+        raise ConfigError(f"docs must be public, auth or off, got {s.docs!r}")
+    for name in s.allowed_hosts:
+        if not name or any(c.isspace() or c in "/@" for c in name) or ("*" in name and not _wildcard(name)):
+            raise ConfigError(f"allowed_hosts: {name!r} is not a host name, `*.domain` or `*`")
+    for entry in s.trusted_proxies:
+        try:
+            ipaddress.ip_network(entry, strict=False)
+        except ValueError:
+            raise ConfigError(f"trusted_proxies: {entry!r} is not an IP address or network") from None

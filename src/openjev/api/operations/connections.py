@@ -27,23 +27,18 @@ limit sits in api/operations/middleware.py (BodyMiddleware), where the body is r
 from __future__ import annotations
 
 import asyncio
-import http
-import json
 import logging
 import socket
 import struct
-import time
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import h11
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from openjev.api.operations.framing import BodyFraming, FramingError, LineScanner, check_head
-from openjev.api.operations.middleware import REQUEST_ID_HEADER
+from openjev.api.operations.framing import FramingError
+from openjev.api.operations.h11_parts import THROTTLE, WARN_EVERY_S, LingeringTransport, StrictConnection, raw_response
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +46,6 @@ log = logging.getLogger(__name__)
 # and how much of it, so that the client reads our answer instead of a reset.
 LINGER_S = 2.0
 LINGER_BYTES = 1 << 20
-WARN_EVERY_S = 10.0  # at most one log line per this many seconds about refused connections
 
 
 @dataclass(frozen=True)
@@ -90,77 +84,6 @@ def http_protocol(limits: ConnectionLimits) -> type[BoundedH11Protocol]:
 COUNTS = ("refused", "head_timeouts", "heads_too_large", "slow_readers", "parse_errors", "upgrades_refused")
 
 
-def raw_response(status: int, error_type: str, message: str, headers: tuple[tuple[str, str], ...] = ()) -> bytes:
-    """A complete HTTP/1.1 error response in the contract's shape, closing the connection."""
-    body = json.dumps({"detail": {"error_type": error_type, "message": message}}).encode()
-    lines = [
-        f"HTTP/1.1 {status} {http.HTTPStatus(status).phrase}",
-        "content-type: application/json",
-        f"content-length: {len(body)}",
-        "connection: close",
-        f"{REQUEST_ID_HEADER}: req_{uuid.uuid4().hex}",
-        *(f"{k}: {v}" for k, v in headers),
-    ]
-    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
-
-
-class _Connection(h11.Connection):
-    """h11's server side that also bounds a *complete* head (h11 bounds only an incomplete
-    one, so a large head arriving in one read passed), checks framing strictly before h11
-    reads the bytes (api/operations/framing.py), reports a complete head, and keeps the protocol error
-    it raised (uvicorn's handler gets only a message)."""
-
-    def __init__(self, max_head_bytes: int, max_body_chunks: int, on_head: Any) -> None:
-        super().__init__(h11.SERVER, max_incomplete_event_size=max_head_bytes)
-        self.max_head_bytes = max_head_bytes
-        self.max_body_chunks = max_body_chunks
-        self.on_head = on_head
-        self.error: h11.RemoteProtocolError | None = None
-        self.head = LineScanner()
-        self.body = BodyFraming(max_body_chunks)
-
-    def next_event(self) -> Any:
-        try:
-            self._check_framing()
-            event = super().next_event()
-            if isinstance(event, h11.Request):
-                self.on_head()
-                size = len(event.method) + len(event.target) + sum(len(k) + len(v) + 4 for k, v in event.headers)
-                if size > self.max_head_bytes:
-                    raise h11.RemoteProtocolError("request head too large", error_status_hint=431)
-                check_head(event)
-                self.head = LineScanner()  # the next head starts where this one's body ends
-                self.body = BodyFraming(self.max_body_chunks)
-        except h11.RemoteProtocolError as exc:
-            self.error = exc
-            raise
-        return event
-
-    def _check_framing(self) -> None:
-        data = self._receive_buffer._data  # h11's own buffer: checked before h11 consumes it
-        if self.their_state is h11.IDLE:
-            self.head.scan(data)
-        elif self.their_state is h11.SEND_BODY:
-            self.body.check(self._reader, data)
-
-
-class _Transport:
-    """The transport uvicorn sees: `close()` becomes the protocol's lingering close."""
-
-    def __init__(self, transport: asyncio.Transport, protocol: BoundedH11Protocol) -> None:
-        self._transport = transport
-        self._protocol = protocol
-
-    def close(self) -> None:
-        self._protocol.linger_close()
-
-    def is_closing(self) -> bool:
-        return self._protocol.closing or self._transport.is_closing()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._transport, name)
-
-
 class BoundedH11Protocol(H11Protocol):
     limits: ConnectionLimits  # set per server by http_protocol()
     refusing: int  # connections being refused right now (lingering), per server
@@ -175,7 +98,7 @@ class BoundedH11Protocol(H11Protocol):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.h11 = _Connection(self.limits.max_head_bytes, self.limits.max_body_chunks, self._head_complete)
+        self.h11 = StrictConnection(self.limits.max_head_bytes, self.limits.max_body_chunks, self._head_complete)
         self.conn = self.h11
         self.raw: asyncio.Transport | None = None
         self.closing = False
@@ -192,7 +115,7 @@ class BoundedH11Protocol(H11Protocol):
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         self.raw = transport
-        proxy: Any = _Transport(transport, self)
+        proxy: Any = LingeringTransport(transport, self)
         if len(self.connections) >= self.limits.max_connections:
             self._refuse(proxy)
             return
@@ -401,34 +324,6 @@ class BoundedH11Protocol(H11Protocol):
         self.linger_timer = self.loop.call_later(self.limits.linger_s, self._close_raw)
 
 
-class _InvalidRequestThrottle(logging.Filter):
-    """uvicorn logs a warning for every request h11 (or our framing check) refuses; a flood of
-    bad requests must not flood the log: one line per WARN_EVERY_S (the metrics count them all)."""
-
-    MESSAGE = "Invalid HTTP request received."
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.last = float("-inf")
-        self.dropped = 0
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if record.msg != self.MESSAGE:
-            return True
-        now = time.monotonic()
-        if now - self.last < WARN_EVERY_S:
-            self.dropped += 1
-            return False
-        self.last = now
-        if self.dropped:
-            record.msg = f"{self.MESSAGE} ({self.dropped} more since the last such line; see openjev_connections_*)"
-            self.dropped = 0
-        return True
-
-
-_THROTTLE = _InvalidRequestThrottle()
-
-
 StatsSource = Callable[[], dict[str, float]]
 
 
@@ -441,8 +336,8 @@ def uvicorn_config(
     /metrics to read at scrape time)."""
     protocol = http_protocol(ConnectionLimits.of(settings))
     uvicorn_log = logging.getLogger("uvicorn.error")
-    if _THROTTLE not in uvicorn_log.filters:
-        uvicorn_log.addFilter(_THROTTLE)
+    if THROTTLE not in uvicorn_log.filters:
+        uvicorn_log.addFilter(THROTTLE)
     if connection_stats_to is not None:
         connection_stats_to(protocol.stats)
     return uvicorn.Config(

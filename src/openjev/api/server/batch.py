@@ -121,28 +121,7 @@ def install(
             ops.key_limits.take_batch_items(entry, count - 1)
         service, card = ready()
         t0 = time.perf_counter()
-        # Validating, converting and compiling grow with the body: all of it in a worker
-        # thread, item after item, stopping at the first item that takes the batch over its
-        # token limit (the items after it are never compiled), or once the client has gone
-        # (`gone`: the thread stops at its next item, no thread is left computing).
-        gone = threading.Event()
-        try:
-            items = await unless_disconnected(
-                request,
-                asyncio.to_thread(
-                    _prepare_all,
-                    body,
-                    settings,
-                    service,
-                    card.name,
-                    spec or service.default_readout,
-                    calibrate,
-                    request_id_of(request.scope),
-                    (request.app.state.ops.key_limits, gone),
-                ),
-            )
-        finally:
-            gone.set()
+        items = await _prepared(request, body, settings, service, card.name, spec or service.default_readout, calibrate)
         slots = max(1, settings.max_in_flight // 2)
         state = request.state
         state.batch = {"items": len(items), "succeeded": 0, "failed": 0}  # for the batch's access line
@@ -159,6 +138,39 @@ def install(
             return JSONResponse(sorted(lines, key=lambda line: line["index"]))
         stream = ndjson(items, service, slots, t0, record, ops.drain.expired, state.batch)
         return StreamingResponse(stream, media_type=NDJSON)
+
+
+async def _prepared(
+    request: Request,
+    body: BatchRequest,
+    settings: Settings,
+    service: DecisionService,
+    served: str,
+    spec: ReadoutSpec,
+    calibrate: bool,
+) -> list[Item]:
+    """Every item prepared. Validating, converting and compiling grow with the body: all of
+    it in a worker thread, item after item, stopping at the first item that takes the batch
+    over its token limit (the items after it are never compiled), or once the client has
+    gone (`gone`: the thread stops at its next item, no thread is left computing)."""
+    gone = threading.Event()
+    try:
+        return await unless_disconnected(
+            request,
+            asyncio.to_thread(
+                _prepare_all,
+                body,
+                settings,
+                service,
+                served,
+                spec,
+                calibrate,
+                request_id_of(request.scope),
+                (request.app.state.ops.key_limits, gone),
+            ),
+        )
+    finally:
+        gone.set()
 
 
 def _count(body: BatchRequest, settings: Settings) -> int:

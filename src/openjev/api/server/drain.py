@@ -21,7 +21,7 @@ import uvicorn
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from openjev.api.contract.paths import DECISION_ROUTES
+from openjev.api.contract.paths import DECISION_ROUTES, HEALTH
 from openjev.errors import Draining
 
 log = logging.getLogger(__name__)
@@ -143,7 +143,7 @@ class DrainMiddleware:
             await self.app(scope, receive, send)
             return
         drain, path = self.drain, scope["path"]
-        if drain.draining and path == "/health":
+        if drain.draining and path == HEALTH:
             await JSONResponse(
                 {"status": "draining", "in_flight": drain.in_flight}, status_code=503, headers={"Retry-After": "5"}
             )(scope, receive, send)

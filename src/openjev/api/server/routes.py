@@ -9,7 +9,7 @@ from typing import Any
 from fastapi import Depends, FastAPI
 from fastapi.responses import JSONResponse
 
-from openjev.api.contract import documented, schemas
+from openjev.api.contract import documented, paths, schemas
 from openjev.api.contract.formats import FORMATS
 from openjev.api.contract.jev_format import JEV
 from openjev.api.identity.auth import require_key
@@ -37,7 +37,7 @@ def install(app: FastAPI, settings: Settings, runtime: Runtime) -> None:
 
 def install_models(app: FastAPI, settings: Settings, runtime: Runtime) -> None:
     @app.get(
-        "/v1/models",
+        paths.MODELS,
         response_model=schemas.ModelsResponse,
         dependencies=[Depends(require_key)],
         responses=documented.READ_ERRORS,
@@ -70,7 +70,7 @@ def install_models(app: FastAPI, settings: Settings, runtime: Runtime) -> None:
         }
 
     @app.get(
-        "/v1/limits",
+        paths.LIMITS,
         dependencies=[Depends(require_key)],
         summary="The limits this server enforces, the calling key's own included",
         responses={**documented.CONNECTION_ERRORS, **documented.UNAUTHORIZED, **documented.RATE_LIMITED},
@@ -81,7 +81,7 @@ def install_models(app: FastAPI, settings: Settings, runtime: Runtime) -> None:
 
 def install_health(app: FastAPI, runtime: Runtime) -> None:
     @app.get(
-        "/health",
+        paths.HEALTH,
         summary="200 once the model is loaded and its engine server answers; 503 before, if loading failed, "
         "or while the engine server does not answer",
         responses=documented.HEALTH,
@@ -103,6 +103,6 @@ def install_health(app: FastAPI, runtime: Runtime) -> None:
             return JSONResponse({"status": "failed", "error": disclosure.load_failure(runtime.error)}, status_code=503)
         return JSONResponse({"status": "loading"}, status_code=503)
 
-    @app.get("/health/live", summary="200 while the process serves HTTP")
+    @app.get(paths.LIVE, summary="200 while the process serves HTTP")
     async def live() -> dict[str, str]:
         return {"status": "ok"}
