@@ -31,6 +31,7 @@ from typing import Any, Protocol
 
 from openjev.core.plan import Plan
 from openjev.core.ports import BranchResult, PlanResult
+from openjev.engines.cost_model import CostModel, attended
 from openjev.engines.kv import Chunk, KVChain, Row, padded_cost
 from openjev.engines.packing import PackedPlan, pack
 from openjev.engines.prefix_cache import PrefixCache
@@ -163,8 +164,9 @@ class Job:
 
 
 class Scheduler:
-    def __init__(self, runner: Runner, cache: PrefixCache, limits: SchedulerLimits) -> None:
+    def __init__(self, runner: Runner, cache: PrefixCache, limits: SchedulerLimits, cost: CostModel | None = None):
         self._runner = runner
+        self.cost = cost if cost is not None else CostModel(hidden_size=1024)  # measured on the forwards
         self._cache = cache
         self._limits = limits
         self._inbox: collections.deque[Job] = collections.deque()
@@ -338,7 +340,9 @@ class Scheduler:
         self._dirty = True
         real = sum(take for _, take, _ in group)
         self.computed_tokens += real
-        per_token = (time.perf_counter() - t0) / real
+        elapsed = time.perf_counter() - t0
+        self.cost.observe(real, sum(attended(job.cursor, take) for job, take, _ in group), elapsed)
+        per_token = elapsed / real
         self._s_per_token = per_token if self._s_per_token is None else 0.7 * self._s_per_token + 0.3 * per_token
         picks: list[tuple[int, int]] = []
         labels: list[tuple[int, ...]] = []

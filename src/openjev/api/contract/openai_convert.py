@@ -140,11 +140,6 @@ def cache_partition(key: str | None) -> str:
     return hashlib.sha256(b"openjev prompt_cache_key\0" + key.encode("utf-8", "surrogatepass")).hexdigest()
 
 
-def identifier_hash(value: str) -> str:
-    """What the log keeps of a `safety_identifier`: a short digest, never the value."""
-    return hashlib.sha256(value.encode("utf-8", "surrogatepass")).hexdigest()[:16]
-
-
 # ---- answers
 
 

@@ -104,9 +104,11 @@ class GatedEngine:
         key_limits: KeyLimits,
         metrics: Metrics,
         retry_after_s: int,
+        deadline_s: float | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.inner = inner
+        self.deadline_s = deadline_s
         self.parallel_layouts = bool(getattr(inner, "parallel_layouts", False))  # a capability passes the gate
         self.max_tokens = max_tokens_in_flight
         self.max_wait_s = max_wait_s
@@ -124,8 +126,30 @@ class GatedEngine:
             return self._retry_after_s
         return max(1, min(MAX_RETRY_AFTER_S, math.ceil(excess_tokens / rate)))
 
+    def refuse_past_deadline(self, plan: Plan) -> None:
+        """TokensExceeded (422) where the plan alone could not finish before the engine's
+        deadline at the cost the engine measured on its own forwards (`estimate_s`, the
+        in-process engine's, attention's growth with the length included): refused before
+        any engine work rather than computed until a 504. (An engine over HTTP offers no
+        estimate: its per-request latency would make a tokens/s rate of small requests
+        refuse large ones a GPU serves in seconds.) A 4xx, not a 529: the
+        server is not busy, this request is too large for it by itself (retrying cannot
+        help); made smaller (a shorter state, fewer questions or rotations) it is served.
+        Nothing is refused before a first measurement."""
+        if not self.deadline_s:
+            return
+        estimate = getattr(self.inner, "estimate_s", None)
+        seconds = estimate(plan) if callable(estimate) else None
+        if seconds is not None and seconds > self.deadline_s:
+            raise TokensExceeded(
+                f"the request's {plan.unique_tokens} distinct tokens would take about {seconds:.0f} s of engine "
+                f"work on this server by themselves, past its {self.deadline_s:g} s deadline: refused before any "
+                "work; send a shorter state, fewer questions or fewer rotations"
+            )
+
     async def run(self, plan: Plan) -> PlanResult:
         n = plan.unique_tokens
+        self.refuse_past_deadline(plan)
         # Alone, any request within --max-request-tokens is admitted: a bound below one
         # request's size must not refuse it forever.
         if self.max_tokens and self.in_flight_tokens and self.in_flight_tokens + n > self.max_tokens:
@@ -220,12 +244,20 @@ class AdmissionMiddleware:
             await self.app(scope, receive, send)
             return
         entry = self._authenticate(scope, scope["path"])
-        scope.setdefault("state", {})["key_name"] = entry.name if entry else None
+        state = scope.setdefault("state", {})
+        state["key_name"] = entry.name if entry else None
+        if scope["path"] == "/health":  # open to all; how busy the server is only for a key's holder
+            state["sees_load"] = not self.keys.enabled or self._bearer(scope) is not None
         token = current_key.set(entry)
         try:
             await self.app(scope, receive, send)
         finally:
             current_key.reset(token)
+
+    def _bearer(self, scope: Scope) -> KeyEntry | None:
+        """The key entry the request's Bearer header names, None for none or an unknown one."""
+        scheme, _, given = Headers(scope=scope).get("authorization", "").partition(" ")
+        return self.keys.identify(given.strip()) if scheme.lower() == "bearer" and given.strip() else None
 
     def _authenticate(self, scope: Scope, path: str) -> KeyEntry | None:
         """The caller's key where one is needed (raises 401/429); None where none is."""

@@ -12,13 +12,27 @@ The access line (logger `openjev.access`, one per HTTP request) carries its fiel
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 import logging
+import secrets
 import sys
 import time
 import traceback
 
 ACCESS = "openjev.access"
+
+# The key of `pseudonym`: this process's own, never written anywhere, so a log line's
+# pseudonym cannot be reversed by hashing guesses (e-mails, user ids) as a plain digest can.
+_PSEUDONYM_KEY = secrets.token_bytes(32)
+
+
+def pseudonym(value: str) -> str:
+    """What a log keeps of an end-user identifier (`safety_identifier`): 16 hex digits of
+    its HMAC-SHA256 under this process's secret key. Equal values match within one run of
+    the server (to follow one user's requests); no dictionary reverses them."""
+    return hmac.new(_PSEUDONYM_KEY, value.encode("utf-8", "surrogatepass"), hashlib.sha256).hexdigest()[:16]
 
 
 def _exception(record: logging.LogRecord, with_messages: bool) -> dict[str, str] | None:

@@ -22,6 +22,7 @@ from openjev.api.contract.overrides import decide_options
 from openjev.api.contract.responses import FastJSONResponse
 from openjev.api.identity import tenancy
 from openjev.api.identity.auth import require_key
+from openjev.api.operations.logs import pseudonym
 from openjev.api.operations.middleware import request_id_of
 from openjev.api.server.assembly import Runtime
 from openjev.config import Settings
@@ -66,7 +67,7 @@ def install(app: FastAPI, settings: Settings, runtime: Runtime, unless_disconnec
                 extra={
                     "fields": {
                         "request_id": request_id_of(request.scope),
-                        "safety_identifier_sha256": oc.identifier_hash(body.safety_identifier),
+                        "safety_identifier_hmac": pseudonym(body.safety_identifier),
                     }
                 },
             )

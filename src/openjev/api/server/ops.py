@@ -49,6 +49,7 @@ class Operations:
             key_limits=self.key_limits,
             metrics=self.metrics,
             retry_after_s=self.settings.retry_after_s,
+            deadline_s=self.settings.engine_timeout_s,
         )
         return self.gate
 

@@ -136,7 +136,7 @@ def install_health(app: FastAPI, runtime: Runtime) -> None:
         "or while the engine server does not answer",
         responses=documented.HEALTH,
     )
-    async def health() -> JSONResponse:
+    async def health(request: Request) -> JSONResponse:
         if runtime.loaded is not None and runtime.service is not None:
             problem = await runtime.loaded.probe() if runtime.loaded.probe is not None else None
             if problem is not None:  # an engine server that died or stalls: not ready
@@ -146,7 +146,8 @@ def install_health(app: FastAPI, runtime: Runtime) -> None:
                     "status": "ok",
                     "model": runtime.loaded.card.name,
                     "load_seconds": round(runtime.loaded.load_seconds, 2),
-                    "in_flight": runtime.service.in_flight,
+                    # how busy others keep the server: a key's holder's to see (api/identity/admission.py)
+                    **({"in_flight": runtime.service.in_flight} if getattr(request.state, "sees_load", False) else {}),
                 }
             )
         if runtime.error is not None:
