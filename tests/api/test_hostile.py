@@ -8,6 +8,7 @@ surrogates, repeated keys and invalid UTF-8 are not what a client library would 
 
 from __future__ import annotations
 
+import asyncio
 import gzip
 import json
 
@@ -622,3 +623,46 @@ async def test_safety_identifier_is_logged_as_a_keyed_pseudonym(api, caplog):
     plain = hashlib.sha256(value.encode()).hexdigest()
     assert plain[:16] != logged[0] and plain[:16] not in caplog.text, "a dictionary would reverse this digest"
     assert value not in caplog.text
+
+
+# ---- a key's share of the in-flight work (issue 28, item 5): half the slots, so another key
+# is served while one floods
+
+
+class ConcurrencyFakeEngine(FakeEngine):
+    """A FakeEngine (named) that records the most plans it ran at once."""
+
+    now: int = 0
+    most: int = 0
+
+    async def run(self, plan):
+        self.now += 1
+        self.most = max(self.most, self.now)
+        try:
+            return await super().run(plan)
+        finally:
+            self.now -= 1
+
+
+async def test_one_key_flooding_leaves_slots_for_another():
+    engine = ConcurrencyFakeEngine(delay_s=0.2)
+    async with running_app(engine, api_keys=("alice-key", "bob-key"), max_in_flight=4) as (client, _):
+        alice, bob = ({"Authorization": f"Bearer {k}", "accept": "application/json"} for k in ("alice-key", "bob-key"))
+        batch = {"requests": [{**VALID, "state": f"ticket {i}"} for i in range(10)]}
+
+        async def bobs() -> list[int]:
+            await asyncio.sleep(0.05)  # alice's batches are in flight
+            codes = []
+            for i in range(4):
+                r = await client.post("/v1/systemone", json={**VALID, "state": f"bob {i}"}, headers=bob)
+                codes.append(r.status_code)
+            return codes
+
+        floods = [client.post("/v1/systemone/batch", json=batch, headers=alice) for _ in range(2)]
+        *batches, bob_codes = await asyncio.gather(*floods, bobs())
+        assert bob_codes == [200] * 4, f"bob was refused while alice flooded: {bob_codes}"
+        for r in batches:  # alice's items waited for her own share, none refused
+            assert r.status_code == 200 and [item.get("status") for item in r.json()] == [None] * 10, r.text[:300]
+        assert engine.most <= 3  # alice's 2 (half of 4) and bob's 1
+        ok = await client.post("/v1/systemone", json=VALID, headers=alice)
+        assert ok.status_code == 200

@@ -18,9 +18,10 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import math
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -31,7 +32,7 @@ from openjev.api.identity.proxies import TrustedProxies
 from openjev.api.operations.metrics import Metrics
 from openjev.core.plan import Plan
 from openjev.core.ports import Engine, PlanResult
-from openjev.errors import AuthenticationError, OpenjevError, Overloaded, TokensExceeded
+from openjev.errors import AuthenticationError, OpenjevError, Overloaded, RateLimited, TokensExceeded
 
 MAX_RETRY_AFTER_S = 60
 
@@ -92,6 +93,39 @@ class DrainRate:
         return self._last
 
 
+class KeyShare:
+    """At most `share` evaluations in flight per API key: a key's decisions beyond it wait
+    (up to `max_wait_s`, then 429 with Retry-After) for the key's own earlier ones, before
+    they take a server slot, so one key flooding (two batches at once, or many single
+    requests) leaves the other slots to the other keys. No bound without keys (one tenant)."""
+
+    def __init__(self, share: int, max_wait_s: float, retry_after_s: int) -> None:
+        self.share = share
+        self.max_wait_s = max_wait_s
+        self.retry_after_s = retry_after_s
+        self._slots: dict[str, asyncio.Semaphore] = {}
+
+    @contextlib.asynccontextmanager
+    async def __call__(self) -> AsyncIterator[None]:
+        entry = current_key.get()
+        if entry is None or self.share <= 0:
+            yield
+            return
+        slots = self._slots.setdefault(entry.name, asyncio.Semaphore(self.share))
+        try:
+            await asyncio.wait_for(slots.acquire(), self.max_wait_s)
+        except TimeoutError:
+            raise RateLimited(
+                f"API key {entry.name!r} has {self.share} evaluations in flight, its share of the server; retry after "
+                "Retry-After",
+                retry_after_s=self.retry_after_s,
+            ) from None
+        try:
+            yield
+        finally:
+            slots.release()
+
+
 class GatedEngine:
     """The Engine port, gated. `in_flight_tokens` counts admitted plans' distinct tokens."""
 
@@ -105,10 +139,13 @@ class GatedEngine:
         metrics: Metrics,
         retry_after_s: int,
         deadline_s: float | None = None,
+        key_share: int = 0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.inner = inner
         self.deadline_s = deadline_s
+        # the service enters it before each evaluation takes a slot (core/service.py `admit`)
+        self.admit = KeyShare(key_share, max_wait_s, retry_after_s)
         self.parallel_layouts = bool(getattr(inner, "parallel_layouts", False))  # a capability passes the gate
         self.max_tokens = max_tokens_in_flight
         self.max_wait_s = max_wait_s
