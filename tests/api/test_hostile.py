@@ -8,6 +8,7 @@ surrogates, repeated keys and invalid UTF-8 are not what a client library would 
 
 from __future__ import annotations
 
+import asyncio
 import gzip
 import json
 
@@ -16,6 +17,7 @@ import zstandard
 
 from tests.api.conftest import running_app
 from tests.api.test_systemone import VALID
+from tests.support.fakes import FakeEngine
 
 SINGLE_ROUTES = ("/v1/systemone", "/api/alpha/decisions")  # /v1/decisions: tests/api/test_openai_decisions.py
 ROUTES = (*SINGLE_ROUTES, "/v1/systemone/batch")
@@ -521,3 +523,146 @@ async def test_a_key_in_token_debt_is_refused_before_any_compile(monkeypatch, ro
         assert engine.plans == []
         ok = await client.post("/v1/systemone", json=VALID, headers=b)  # another key is served
         assert ok.status_code == 200, ok.text
+
+
+# ---- deadline pricing (issue 28, item 8): what could not finish before the engine's deadline
+# at the cost the engine measured is refused before any engine work, not computed until a 504
+
+
+class PricedFakeEngine(FakeEngine):
+    """A FakeEngine that prices plans as the in-process engine does (`estimate_s`), here a
+    named 10 ms per distinct token: a 20,000-token request would take 200 s."""
+
+    def estimate_s(self, plan) -> float:
+        return plan.unique_tokens * 0.01
+
+
+@pytest.mark.parametrize("route", ["/v1/systemone", "/v1/decisions"])
+async def test_work_past_the_deadline_is_refused_before_the_engine(route):
+    async with running_app(PricedFakeEngine(), engine_timeout_s=120) as (client, engine):
+        state = "7 " * 20_000
+        if route == "/v1/decisions":
+            question = {"type": "predicate", "name": "q", "instructions": "Refund?"}
+            payload = {"model": "jev-latest", "input": state, "questions": [question]}
+        else:
+            payload = {**VALID, "state": state, "questions": {"q": json.loads(NOUL)}}
+        r = await client.post(route, json=payload)
+        assert r.status_code == (400 if route == "/v1/decisions" else 422), r.text[:300]  # OpenAI's 400
+        message = r.text
+        assert "would take about 200 s" in message and "past its 120 s deadline" in message, message
+        assert "refused before any work" in message
+        assert engine.plans == []
+        await still_serves(client)  # a small one is priced under the deadline and answered
+        assert len(engine.plans) == 1
+
+
+# ---- issue 28, item 9: what a stranger learns, and headers read as sent
+
+
+async def test_health_shows_the_load_only_to_a_keys_holder():
+    async with running_app(api_keys=("key-a",)) as (client, _):
+        for headers in ({}, {"Authorization": "Bearer wrong-key"}):
+            r = await client.get("/health", headers=headers)
+            assert r.status_code == 200 and r.json()["status"] == "ok"
+            assert "in_flight" not in r.json(), "a stranger learned how busy the server is"
+        mine = await client.get("/health", headers={"Authorization": "Bearer key-a"})
+        assert mine.json()["in_flight"] == 0
+        r = await client.post("/v1/systemone", json=VALID, headers={"Authorization": "Bearer key-a"})
+        assert r.status_code == 200
+    async with running_app() as (client, _):  # no keys: one tenant, who may see it
+        assert (await client.get("/health")).json()["in_flight"] == 0
+
+
+@pytest.mark.parametrize("route", ["/v1/systemone", "/v1/decisions", "/v1/systemone/batch"])
+@pytest.mark.parametrize("header", ["x-openjev-rotations", "x-openjev-readout", "x-openjev-calibration"])
+async def test_a_repeated_readout_header_is_a_400_naming_it(api, route, header):
+    client, engine = api
+    value = {"x-openjev-rotations": "2", "x-openjev-readout": "letters", "x-openjev-calibration": "none"}[header]
+    if route == "/v1/decisions":
+        payload = {
+            "model": "jev-latest",
+            "input": "x",
+            "questions": [{"type": "predicate", "name": "q", "instructions": "Refund?"}],
+        }
+    else:
+        payload = {"requests": [VALID]} if route.endswith("batch") else VALID
+    r = await client.post(route, json=payload, headers=[(header, value), (header, value)])
+    assert r.status_code == 400, r.text[:300]
+    assert f"header {header} was sent 2 times" in r.text
+    assert engine.plans == []
+    await still_serves(client)
+
+
+async def test_rotations_followed_by_a_unicode_space_are_refused(api):
+    client, engine = api
+    r = await client.post("/v1/systemone", json=VALID, headers=[(b"x-openjev-rotations", b"4\xa0")])
+    assert r.status_code == 422, r.text[:300]
+    assert "plain digits" in r.text
+    assert engine.plans == []
+    ok = await client.post("/v1/systemone", json=VALID, headers={"x-openjev-rotations": " 4\t"})  # HTTP's own OWS
+    assert ok.status_code == 200 and ok.headers["x-openjev-readout"].startswith("letters")
+
+
+async def test_safety_identifier_is_logged_as_a_keyed_pseudonym(api, caplog):
+    import hashlib
+
+    client, _ = api
+    caplog.set_level("INFO")
+    value = "alice@example.com"
+    body = {
+        "model": "jev-latest",
+        "input": "x",
+        "questions": [{"type": "predicate", "name": "q", "instructions": "Refund?"}],
+        "safety_identifier": value,
+    }
+    r = await client.post("/v1/decisions", json=body)
+    assert r.status_code == 200, r.text[:300]
+    logged = [getattr(rec, "fields", {}).get("safety_identifier_hmac") for rec in caplog.records]
+    logged = [v for v in logged if v]
+    assert len(logged) == 1 and len(logged[0]) == 16
+    plain = hashlib.sha256(value.encode()).hexdigest()
+    assert plain[:16] != logged[0] and plain[:16] not in caplog.text, "a dictionary would reverse this digest"
+    assert value not in caplog.text
+
+
+# ---- a key's share of the in-flight work (issue 28, item 5): half the slots, so another key
+# is served while one floods
+
+
+class ConcurrencyFakeEngine(FakeEngine):
+    """A FakeEngine (named) that records the most plans it ran at once."""
+
+    now: int = 0
+    most: int = 0
+
+    async def run(self, plan):
+        self.now += 1
+        self.most = max(self.most, self.now)
+        try:
+            return await super().run(plan)
+        finally:
+            self.now -= 1
+
+
+async def test_one_key_flooding_leaves_slots_for_another():
+    engine = ConcurrencyFakeEngine(delay_s=0.2)
+    async with running_app(engine, api_keys=("alice-key", "bob-key"), max_in_flight=4) as (client, _):
+        alice, bob = ({"Authorization": f"Bearer {k}", "accept": "application/json"} for k in ("alice-key", "bob-key"))
+        batch = {"requests": [{**VALID, "state": f"ticket {i}"} for i in range(10)]}
+
+        async def bobs() -> list[int]:
+            await asyncio.sleep(0.05)  # alice's batches are in flight
+            codes = []
+            for i in range(4):
+                r = await client.post("/v1/systemone", json={**VALID, "state": f"bob {i}"}, headers=bob)
+                codes.append(r.status_code)
+            return codes
+
+        floods = [client.post("/v1/systemone/batch", json=batch, headers=alice) for _ in range(2)]
+        *batches, bob_codes = await asyncio.gather(*floods, bobs())
+        assert bob_codes == [200] * 4, f"bob was refused while alice flooded: {bob_codes}"
+        for r in batches:  # alice's items waited for her own share, none refused
+            assert r.status_code == 200 and [item.get("status") for item in r.json()] == [None] * 10, r.text[:300]
+        assert engine.most <= 3  # alice's 2 (half of 4) and bob's 1
+        ok = await client.post("/v1/systemone", json=VALID, headers=alice)
+        assert ok.status_code == 200

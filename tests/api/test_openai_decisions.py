@@ -321,7 +321,7 @@ async def test_safety_identifier_is_logged_only_as_a_hash(api, caplog):
     r = await client.post("/v1/decisions", json={**VALID, "safety_identifier": secret})
     assert r.status_code == 200
     logged = [getattr(rec, "fields", {}) for rec in caplog.records]
-    assert any("safety_identifier_sha256" in f for f in logged)
+    assert any("safety_identifier_hmac" in f for f in logged)
     assert secret not in caplog.text and all(secret not in json.dumps(f, default=str) for f in logged)
 
 

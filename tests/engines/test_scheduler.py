@@ -225,3 +225,56 @@ def test_a_failing_forward_tells_the_client_only_that_the_engine_failed():
         scheduler.stop()
     assert failed.value.message == "the engine failed"
     assert "/opt/models" in failed.value.detail
+
+
+def _joining_scheduler(runner) -> Scheduler:
+    return Scheduler(
+        runner,
+        PrefixCache(1 << 30),
+        SchedulerLimits(batch_tokens=64, attention_budget=1 << 30, window_s=0.005, slice_s=0.5),
+    )
+
+
+@pytest.mark.parametrize("namespaces", [1, 2])
+def test_identical_concurrent_cold_requests_compute_their_state_once_per_namespace(namespaces):
+    """Issue 28, item 7: on main each of 12 concurrent requests on one new state computed
+    all of it (12 x 204 tokens); now the first computes the state and the others, of its
+    namespace, wait for it and compute only their own 4 tokens."""
+    scheduler = _joining_scheduler(FakeRunner(2e-4))  # the 200-token state takes ~40 ms, in 4 slices
+    state = tuple(range(1, 201))
+    branches = [Branch((*state, 500 + i, 600 + i), (1, 2)) for i in range(2)]
+
+    async def all_at_once():
+        plans = [Plan.from_branches(branches, cache_namespace=f"ns{k % namespaces}") for k in range(12)]
+        return await asyncio.gather(*(scheduler.run(p) for p in plans))
+
+    try:
+        results = asyncio.run(all_at_once())
+        after = asyncio.run(scheduler.run(_plan(5, first=900)))  # the next request is served
+    finally:
+        scheduler.stop()
+    assert sum(r.computed_tokens for r in results) == namespaces * 204 + (12 - namespaces) * 4
+    assert sorted(r.cached_tokens for r in results) == [0] * namespaces + [200] * (12 - namespaces)
+    assert all(len(r.branches) == 2 for r in results)
+    assert after.computed_tokens == 5
+
+
+def test_followers_of_a_cancelled_leader_compute_for_themselves():
+    scheduler = _joining_scheduler(FakeRunner(5e-4))
+    state = tuple(range(1, 401))
+    plan = Plan.from_branches([Branch((*state, 7), (1, 2))])
+
+    async def leader_cancelled():
+        leader = asyncio.ensure_future(scheduler.run(plan))
+        await asyncio.sleep(0.002)
+        followers = [asyncio.ensure_future(scheduler.run(plan)) for _ in range(3)]
+        await asyncio.sleep(0.02)
+        leader.cancel()
+        return await asyncio.gather(*followers)
+
+    try:
+        results = asyncio.run(leader_cancelled())
+    finally:
+        scheduler.stop()
+    assert all(len(r.branches) == 1 for r in results)
+    assert sum(r.computed_tokens for r in results) == 401 + 2 * 1  # one new leader, two joined it

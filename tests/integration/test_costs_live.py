@@ -139,3 +139,71 @@ def test_cost_bomb_is_refused_cheaply_while_the_server_stays_live(server, name, 
     assert re.search(message, r.json()["detail"]["message"]), r.json()  # names the limit, and what passed it
     ok = httpx.post(server.url + "/v1/systemone", json=bombs.SMALL, headers=server.headers(), timeout=120)
     assert ok.status_code == 200 and 0 <= ok.json()["answers"]["refund"]["noul"] <= 1
+
+
+# Issue 28, items 1 and 8: the sentinel bodies (the sentinel then 32,000 words; 64 noul
+# questions; rotations 2) and the same bodies without the sentinel, single and in the batch
+# states form. On main the sentinel body encoded 4.1 M tokens (30.6 s of CPU) before its 422
+# and the plain one was computed for 120 s until a 504; both are now refused before any
+# engine work: the state is encoded once (the sentinel is text), and the engine's measured
+# cost prices the request past the 120 s deadline.
+SENTINEL = "\x00openjev-question\x00"
+QUESTIONS64 = {f"q{k}": {"type": "noul", "instructions": f"Is statement {k} true?"} for k in range(64)}
+
+
+def _issue_state(sentinel: bool) -> str:
+    return (SENTINEL if sentinel else "") + " word" * 32_000  # 32,000 tokens, one a word
+
+
+def _issue_bodies():
+    for sentinel in (True, False):
+        tag = "sentinel" if sentinel else "plain"
+        state = _issue_state(sentinel)
+        yield tag, "/v1/systemone", {"model": "jev-latest", "state": state, "questions": QUESTIONS64}
+        yield (
+            f"{tag} batch",
+            "/v1/systemone/batch",
+            {"model": "jev-latest", "questions": QUESTIONS64, "states": [state] * 4},
+        )
+
+
+@pytest.mark.parametrize(("name", "path", "body"), list(_issue_bodies()), ids=lambda v: v if isinstance(v, str) else "")
+def test_issue_28_bodies_are_refused_before_work_within_the_bound(server, name, path, body):
+    warm = httpx.post(server.url + "/v1/systemone", json=bombs.SMALL, headers=server.headers(), timeout=120)
+    assert warm.status_code == 200  # the engine has measured its cost
+    data = bombs.encoded(body)
+    calls = _engine_calls(server)
+    sampler = _Sampler(server)
+    cpu0 = _cpu(sampler.proc)
+    try:
+        r = httpx.post(
+            server.url + path,
+            content=data,
+            headers={
+                "content-type": "application/json",
+                "accept": "application/json",
+                "x-openjev-rotations": "2",
+                **server.headers(),
+            },
+            timeout=180,
+        )
+        cpu = _cpu(sampler.proc) - cpu0
+    finally:
+        sampler.stop()
+    if path.endswith("batch"):
+        assert r.status_code == 200, r.text[:300]
+        items = r.json()
+        assert [item["status"] for item in items] == [422] * 4, r.text[:300]
+        messages = [item["error"]["message"] for item in items]
+    else:
+        assert r.status_code == 422, r.text[:300]
+        messages = [r.json()["detail"]["message"]]
+    for message in messages:
+        assert "past its 120 s deadline" in message and "refused before any work" in message, message
+    assert _engine_calls(server) == calls  # nothing reached the engine
+    growth_mb = (sampler.peak - sampler.rss0) / 2**20
+    print(f"{name}: {cpu:.2f} s of server CPU, RSS +{growth_mb:.0f} MB, worst /health/live {sampler.worst_live:.2f} s")
+    assert cpu < 2.0, f"{name}: {cpu:.2f} s of server CPU before the refusal"
+    assert growth_mb < 200, f"{name}: RSS grew {growth_mb:.0f} MB"
+    ok = httpx.post(server.url + "/v1/systemone", json=bombs.SMALL, headers=server.headers(), timeout=120)
+    assert ok.status_code == 200

@@ -86,7 +86,7 @@ def test_health_live_answers_while_the_engine_is_busy(live):
         # wait until the request is admitted (in flight), then probe liveness while it runs
         # (paced: a probe loop without pauses would take the CPU from the request it waits on)
         for _ in range(400):
-            if httpx.get(live.url + "/health", timeout=10).json().get("in_flight"):
+            if httpx.get(live.url + "/health", timeout=10, headers=live.headers()).json().get("in_flight"):
                 break
             time.sleep(0.02)
         answered_while_busy = 0

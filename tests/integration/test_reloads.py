@@ -163,3 +163,37 @@ def test_a_truncated_weights_cache_is_converted_again(tmp_path):
         assert r.json()["answers"]["refund"]["x_label_mass"] > 0.5  # the model, not noise
     finally:
         stop_server(server)
+
+
+@pytest.mark.parametrize(
+    ("written", "reason"),
+    [
+        (b"", "holds no keys"),  # a file emptied while it is rewritten
+        (b"# the team's keys\n", "holds no keys"),
+        (b"alice:alice-key\nbob:bo", "does not end with a newline"),  # cut mid-key: bob would hold "bo"
+    ],
+    ids=["empty", "comments-only", "truncated"],
+)
+def test_sighup_with_an_empty_or_truncated_keys_file_keeps_the_old_keys(tmp_path, written, reason):
+    """Issue 28, item 9: on main these reloaded to 0 keys (every client 401) or to a cut key."""
+    keys = tmp_path / "keys"
+    keys.write_text("alice:alice-key\nbob:bob-key\n")
+    server = start_server(tmp_path, "--api-keys-file", str(keys))
+    try:
+        assert _status(server, "alice-key") == 200
+        keys.write_bytes(written)
+        os.kill(server.process.pid, signal.SIGHUP)
+        deadline = time.monotonic() + 20
+        while "keys not reloaded" not in open(server.log_path).read():
+            assert server.process.poll() is None, open(server.log_path).read()[-3000:]
+            assert time.monotonic() < deadline, "the refused reload was never logged"
+            time.sleep(0.1)
+        assert reason in open(server.log_path).read()
+        assert _status(server, "alice-key") == 200 and _status(server, "bob-key") == 200  # the old keys
+        assert _status(server, "bo") == 401
+        r = httpx.post(
+            server.url + "/v1/systemone", json=SHORT, timeout=120, headers={"Authorization": "Bearer bob-key"}
+        )
+        assert r.status_code == 200
+    finally:
+        stop_server(server)

@@ -1,7 +1,7 @@
 """DecisionService: one decision request from core types to core answers.
 
 Order of work, so that nothing invalid or over budget reaches the engine:
-admission (in-flight cap) -> compile (off the event loop) -> token budgets -> engine run
+admission (the caller's share, then the in-flight cap) -> compile (off the event loop) -> token budgets -> engine run
 under a deadline -> readout (branch log-probs -> option probabilities) -> calibration ->
 answers.
 """
@@ -9,9 +9,11 @@ answers.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import time
 from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 
 from openjev.core import calibration as calib
@@ -128,9 +130,13 @@ class DecisionService:
         abstain: AbstainRule | None = None,
         parallel_layouts: bool = False,
         parallel_fallback: ReadoutSpec = PARALLEL_FALLBACK,
+        admit: Callable[[], AbstractAsyncContextManager[object]] | None = None,
     ) -> None:
         self._compiler = compiler
         self._engine = engine
+        # Entered by every decision before it takes an evaluation slot: the edge's per-caller
+        # share (api/identity/admission.py), which an engine wrapped by the gate offers.
+        self._admit = admit if admit is not None else getattr(engine, "admit", None)
         self._limits = limits
         self._clock = clock
         self._in_flight = 0
@@ -235,17 +241,18 @@ class DecisionService:
         TokensExceeded (budget; the engine is not called), EngineTimeout (deadline), or
         what the engine raises.
         """
-        if self._in_flight >= self._limits.max_in_flight:
-            raise Overloaded(  # how busy others keep the server is theirs to know: numbers to the log
-                "the server is full; retry after Retry-After",
-                retry_after_s=self._limits.retry_after_s,
-                detail=f"{self._in_flight} evaluations in flight (limit {self._limits.max_in_flight})",
-            )
-        self._in_flight += 1
-        try:
-            return await self._decide(request, compiled, self.resolve(readout or self.default_readout), calibrate)
-        finally:
-            self._in_flight -= 1
+        async with self._admit() if self._admit is not None else contextlib.nullcontext():
+            if self._in_flight >= self._limits.max_in_flight:
+                raise Overloaded(  # how busy others keep the server is theirs to know: numbers to the log
+                    "the server is full; retry after Retry-After",
+                    retry_after_s=self._limits.retry_after_s,
+                    detail=f"{self._in_flight} evaluations in flight (limit {self._limits.max_in_flight})",
+                )
+            self._in_flight += 1
+            try:
+                return await self._decide(request, compiled, self.resolve(readout or self.default_readout), calibrate)
+            finally:
+                self._in_flight -= 1
 
     async def _decide(
         self, request: DecisionRequest, compiled: CompiledRequest | None, spec: ReadoutSpec, calibrate: bool

@@ -12,6 +12,7 @@ which splits at the added tokens first and encodes the runs between them the sam
 from __future__ import annotations
 
 import json
+import logging
 import re
 from collections.abc import Sequence
 
@@ -20,6 +21,8 @@ import jinja2
 from openjev.core.ports import TemplateRefused
 from openjev.core.types import Turn
 from openjev.errors import ModelUnsuitable
+
+log = logging.getLogger(__name__)
 
 # Texts longer than this are encoded through encode_batch, which releases the GIL while the
 # Rust tokenizer runs (encode does not): a 400 KB state takes ~0.7 s to encode, and with
@@ -97,14 +100,19 @@ class HFChatTokenizer:
 
 def _without_added_tokens(backend):
     """A copy of the Rust tokenizer with no added tokens: their texts are then ordinary text
-    (their ids stay in the vocabulary, which only the template's own pieces can reach)."""
+    (their ids stay in the vocabulary, which only the template's own pieces can reach).
+    None where the copy cannot be made: the wrapper's split_special_tokens is used instead."""
     from tokenizers import Tokenizer
 
-    data = json.loads(backend.to_str())
-    data["added_tokens"] = []
-    data["truncation"] = None
-    data["padding"] = None
-    return Tokenizer.from_str(json.dumps(data))
+    try:
+        data = json.loads(backend.to_str())
+        data["added_tokens"] = []
+        data["truncation"] = None
+        data["padding"] = None
+        return Tokenizer.from_str(json.dumps(data))
+    except Exception as exc:  # noqa: BLE001 - any failure: the slower path below encodes the same
+        log.warning("tokenizer copy without added tokens failed (%s): using split_special_tokens", type(exc).__name__)
+        return None
 
 
 def _added_tokens(tokenizer) -> tuple[re.Pattern[str] | None, dict[str, int]]:

@@ -22,6 +22,7 @@ from openjev.config import Settings
 from openjev.core.plan import Plan
 from openjev.core.ports import PlanResult
 from openjev.engines import LoadedEngine, ModelCard
+from openjev.engines.cost_model import CostModel
 from openjev.engines.dtype import pick_dtype
 from openjev.engines.hf_model import load_model_and_tokenizer, resolve_source, source_fingerprint
 from openjev.engines.hf_tokenizer import HFChatTokenizer
@@ -94,6 +95,7 @@ class TransformersEngine:
             SchedulerLimits(
                 batch_tokens=batch_tokens, attention_budget=attention_budget, window_s=batch_window_s, slice_s=slice_s
             ),
+            CostModel(hidden_size=int(getattr(model.config, "hidden_size", 1024))),
         )
 
     @property
@@ -102,6 +104,12 @@ class TransformersEngine:
 
     async def run(self, plan: Plan) -> PlanResult:
         return await self.scheduler.run(plan)
+
+    def estimate_s(self, plan: Plan) -> float | None:
+        """Seconds `plan` would take alone, at the cost measured on this engine's forwards."""
+        prefix = plan.branches[0].input_ids[: plan.shared_prefix_len] if plan.branches else ()
+        cached = self.cache.peek(prefix, plan.cache_namespace) if prefix else 0  # its namespace's cache is free
+        return self.scheduler.cost.estimate_s(plan, cached)
 
     async def close(self) -> None:
         self.scheduler.stop()

@@ -69,6 +69,13 @@ class PrefixCache:
         self._entries.move_to_end(best_key)
         return best, self._entries[best_key].prefix(best)
 
+    def peek(self, tokens: Sequence[int], namespace: str = "") -> int:
+        """How many leading `tokens` an entry of `namespace` holds, read from any thread (a
+        snapshot of the keys; no LRU move, no hit counted)."""
+        tokens = tuple(tokens)
+        keys = list(self._entries)  # one C-level copy: the worker thread may insert meanwhile
+        return max((common_prefix_len(seq, tokens) for ns, seq in keys if ns == namespace), default=0)
+
     def insert(self, tokens: Sequence[int], value: Any, namespace: str = "") -> bool:
         """Keep `value` (the KV of exactly `tokens`) in `namespace`; False if disabled or
         larger than the bound."""

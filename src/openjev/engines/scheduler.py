@@ -31,6 +31,8 @@ from typing import Any, Protocol
 
 from openjev.core.plan import Plan
 from openjev.core.ports import BranchResult, PlanResult
+from openjev.engines.cost_model import CostModel, attended
+from openjev.engines.joins import PrefixJoins
 from openjev.engines.kv import Chunk, KVChain, Row, padded_cost
 from openjev.engines.packing import PackedPlan, pack
 from openjev.engines.prefix_cache import PrefixCache
@@ -163,13 +165,15 @@ class Job:
 
 
 class Scheduler:
-    def __init__(self, runner: Runner, cache: PrefixCache, limits: SchedulerLimits) -> None:
+    def __init__(self, runner: Runner, cache: PrefixCache, limits: SchedulerLimits, cost: CostModel | None = None):
         self._runner = runner
+        self.cost = cost if cost is not None else CostModel(hidden_size=1024)  # measured on the forwards
         self._cache = cache
         self._limits = limits
         self._inbox: collections.deque[Job] = collections.deque()
         self._wake = threading.Condition()
         self._jobs: list[Job] = []
+        self._joins = PrefixJoins()  # jobs waiting for a running job's prefix (engines/joins.py)
         self._stopped = False
         self.forwards = 0
         self.computed_tokens = 0
@@ -221,10 +225,10 @@ class Scheduler:
                 self._dirty = False
                 release_free_memory()  # idle: a few ms here cost nobody anything
             with self._wake:
-                while not self._inbox and not self._jobs and not self._stopped:
+                while not self._inbox and not self._jobs and not self._joins and not self._stopped:
                     self._wake.wait()
                 if self._stopped:
-                    for job in [*self._jobs, *self._inbox]:
+                    for job in [*self._jobs, *self._inbox, *self._joins.followers()]:
                         job.fail(EngineError("the engine is shut down"))  # a finished job is left alone
                     return
                 idle = not self._jobs
@@ -234,7 +238,7 @@ class Scheduler:
                 arrivals = list(self._inbox)
                 self._inbox.clear()
             try:
-                for job in arrivals:
+                for job in [*self._joins.ready(), *arrivals]:  # followers whose prefix is now cached first
                     self._admit(job)
                 self._jobs = [j for j in self._jobs if j.active]
                 if self._jobs:
@@ -249,12 +253,13 @@ class Scheduler:
         if job.cancelled.is_set():
             job.state = JobState.CANCELLED
             return
-        packed = job.packed = pack(job.plan)
-        job.state = JobState.RUNNING
-        job.results = [None] * len(job.plan.branches)
-        ns = job.plan.cache_namespace  # only the caller's own namespace may be served from cache
-        m, chain = self._cache.lookup(packed.tokens[: packed.root_len], ns) if packed.root_len else (0, None)
+        packed = job.packed = job.packed or pack(job.plan)  # a follower admitted again keeps its packing
+        root, ns = packed.tokens[: packed.root_len], job.plan.cache_namespace  # only its own namespace's cache
+        m, chain = self._cache.lookup(root, ns) if packed.root_len else (0, None)
         m = min(m, packed.reads[0][1])  # a position that is read must be computed
+        if self._joins.park(job, self._jobs, root, m):
+            return  # admitted again once the running job's prefix is in the cache
+        job.state, job.results = JobState.RUNNING, [None] * len(job.plan.branches)
         job.chain = chain.prefix(m) if chain is not None else KVChain()
         job.cursor = job.cached = m
         self._jobs.append(job)
@@ -338,7 +343,9 @@ class Scheduler:
         self._dirty = True
         real = sum(take for _, take, _ in group)
         self.computed_tokens += real
-        per_token = (time.perf_counter() - t0) / real
+        elapsed = time.perf_counter() - t0
+        self.cost.observe(real, sum(attended(job.cursor, take) for job, take, _ in group), elapsed)
+        per_token = elapsed / real
         self._s_per_token = per_token if self._s_per_token is None else 0.7 * self._s_per_token + 0.3 * per_token
         picks: list[tuple[int, int]] = []
         labels: list[tuple[int, ...]] = []

@@ -20,6 +20,8 @@ two choices and come back with their JSON type.
 from __future__ import annotations
 
 import hashlib
+import hmac
+import secrets
 from typing import Any
 
 from fastapi.exceptions import RequestValidationError
@@ -133,9 +135,16 @@ def cache_partition(key: str | None) -> str:
     return hashlib.sha256(b"openjev prompt_cache_key\0" + key.encode("utf-8", "surrogatepass")).hexdigest()
 
 
-def identifier_hash(value: str) -> str:
-    """What the log keeps of a `safety_identifier`: a short digest, never the value."""
-    return hashlib.sha256(value.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+# The key of `pseudonym`: this process's own, never written anywhere, so a log line's
+# pseudonym cannot be reversed by hashing guesses (e-mails, user ids) as a plain digest can.
+_PSEUDONYM_KEY = secrets.token_bytes(32)
+
+
+def pseudonym(value: str) -> str:
+    """What a log keeps of an end-user identifier (`safety_identifier`): 16 hex digits of
+    its HMAC-SHA256 under this process's secret key. Equal values match within one run of
+    the server (to follow one user's requests); no dictionary reverses them."""
+    return hmac.new(_PSEUDONYM_KEY, value.encode("utf-8", "surrogatepass"), hashlib.sha256).hexdigest()[:16]
 
 
 # ---- answers

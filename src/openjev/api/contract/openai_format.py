@@ -109,7 +109,7 @@ def _body(message: str, kind: str, param: str | None, code: str | None) -> dict[
 def _audit(body: oa.DecisionCreate) -> dict[str, str]:
     if body.safety_identifier is None:  # the value itself is never logged
         return {}
-    return {"safety_identifier_sha256": oc.identifier_hash(body.safety_identifier)}
+    return {"safety_identifier_hmac": oc.pseudonym(body.safety_identifier)}
 
 
 def _error_doc(text: str) -> dict[str, Any]:

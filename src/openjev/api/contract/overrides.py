@@ -11,6 +11,8 @@ which cannot add body fields, keeps working unchanged):
   `default` (or absent) applies the server's calibration where it has a fit.
 
 A bad value is a 422 with `detail[]` pointing at the header, like any validation error.
+A header sent more than once is a 400 (which one counts is not guessed), and a value is
+trimmed of HTTP's own whitespace only (space, tab): `4\xa0` is not read as 4.
 """
 
 from __future__ import annotations
@@ -22,11 +24,24 @@ from fastapi.exceptions import RequestValidationError
 
 from openjev.config import Settings
 from openjev.core.readouts import CANONICAL_ORDER, READOUT_NAMES, ReadoutSpec
+from openjev.errors import RequestError
 
 READOUT_HEADER = "x-openjev-readout"
 ROTATIONS_HEADER = "x-openjev-rotations"
 CALIBRATION_HEADER = "x-openjev-calibration"
 _DIGITS = re.compile(r"[0-9]{1,4}")  # int() would also take "0_0_4", "+4" and non-ASCII digits
+_OWS = " \t"  # HTTP's optional whitespace; str.strip() would also drop \xa0 and other Unicode spaces
+
+
+def _once(headers: Mapping[str, str]) -> None:
+    """400 for a readout header sent more than once."""
+    getlist = getattr(headers, "getlist", None)
+    if getlist is None:
+        return
+    for header in (READOUT_HEADER, ROTATIONS_HEADER, CALIBRATION_HEADER):
+        count = len(getlist(header))
+        if count > 1:
+            raise RequestError(f"header {header} was sent {count} times; send it once")
 
 
 def _invalid(header: str, value: str, msg: str) -> RequestValidationError:
@@ -46,17 +61,18 @@ def decide_options(headers: Mapping[str, str], settings: Settings) -> tuple[Read
     readout header was sent: the service's default applies (which may be the served model's
     measured one, from its calibration file). A header sent alone takes the other part from
     --readout/--rotations."""
+    _once(headers)
     if READOUT_HEADER not in headers and ROTATIONS_HEADER not in headers:
         return None, _calibrate(headers)
-    name = headers.get(READOUT_HEADER, settings.readout).strip().lower()
+    name = headers.get(READOUT_HEADER, settings.readout).strip(_OWS).lower()
     if name not in READOUT_NAMES:
         raise _invalid(READOUT_HEADER, name, f"unknown readout; expected one of: {', '.join(READOUT_NAMES)}")
     raw = headers.get(ROTATIONS_HEADER)
     rotations = settings.rotations
     if raw is not None:
-        if not _DIGITS.fullmatch(raw.strip()):
+        if not _DIGITS.fullmatch(raw.strip(_OWS)):
             raise _invalid(ROTATIONS_HEADER, raw, "rotations must be a whole number in plain digits (e.g. 4)")
-        rotations = int(raw.strip())
+        rotations = int(raw.strip(_OWS))
         if not 1 <= rotations <= settings.max_rotations:
             raise _invalid(ROTATIONS_HEADER, raw, f"rotations must be between 1 and {settings.max_rotations}")
     if raw is not None and READOUT_HEADER not in headers and name in CANONICAL_ORDER:
@@ -65,7 +81,7 @@ def decide_options(headers: Mapping[str, str], settings: Settings) -> tuple[Read
 
 
 def _calibrate(headers: Mapping[str, str]) -> bool:
-    cal = headers.get(CALIBRATION_HEADER, "default").strip().lower()
+    cal = headers.get(CALIBRATION_HEADER, "default").strip(_OWS).lower()
     if cal not in ("default", "none"):
         raise _invalid(CALIBRATION_HEADER, cal, "expected 'default' or 'none'")
     return cal == "default"

@@ -18,9 +18,10 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import math
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -31,7 +32,7 @@ from openjev.api.identity.proxies import TrustedProxies
 from openjev.api.operations.metrics import Metrics
 from openjev.core.plan import Plan
 from openjev.core.ports import Engine, PlanResult
-from openjev.errors import AuthenticationError, OpenjevError, Overloaded, TokensExceeded
+from openjev.errors import AuthenticationError, OpenjevError, Overloaded, RateLimited, TokensExceeded
 
 MAX_RETRY_AFTER_S = 60
 
@@ -92,6 +93,39 @@ class DrainRate:
         return self._last
 
 
+class KeyShare:
+    """At most `share` evaluations in flight per API key: a key's decisions beyond it wait
+    (up to `max_wait_s`, then 429 with Retry-After) for the key's own earlier ones, before
+    they take a server slot, so one key flooding (two batches at once, or many single
+    requests) leaves the other slots to the other keys. No bound without keys (one tenant)."""
+
+    def __init__(self, share: int, max_wait_s: float, retry_after_s: int) -> None:
+        self.share = share
+        self.max_wait_s = max_wait_s
+        self.retry_after_s = retry_after_s
+        self._slots: dict[str, asyncio.Semaphore] = {}
+
+    @contextlib.asynccontextmanager
+    async def __call__(self) -> AsyncIterator[None]:
+        entry = current_key.get()
+        if entry is None or self.share <= 0:
+            yield
+            return
+        slots = self._slots.setdefault(entry.name, asyncio.Semaphore(self.share))
+        try:
+            await asyncio.wait_for(slots.acquire(), self.max_wait_s)
+        except TimeoutError:
+            raise RateLimited(
+                f"API key {entry.name!r} has {self.share} evaluations in flight, its share of the server; retry after "
+                "Retry-After",
+                retry_after_s=self.retry_after_s,
+            ) from None
+        try:
+            yield
+        finally:
+            slots.release()
+
+
 class GatedEngine:
     """The Engine port, gated. `in_flight_tokens` counts admitted plans' distinct tokens."""
 
@@ -104,9 +138,14 @@ class GatedEngine:
         key_limits: KeyLimits,
         metrics: Metrics,
         retry_after_s: int,
+        deadline_s: float | None = None,
+        key_share: int = 0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.inner = inner
+        self.deadline_s = deadline_s
+        # the service enters it before each evaluation takes a slot (core/service.py `admit`)
+        self.admit = KeyShare(key_share, max_wait_s, retry_after_s)
         self.parallel_layouts = bool(getattr(inner, "parallel_layouts", False))  # a capability passes the gate
         self.max_tokens = max_tokens_in_flight
         self.max_wait_s = max_wait_s
@@ -124,8 +163,30 @@ class GatedEngine:
             return self._retry_after_s
         return max(1, min(MAX_RETRY_AFTER_S, math.ceil(excess_tokens / rate)))
 
+    def refuse_past_deadline(self, plan: Plan) -> None:
+        """TokensExceeded (422) where the plan alone could not finish before the engine's
+        deadline at the cost the engine measured on its own forwards (`estimate_s`, the
+        in-process engine's, attention's growth with the length included): refused before
+        any engine work rather than computed until a 504. (An engine over HTTP offers no
+        estimate: its per-request latency would make a tokens/s rate of small requests
+        refuse large ones a GPU serves in seconds.) A 4xx, not a 529: the
+        server is not busy, this request is too large for it by itself (retrying cannot
+        help); made smaller (a shorter state, fewer questions or rotations) it is served.
+        Nothing is refused before a first measurement."""
+        if not self.deadline_s:
+            return
+        estimate = getattr(self.inner, "estimate_s", None)
+        seconds = estimate(plan) if callable(estimate) else None
+        if seconds is not None and seconds > self.deadline_s:
+            raise TokensExceeded(
+                f"the request's {plan.unique_tokens} distinct tokens would take about {seconds:.0f} s of engine "
+                f"work on this server by themselves, past its {self.deadline_s:g} s deadline: refused before any "
+                "work; send a shorter state, fewer questions or fewer rotations"
+            )
+
     async def run(self, plan: Plan) -> PlanResult:
         n = plan.unique_tokens
+        self.refuse_past_deadline(plan)
         # Alone, any request within --max-request-tokens is admitted: a bound below one
         # request's size must not refuse it forever.
         if self.max_tokens and self.in_flight_tokens and self.in_flight_tokens + n > self.max_tokens:
@@ -229,11 +290,18 @@ class AdmissionMiddleware:
         if entry is not None and scope["path"] in DECISION_ROUTES:
             self.key_limits.refuse_debt(entry)  # before the body is read: a key in debt buys no compile
             self.key_limits.take_request(entry)
+        if scope["path"] == "/health":  # open to all; how busy the server is only for a key's holder
+            state["sees_load"] = not self.keys.enabled or self._bearer(scope) is not None
         token = current_key.set(entry)
         try:
             await self.app(scope, receive, send)
         finally:
             current_key.reset(token)
+
+    def _bearer(self, scope: Scope) -> KeyEntry | None:
+        """The key entry the request's Bearer header names, None for none or an unknown one."""
+        scheme, _, given = Headers(scope=scope).get("authorization", "").partition(" ")
+        return self.keys.identify(given.strip()) if scheme.lower() == "bearer" and given.strip() else None
 
     def _authenticate(self, scope: Scope, path: str) -> KeyEntry | None:
         """The caller's key where one is needed (raises 401); None where none is."""

@@ -136,6 +136,23 @@ def read_keys_text(path: str) -> str:
         raise ConfigError(f"--api-keys-file {path} line {line}: not UTF-8 text (save the file as UTF-8)") from None
 
 
+def _check_whole(text: str, path: str, *, had_file_keys: bool) -> None:
+    """ConfigError for a keys file that a reload must not take: one cut short (a last line
+    without its newline: truncated, or still being written, and its last key possibly cut
+    to a shorter one), or one with no keys where the old file had some (an empty file read
+    while being rewritten would otherwise lock every client out with a 401)."""
+    if text and not text.endswith("\n"):
+        raise ConfigError(
+            f"--api-keys-file {path} does not end with a newline: truncated or still being written "
+            "(write the new file whole, then rename it into place)"
+        )
+    if had_file_keys and not any(line.strip() and not line.lstrip().startswith("#") for line in text.splitlines()):
+        raise ConfigError(
+            f"--api-keys-file {path} holds no keys (empty or truncated); to revoke every key, leave one "
+            "that nobody holds, or restart the server"
+        )
+
+
 def flag_entries(keys: Iterable[str]) -> list[KeyEntry]:
     return [KeyEntry(f"key{i}", digest_of(k)) for i, k in enumerate(keys, 1)]
 
@@ -187,10 +204,12 @@ class KeyRing:
     def names(self) -> tuple[str, ...]:
         return tuple(e.name for e in self._entries)
 
-    def _load(self) -> tuple[KeyEntry, ...]:
+    def _load(self, *, reloading: bool = False) -> tuple[KeyEntry, ...]:
         if self._path is None:
             return self._entries  # keys given on the command line: nothing to read
         text = read_keys_text(self._path)
+        if reloading:
+            _check_whole(text, self._path, had_file_keys=len(self._entries) > len(self._flag_entries))
         from_file = parse_keys_file(text, self._path)
         names = {e.name for e in from_file}
         clash = [e.name for e in self._flag_entries if e.name in names]
@@ -203,7 +222,7 @@ class KeyRing:
         if self._path is None:
             return False
         try:
-            entries = self._load()
+            entries = self._load(reloading=True)
         except ConfigError as e:
             log.error("keys not reloaded, keeping %d: %s", len(self._entries), e)
             return False

@@ -144,9 +144,10 @@ class DrainMiddleware:
             return
         drain, path = self.drain, scope["path"]
         if drain.draining and path == HEALTH:
-            await JSONResponse(
-                {"status": "draining", "in_flight": drain.in_flight}, status_code=503, headers={"Retry-After": "5"}
-            )(scope, receive, send)
+            body: dict[str, object] = {"status": "draining"}
+            if scope.get("state", {}).get("sees_load"):  # a key's holder's to see (api/identity/admission.py)
+                body["in_flight"] = drain.in_flight
+            await JSONResponse(body, status_code=503, headers={"Retry-After": "5"})(scope, receive, send)
             return
         if path not in DECISION_ROUTES:
             await self.app(scope, receive, send)

@@ -49,6 +49,9 @@ class Operations:
             key_limits=self.key_limits,
             metrics=self.metrics,
             retry_after_s=self.settings.retry_after_s,
+            deadline_s=self.settings.engine_timeout_s,
+            # half the slots: what a batch may take, and what a flooding key may, so another is served
+            key_share=max(1, self.settings.max_in_flight // 2),
         )
         return self.gate
 

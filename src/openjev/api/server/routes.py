@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import Depends, FastAPI
+from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from openjev.api.contract import documented, paths, schemas
@@ -86,7 +86,7 @@ def install_health(app: FastAPI, runtime: Runtime) -> None:
         "or while the engine server does not answer",
         responses=documented.HEALTH,
     )
-    async def health() -> JSONResponse:
+    async def health(request: Request) -> JSONResponse:
         if runtime.loaded is not None and runtime.service is not None:
             problem = await runtime.loaded.probe() if runtime.loaded.probe is not None else None
             if problem is not None:  # an engine server that died or stalls: not ready
@@ -96,7 +96,8 @@ def install_health(app: FastAPI, runtime: Runtime) -> None:
                     "status": "ok",
                     "model": runtime.loaded.card.name,
                     "load_seconds": round(runtime.loaded.load_seconds, 2),
-                    "in_flight": runtime.service.in_flight,
+                    # how busy others keep the server: a key's holder's to see (api/identity/admission.py)
+                    **({"in_flight": runtime.service.in_flight} if getattr(request.state, "sees_load", False) else {}),
                 }
             )
         if runtime.error is not None:
