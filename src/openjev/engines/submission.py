@@ -11,7 +11,8 @@ for it. The strategies order submissions so that the shared part is computed onc
 - auto:   per request: `all` when there is one branch, the shared prefix is short, or it
           was sent recently (likely still cached); otherwise `staged`.
 
-The planner is pure: it drives two awaitables, `branch(i)` and `prefix(tokens)`.
+The planner is pure: it drives two awaitables, `branches(indices)` (a stage: branches
+submitted together, which the engine may send in one call) and `prefix(tokens)`.
 """
 
 from __future__ import annotations
@@ -58,48 +59,53 @@ def choose(strategy: str, plan: Plan, recent: RecentPrefixes, *, warmup_min_toke
 async def execute(
     strategy: str,
     plan: Plan,
-    branch: Callable[[int], Coroutine[Any, Any, None]],
+    branches: Callable[[Sequence[int]], Coroutine[Any, Any, None]],
     prefix: Callable[[Sequence[int]], Coroutine[Any, Any, None]],
     *,
     stage_min_tokens: int,
 ) -> None:
     """Submit every branch of `plan` exactly once, in the order `strategy` prescribes.
 
-    Sibling submissions run concurrently; the first failure cancels the rest.
+    Each `branches(indices)` is one stage (its branches may go in one call); stages that
+    do not depend on each other run concurrently; the first failure cancels the rest.
     """
-    indices = range(len(plan.branches))
-    if strategy == "all" or len(plan.branches) == 1:
-        await _together([branch(i) for i in indices])
+    every = list(range(len(plan.branches)))
+    if strategy == "all" or len(every) == 1:
+        await branches(every)
     elif strategy == "warmup":
         if plan.root.tokens:
             await prefix(plan.root.tokens)
-        await _together([branch(i) for i in indices])
+        await branches(every)
     elif strategy == "staged":
-        await _staged(plan.root, None, branch, stage_min_tokens)
+        await _staged(plan.root, None, branches, stage_min_tokens)
     else:
         raise ValueError(f"unknown strategy {strategy!r}")
 
 
 async def _staged(
-    node: TrieNode, seed: int | None, branch: Callable[[int], Coroutine[Any, Any, None]], stage_min_tokens: int
+    node: TrieNode, seed: int | None, branches: Callable[[Sequence[int]], Coroutine[Any, Any, None]], stage_min: int
 ) -> None:
     """Precondition: the path down to `node` is cached iff `seed` (a branch below it) is done."""
     if seed is None:
         seed = node.branch_indices()[0]
-        await branch(seed)
-    work = [branch(i) for i in node.ends if i != seed]
+        await branches([seed])
+    now = [i for i in node.ends if i != seed]  # ready now: one stage
+    work = []
     for child in node.children:
         below = child.branch_indices()
         if seed in below:
-            work.append(_staged(child, seed, branch, stage_min_tokens))
-        elif len(below) > 1 and len(child.tokens) >= stage_min_tokens:
-            work.append(_staged(child, None, branch, stage_min_tokens))
+            work.append(_staged(child, seed, branches, stage_min))
+        elif len(below) > 1 and len(child.tokens) >= stage_min:
+            work.append(_staged(child, None, branches, stage_min))
         else:  # one branch, or a run too short to be worth a round trip
-            work += [branch(i) for i in below]
-    await _together(work)
+            now += below
+    if now:
+        work.append(branches(now))
+    await together(work)
 
 
-async def _together(aws: list[Coroutine[Any, Any, None]]) -> None:
+async def together(aws: list[Coroutine[Any, Any, None]]) -> None:
+    """Run `aws` concurrently; the first failure cancels the rest (an ExceptionGroup)."""
     if not aws:
         return
     async with asyncio.TaskGroup() as group:
