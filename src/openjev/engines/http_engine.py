@@ -149,7 +149,9 @@ class HTTPEngine:
                 await together([branch(i) for i in indices])
                 return
             items = [(plan.branches[i].input_ids, plan.branches[i].label_ids) for i in indices]
-            for i, (values, prompt, cached) in zip(indices, await self._call_batch(items, plan.cache_namespace)):
+            for i, (values, prompt, cached) in zip(
+                indices, await self._call_batch(items, plan.cache_namespace), strict=True
+            ):
                 results[i] = BranchResult(values)
                 account(prompt, cached)
 
@@ -214,13 +216,15 @@ class HTTPEngine:
 
     async def _call_batch(self, items: Sequence[tuple[Sequence[int], Sequence[int]]], salt: str) -> list[Reply]:
         """Many branches in one call (protocol.batch_body), one Reply each, in order."""
-        assert self.protocol.batch_body is not None and self.protocol.parse_batch_reply is not None
+        batch_body, parse = self.protocol.batch_body, self.protocol.parse_batch_reply
+        if batch_body is None or parse is None:
+            raise ValueError(f"the {self.protocol.name} protocol has no batched calls")
         for ids, _ in items:
             if self.max_prompt_tokens is not None and len(ids) > self.max_prompt_tokens:
                 raise self._too_long(len(ids))
         rids = [uuid.uuid4().hex for _ in items]
-        payload = await self._post(self.protocol.batch_body(rids, items, salt), rids)
-        return self.protocol.parse_batch_reply(payload, rids, [labels for _, labels in items])
+        payload = await self._post(batch_body(rids, items, salt), rids)
+        return parse(payload, rids, [labels for _, labels in items])
 
     async def _post(self, body: dict, rids: Sequence[str]) -> object:
         """One call: capped by the server-wide slots, every rid in it aborted server-side
