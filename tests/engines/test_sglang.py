@@ -198,8 +198,15 @@ async def test_batched_calls_account_each_items_cached_tokens():
 
 def _batch_reply(rids, labels=LABELS, **meta):
     return [
-        {"meta_info": {"id": rid, "prompt_tokens": 5, "completion_tokens": 0, **meta,
-                       "output_token_ids_logprobs": [[[-1.0, t, None] for t in labels]]}}
+        {
+            "meta_info": {
+                "id": rid,
+                "prompt_tokens": 5,
+                "completion_tokens": 0,
+                **meta,
+                "output_token_ids_logprobs": [[[-1.0, t, None] for t in labels]],
+            }
+        }
         for rid in rids
     ]
 
@@ -231,9 +238,7 @@ async def test_a_deadline_aborts_every_branch_of_a_batched_call():
     assert sorted(fake.aborted) == sorted(call["body"]["rid"]) and len(fake.aborted) == 5
 
 
-@pytest.mark.parametrize(
-    ("batch", "prefill_only"), [(True, True), (False, True), (True, False), (False, False)]
-)
+@pytest.mark.parametrize(("batch", "prefill_only"), [(True, True), (False, True), (True, False), (False, False)])
 def test_capabilities_are_probed_and_fall_back_to_what_the_server_takes(batch, prefill_only):
     from openjev.engines.sglang import capabilities
 
