@@ -526,3 +526,40 @@ def test_the_prompt_limit_is_read_from_the_servers_info(info, limit):
     from openjev.engines.sglang import max_prompt_tokens
 
     assert max_prompt_tokens(info) == limit
+
+
+# ---- auto over batched calls: one call where the server's chunking shares the prefix
+
+
+def _long(n: int = 4, state_len: int = 1000, tail: int = 60) -> Plan:
+    state = tuple(range(100, 100 + state_len))
+    return Plan.from_branches(
+        [Branch(state + tuple(range(5000 + 100 * i, 5000 + 100 * i + tail)), LABELS) for i in range(n)]
+    )
+
+
+@pytest.mark.parametrize(
+    ("step_tokens", "protocol", "expected"),
+    [
+        (1024, SGLANG_BATCHED, "all"),  # the first branch's first chunk covers the state: one call
+        (8192, SGLANG_BATCHED, "staged"),  # every branch fits one step: admitted together
+        (512, SGLANG_BATCHED, "all"),  # chunks 1-2 cover the state (1,024 of 1,060 tokens)
+        (400, SGLANG_BATCHED, "staged"),  # the state spills into the first branch's last chunk (800 cached before it)
+        (None, SGLANG_BATCHED, "staged"),  # the server does not say
+        (1024, SGLANG, "staged"),  # one call per branch: they start side by side
+    ],
+)
+async def test_auto_sends_one_batch_when_the_servers_chunking_computes_the_prefix_once(step_tokens, protocol, expected):
+    fake = FakeSGLang()
+    engine = _engine(fake, protocol, strategy="auto", step_tokens=step_tokens)
+    await _run(engine, _long())
+    assert engine.strategies_used == {expected: 1}
+
+
+def test_the_servers_prefill_step_is_read_from_its_info():
+    from openjev.engines.sglang import step_tokens
+
+    assert step_tokens({"chunked_prefill_size": 8192, "max_prefill_tokens": 16384}) == 8192
+    assert step_tokens({"chunked_prefill_size": 8192, "max_prefill_tokens": 512}) == 512
+    assert step_tokens({"chunked_prefill_size": -1, "max_prefill_tokens": 512}) is None  # no chunking
+    assert step_tokens({"max_prefill_tokens": 512}) is None

@@ -48,6 +48,7 @@ class HTTPEngine:
         protocol: HTTPProtocol,
         *,
         max_prompt_tokens: int | None = None,
+        step_tokens: int | None = None,
         strategy: str = "auto",
         max_calls: int = 64,
         call_timeout_s: float = 120.0,
@@ -60,6 +61,7 @@ class HTTPEngine:
         self.url = url.rstrip("/")
         self.protocol = protocol
         self.max_prompt_tokens = max_prompt_tokens  # the server's context less one generated token, if known
+        self.step_tokens = step_tokens  # the most the server prefills per scheduling step, if known
         self.strategy = strategy
         self._max_calls = max_calls
         self._timeout = httpx.Timeout(call_timeout_s, connect=10.0)
@@ -122,7 +124,14 @@ class HTTPEngine:
         if self.strategy == "auto" and self.protocol.shares_prefix_within_a_batch:
             strategy = "all"
         else:
-            strategy = choose(self.strategy, plan, self.recent, warmup_min_tokens=self._warmup_min)
+            strategy = choose(
+                self.strategy,
+                plan,
+                self.recent,
+                warmup_min_tokens=self._warmup_min,
+                step_tokens=self.step_tokens if self.protocol.batch_body is not None else None,
+                stage_min_tokens=self._stage_min,
+            )
         self.strategies_used[strategy] = self.strategies_used.get(strategy, 0) + 1
         results: list[BranchResult | None] = [None] * len(plan.branches)
         totals = {"prompt": 0, "cached": 0, "known": True}

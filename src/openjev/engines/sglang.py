@@ -84,7 +84,25 @@ def check(url: str, tokenizer: ChatTokenizer, settings: Settings) -> dict[str, A
         "a stage's branches in one /generate" if protocol.batch_body else "one /generate per branch",
         "prefill-only" if protocol.prefill_only else "one token generated per call",
     )
-    return {"model": info.get("model_path"), "max_prompt_tokens": max_prompt_tokens(info), "protocol": protocol}
+    return {
+        "model": info.get("model_path"),
+        "max_prompt_tokens": max_prompt_tokens(info),
+        "step_tokens": step_tokens(info),
+        "protocol": protocol,
+    }
+
+
+def step_tokens(info: dict[str, Any]) -> int | None:
+    """The most the server prefills per scheduling step: its /server_info
+    `chunked_prefill_size`, or `max_prefill_tokens` if smaller; None if it does not chunk
+    (-1) or does not say."""
+
+    def size(key: str) -> int | None:
+        v = info.get(key)
+        return v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else None
+
+    chunk, cap = size("chunked_prefill_size"), size("max_prefill_tokens")
+    return None if chunk is None else min(chunk, cap or chunk)
 
 
 def capabilities(url: str, ids: list[int], timeout_s: float = 60.0, client: httpx.Client | None = None) -> HTTPProtocol:
@@ -150,6 +168,7 @@ def load(settings: Settings) -> LoadedEngine:
             url,
             info["protocol"],
             max_prompt_tokens=info.get("max_prompt_tokens"),
+            step_tokens=info.get("step_tokens"),
             **remote.engine_options(settings),
         ),
     )
