@@ -121,17 +121,7 @@ class HTTPEngine:
         longest = max(len(b) for b in plan.branches)
         if self.max_prompt_tokens is not None and longest > self.max_prompt_tokens:
             raise self._too_long(longest)  # before any call: no branch of a refused plan is computed
-        if self.strategy == "auto" and self.protocol.shares_prefix_within_a_batch:
-            strategy = "all"
-        else:
-            strategy = choose(
-                self.strategy,
-                plan,
-                self.recent,
-                warmup_min_tokens=self._warmup_min,
-                step_tokens=self.step_tokens if self.protocol.batch_body is not None else None,
-                stage_min_tokens=self._stage_min,
-            )
+        strategy = self._strategy(plan)
         self.strategies_used[strategy] = self.strategies_used.get(strategy, 0) + 1
         results: list[BranchResult | None] = [None] * len(plan.branches)
         totals = {"prompt": 0, "cached": 0, "known": True}
@@ -182,6 +172,18 @@ class HTTPEngine:
             computed_tokens=computed,
             cached_tokens=totals["cached"] if totals["known"] else None,
             timings_ms={"prefill": (t1 - t0) * 1000, "branches": (t2 - t1) * 1000},
+        )
+
+    def _strategy(self, plan: Plan) -> str:
+        if self.strategy == "auto" and self.protocol.shares_prefix_within_a_batch:
+            return "all"
+        return choose(
+            self.strategy,
+            plan,
+            self.recent,
+            warmup_min_tokens=self._warmup_min,
+            step_tokens=self.step_tokens if self.protocol.batch_body is not None else None,
+            stage_min_tokens=self._stage_min,
         )
 
     def _too_long(self, tokens: int) -> TokensExceeded:
