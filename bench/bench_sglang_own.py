@@ -26,7 +26,13 @@ JSON lines on stdout, one per section. The server's scheduler keeps a core busy 
 everything is stopped at the end.
 
     .venv/bin/python bench/bench_sglang_own.py [--repeats 3] [--skip-latency] [--skip-decisions]
-        [--skip-throughput] [--skip-eval] [--skip-jevcompat]
+        [--skip-throughput] [--skip-eval] [--skip-jevcompat] [--clients 4] [--skip-inprocess]
+        [--tiny 64]
+
+--tiny HIDDEN serves a tiny random model the bench generates (the embedded tokenizer, one
+Llama layer of HIDDEN units): its forward costs almost nothing, so what is measured is each
+route's own work per request, as on a GPU. openjev's rows then carry the p50 of each phase of
+its Server-Timing header.
 """
 
 from __future__ import annotations
@@ -60,7 +66,10 @@ TEST_SET = REPO / "evals" / "data" / "test.jsonl"
 
 
 async def latency(systems: list[System], repeats: int, sizes: tuple[int, ...], emit=None) -> dict:
-    """Cold and warm p50 per size; each size's row is also passed to `emit` as soon as it is measured."""
+    """Cold and warm p50 per size; each size's row is also passed to `emit` as soon as it is
+    measured. For openjev's systems, the p50 of each phase of its Server-Timing header too
+    (prepare: compile and encode; engine: the engine calls, the hop included; total less
+    engine and prepare: the edge, JSON both ways and HTTP)."""
     rows = []
     async with httpx.AsyncClient(timeout=1800) as client:
         for s in systems:  # warm-up: first-call costs (allocations, lazy imports)
@@ -68,15 +77,25 @@ async def latency(systems: list[System], repeats: int, sizes: tuple[int, ...], e
         for n in sizes:
             cold = {s.name: [] for s in systems}
             warm = {s.name: [] for s in systems}
+            phases: dict[str, list[dict]] = {f"{s.name}_{w}": [] for s in systems for w in ("cold", "warm")}
             for rep in range(repeats):
                 for s in systems if rep % 2 == 0 else systems[::-1]:
                     tag = 8000 + 1000 * n + 100 * systems.index(s) + rep
-                    cold[s.name].append(await s.ask(client, payload(n, tag=tag)))
-                    warm[s.name].append(await s.ask(client, payload(n, tag=tag, qtag=tag + 5000)))
+                    for which, qtag, into in (("cold", None, cold), ("warm", tag + 5000, warm)):
+                        seen = len(s.timings)
+                        wire = payload(n, tag=tag) if qtag is None else payload(n, tag=tag, qtag=qtag)
+                        into[s.name].append(await s.ask(client, wire))
+                        phases[f"{s.name}_{which}"] += s.timings[seen:]
             row: dict = {"questions": n}
             for s in systems:
                 row[f"{s.name}_cold_p50_ms"] = round(p50(cold[s.name]))
                 row[f"{s.name}_warm_p50_ms"] = round(p50(warm[s.name]))
+            for name, seen_phases in phases.items():
+                if seen_phases:
+                    keys = {k for t in seen_phases for k in t}
+                    row[f"{name}_phases_p50_ms"] = {
+                        k: round(p50([t[k] for t in seen_phases if k in t]), 1) for k in keys
+                    }
             rows.append(row)
             if emit is not None:
                 emit({"section": "latency", "repeats": repeats, "results": [row]})
@@ -202,11 +221,27 @@ async def decisions(systems: list[DecisionsSystem], repeats: int, sizes: tuple[i
     return {"section": "decisions", "sglang_given_openai_format": refused, "results": rows}
 
 
+def openjev_commit() -> str:
+    """Which openjev answered: the package's folder and, if it is a git checkout, its commit."""
+    import subprocess
+
+    import openjev
+
+    where = Path(openjev.__file__).resolve().parent
+    try:
+        commit = subprocess.run(
+            ["git", "-C", str(where), "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        commit = ""
+    return commit or "unknown"
+
+
 def _r(x: float | None) -> float | None:
     return None if x is None else round(x, 3)
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--sizes", type=int, nargs="+", default=[1, 8], help="questions per latency request")
@@ -219,18 +254,58 @@ def main() -> None:
     parser.add_argument("--skip-jevcompat", action="store_true")
     parser.add_argument("--skip-eval", action="store_true")
     parser.add_argument("--skip-decisions", action="store_true")
-    args = parser.parse_args()
+    parser.add_argument(
+        "--tiny",
+        type=int,
+        default=None,
+        metavar="HIDDEN",
+        help="serve a tiny random model instead (the embedded tokenizer, one layer of HIDDEN units, e.g. 64): "
+        "its forward costs almost nothing, so each route's own work per request is what is measured",
+    )
+    parser.add_argument("--skip-inprocess", action="store_true", help="only SGLang's route and openjev over it")
+    parser.add_argument(
+        "--baseline-src",
+        default=None,
+        metavar="SRC",
+        help="also measure openjev from another checkout's src folder over the same server (openjev_base)",
+    )
+    return parser.parse_args()
+
+
+def sections(args: argparse.Namespace, systems: list[System], routes: list[DecisionsSystem], root: Path, emit) -> None:
+    """Every section asked for, each row passed to `emit`."""
+    if not args.skip_latency:
+        asyncio.run(latency(systems, args.repeats, tuple(args.sizes), emit))
+    if not args.skip_decisions:
+        emit(asyncio.run(decisions(routes, args.repeats, tuple(args.sizes), emit)))
+    if not args.skip_throughput:
+        emit(asyncio.run(throughput(systems, args.clients, args.throughput_requests, 4)))
+    if not args.skip_jevcompat:
+        for s in systems:
+            key = None if s.name == "sglang" else KEY
+            emit({"section": "jevcompat", **jevcompat(s, key, root / f"{s.name}.json")})
+    if not args.skip_eval:
+        for s in systems:
+            key = None if s.name == "sglang" else KEY
+            emit(asyncio.run(quality(s, key, root / f"eval-{s.name}", args.eval_concurrency, args.eval_limit)))
+
+
+def main() -> None:
+    args = parse_args()
     if not sgl.SGL_TORCH_PYTHON.exists():
         sys.exit(f"no SGLang venv at {sgl.SGL_TORCH_PYTHON}: run scripts/setup_sglang_torch.sh")
     root = Path(tempfile.mkdtemp(prefix="bench-sglang-own-"))
-    folder = sgl.model_folder("torch", root)
+    folder = sgl.tiny_model_folder(root / "tiny", hidden=args.tiny) if args.tiny else sgl.model_folder("torch", root)
     t0 = time.perf_counter()
     # 8 branches of ~1,100 tokens at once (8 questions on a ~1,000-token state).
     server = sgl.start(folder, root / "sglang.log", kind="torch", max_running=8, context_length=2048, chunk=1024)
     head = {
         "bench": "sglang_own",
         "machine": machine(),
-        "model": "SmolLM2-135M-Instruct, embedded, float32",
+        "model": f"tiny random (1 layer, hidden {args.tiny}), embedded tokenizer, float32"
+        if args.tiny
+        else "SmolLM2-135M-Instruct, embedded, float32",
+        "openjev": openjev_commit(),
         "sglang": "sglang 0.5.23 (PyTorch 2.13.0 CPU, torch_native attention)",
         "sglang_start_s": round(time.perf_counter() - t0),
     }
@@ -241,37 +316,33 @@ def main() -> None:
             root, "--engine", "sglang", "--connect", server.url, "--model", str(folder), *common, key=KEY
         )
         lives.append(over)
-        inproc = start_server(root, "--model", str(folder), "--dtype", "float32", *common, key=KEY)
-        lives.append(inproc)
         model = httpx.get(server.url + "/v1/models", timeout=30).json()["data"][0]["id"]
         systems = [
             System("sglang", server.url, {}, model),
             System("openjev_sglang", over.url, over.headers(), "jev-latest"),
-            System("openjev", inproc.url, inproc.headers(), "jev-latest"),
         ]
+        if args.baseline_src:
+            base = start_server(
+                root,
+                *("--engine", "sglang", "--connect", server.url, "--model", str(folder), *common),
+                key=KEY,
+                env={"PYTHONPATH": f"{args.baseline_src}:{REPO}"},
+            )
+            lives.append(base)
+            systems.append(System("openjev_base", base.url, base.headers(), "jev-latest"))
+        inproc = None
+        if not args.skip_inprocess:
+            inproc = start_server(root, "--model", str(folder), "--dtype", "float32", *common, key=KEY)
+            lives.append(inproc)
+            systems.append(System("openjev", inproc.url, inproc.headers(), "jev-latest"))
 
-        def emit(row: dict) -> None:
-            print(json.dumps({**head, **row}), flush=True)
-
-        if not args.skip_latency:
-            asyncio.run(latency(systems, args.repeats, tuple(args.sizes), emit))
-        if not args.skip_decisions:
-            routes = [
-                DecisionsSystem("sglang", server.url, None, model, own_format=True),
-                DecisionsSystem("openjev_sglang", over.url, KEY, "jev-latest", own_format=False),
-                DecisionsSystem("openjev", inproc.url, KEY, "jev-latest", own_format=False),
-            ]
-            emit(asyncio.run(decisions(routes, args.repeats, tuple(args.sizes), emit)))
-        if not args.skip_throughput:
-            emit(asyncio.run(throughput(systems, args.clients, args.throughput_requests, 4)))
-        if not args.skip_jevcompat:
-            for s in systems:
-                key = None if s.name == "sglang" else KEY
-                emit({"section": "jevcompat", **jevcompat(s, key, root / f"{s.name}.json")})
-        if not args.skip_eval:
-            for s in systems:
-                key = None if s.name == "sglang" else KEY
-                emit(asyncio.run(quality(s, key, root / f"eval-{s.name}", args.eval_concurrency, args.eval_limit)))
+        routes = [
+            DecisionsSystem("sglang", server.url, None, model, own_format=True),
+            DecisionsSystem("openjev_sglang", over.url, KEY, "jev-latest", own_format=False),
+        ]
+        if inproc is not None:
+            routes.append(DecisionsSystem("openjev", inproc.url, KEY, "jev-latest", own_format=False))
+        sections(args, systems, routes, root, lambda row: print(json.dumps({**head, **row}), flush=True))
     finally:
         for live in lives:
             stop_server(live)

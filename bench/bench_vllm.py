@@ -58,13 +58,18 @@ class System:
 
     def __init__(self, name: str, url: str, headers: dict, model: str, alone=contextlib.nullcontext) -> None:
         self.name, self.url, self.headers, self.model, self.alone = name, url, headers, model, alone
+        self.timings: list[dict[str, float]] = []  # each answer's Server-Timing (openjev's phases), if any
 
     async def ask(self, client: httpx.AsyncClient, wire: dict) -> float:
         t0 = time.perf_counter()
         r = await client.post(self.url + "/v1/systemone", json={**wire, "model": self.model}, headers=self.headers)
+        ms = (time.perf_counter() - t0) * 1000
         if r.status_code != 200:
             raise RuntimeError(f"{self.name}: {r.status_code} {r.text[:300]}")
-        return (time.perf_counter() - t0) * 1000
+        if "server-timing" in r.headers:
+            phases = dict(part.strip().split(";dur=") for part in r.headers["server-timing"].split(","))
+            self.timings.append({"total": ms, **{k: float(v) for k, v in phases.items()}})
+        return ms
 
 
 async def latency(systems: list[System], repeats: int, n: int) -> dict:

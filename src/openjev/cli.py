@@ -162,7 +162,10 @@ def serve(settings: Settings) -> int:
 def bind_listener(host: str, port: int) -> socket.socket:
     """A TCP socket bound to host:port (listen() is uvicorn's); ConfigError if it cannot be."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    # IPPROTO_TCP, not 0: asyncio sets TCP_NODELAY only on accepted sockets whose proto says
+    # TCP (base_events._set_nodelay); without it, Nagle held each response's body behind its
+    # head until the client's delayed ACK: about 40 ms on every answer, /health included.
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((host.strip("[]"), port))

@@ -1,6 +1,7 @@
 """The one HTTP engine's run loop (calls in flight, errors, timeouts, aborts), the same for
-every protocol it speaks: each test runs over both faithful fakes, SGLang's native protocol
-(FakeSGLang) and vLLM's token route (FakeVLLM). What only one protocol does (its reply
+every protocol it speaks: each test runs over the faithful fakes, SGLang's native protocol
+(FakeSGLang) spoken per branch (SGLANG, what older servers take) and batched and
+prefill-only (SGLANG_BATCHED, SGLang 0.5.23), and vLLM's token route (FakeVLLM). What only one protocol does (its reply
 shapes, its cache namespace field, vLLM's label chunking and context bound) stays in
 test_sglang.py and test_vllm.py."""
 
@@ -14,7 +15,7 @@ import pytest
 
 from openjev.core.plan import Branch, Plan
 from openjev.engines.http_engine import HTTPEngine
-from openjev.engines.http_protocol import SGLANG, HTTPProtocol
+from openjev.engines.http_protocol import SGLANG, SGLANG_BATCHED, HTTPProtocol
 from openjev.engines.vllm import ID_PREFIX, VLLM
 from openjev.errors import EngineError, EngineTimeout, EngineUnavailable
 from tests.support.fakes import FakeSGLang, FakeVLLM
@@ -30,20 +31,26 @@ class Server:
     protocol: HTTPProtocol
     fake: type
     url: str
-    abort_id: Callable[[dict[str, Any]], str]  # the id an abort of this call body names
+    abort_ids: Callable[[dict[str, Any]], list[str]]  # the ids an abort of this call body names
     abort_prefix: str  # what every aborted id starts with
+    name: str = ""
 
     def engine(self, fake: Any, **kw: Any) -> HTTPEngine:
         return HTTPEngine(self.url, self.protocol, transport=fake.transport(), **kw)
 
 
+def _rids(body: dict[str, Any]) -> list[str]:
+    return body["rid"] if isinstance(body["rid"], list) else [body["rid"]]
+
+
 SERVERS = [
-    Server(SGLANG, FakeSGLang, "http://sglang.test", lambda body: body["rid"], ""),
-    Server(VLLM, FakeVLLM, "http://vllm.test", lambda body: ID_PREFIX + body["request_id"], ID_PREFIX),
+    Server(SGLANG, FakeSGLang, "http://sglang.test", _rids, "", "SGLang"),
+    Server(SGLANG_BATCHED, FakeSGLang, "http://sglang.test", _rids, "", "SGLang-batched"),
+    Server(VLLM, FakeVLLM, "http://vllm.test", lambda body: [ID_PREFIX + body["request_id"]], ID_PREFIX, "vLLM"),
 ]
 
 
-@pytest.fixture(params=SERVERS, ids=lambda s: s.protocol.name)
+@pytest.fixture(params=SERVERS, ids=lambda s: s.name)
 def server(request) -> Server:
     return request.param
 
@@ -71,8 +78,12 @@ async def test_missing_cached_tokens_makes_accounting_unknown(server):
 
 async def test_calls_in_flight_are_capped(server):
     fake = server.fake(delay_s=0.02)
-    await _run(server.engine(fake, strategy="all", max_calls=2), _plan(8))
-    assert fake.max_in_flight == 2
+    engine = server.engine(fake, strategy="all", max_calls=2)
+    try:  # three requests at once: three calls batched, 24 per branch
+        await asyncio.gather(*(engine.run(_plan(8)) for _ in range(3)))
+    finally:
+        await engine.close()
+    assert fake.max_in_flight == 2 and len(fake.calls) == (3 if server.protocol.batch_body else 24)
 
 
 # ---- failures
@@ -115,10 +126,12 @@ async def test_cancelling_a_request_aborts_whatever_is_in_flight(server):
     fake = server.fake(delay_s=5)
     engine = server.engine(fake, strategy="all")
     task = asyncio.create_task(engine.run(_plan(3)))
-    while len(fake.calls) < 3:
+    while len(fake.items if server.protocol is not VLLM else fake.calls) < 3:
         await asyncio.sleep(0.01)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
     await engine.close()
-    assert sorted(fake.aborted) == sorted(server.abort_id(c["body"]) for c in fake.calls)
+    assert len(fake.calls) == (1 if server.protocol.batch_body else 3)
+    assert sorted(fake.aborted) == sorted(rid for c in fake.calls for rid in server.abort_ids(c["body"]))
+    assert len(fake.aborted) == 3  # every branch, batched or not

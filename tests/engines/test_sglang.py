@@ -10,7 +10,7 @@ import pytest
 
 from openjev.core.plan import Branch, Plan
 from openjev.engines.http_engine import HTTPEngine
-from openjev.engines.http_protocol import SGLANG, parse_reply
+from openjev.engines.http_protocol import SGLANG, SGLANG_BATCHED, parse_batch_reply, parse_reply
 from openjev.errors import EngineError, EngineUnavailable
 from tests.support.fakes import FakeSGLang, fake_logprobs
 
@@ -27,8 +27,8 @@ def _plan(n: int = 4, state=STATE) -> Plan:
     return Plan.from_branches(branches)
 
 
-def _engine(fake: FakeSGLang, **kw) -> HTTPEngine:
-    return HTTPEngine("http://sglang.test", SGLANG, transport=fake.transport(), **kw)
+def _engine(fake: FakeSGLang, protocol=SGLANG, **kw) -> HTTPEngine:
+    return HTTPEngine("http://sglang.test", protocol, transport=fake.transport(), **kw)
 
 
 async def _run(engine: HTTPEngine, plan: Plan):
@@ -148,6 +148,117 @@ async def test_auto_stages_a_long_cold_prefix_then_sends_all_once_it_is_cached()
     assert engine.strategies_used == {"staged": 1, "all": 2}
     assert second.cached_tokens >= len(STATE) * len(_plan().branches)
     assert first.computed_tokens < _plan().prompt_tokens and short.computed_tokens is not None
+
+
+# ---- batched and prefill-only (SGLang 0.5.23)
+
+
+async def test_a_batched_stage_is_one_prefill_only_call_with_per_item_labels_and_rids():
+    fake = FakeSGLang()
+    plan = _plan()
+    result = await _run(_engine(fake, SGLANG_BATCHED, strategy="all"), _plan())
+    [call] = fake.calls
+    body = call["body"]
+    assert body["input_ids"] == [list(b.input_ids) for b in plan.branches]
+    assert body["token_ids_logprob"] == [list(b.label_ids) for b in plan.branches]
+    assert len(set(body["rid"])) == len(plan.branches)
+    assert body["sampling_params"]["max_new_tokens"] == 0  # no decode step
+    assert body["return_logprob"] is True and body["logprob_start_len"] == -1
+    for b, r in zip(plan.branches, result.branches, strict=True):
+        assert r.logprobs == fake_logprobs(b.input_ids, len(LABELS))
+
+
+@pytest.mark.parametrize(("strategy", "calls"), [("all", 1), ("warmup", 2), ("staged", 4)])
+async def test_each_stage_of_a_strategy_is_one_call(strategy, calls):
+    """warmup: the prefix, then every branch; staged on two groups of two: the seed, then
+    its group's rest beside the other group's seed (two stages), then that group's rest."""
+    fake = FakeSGLang(delay_s=0.01)
+    plan = _plan()
+    result = await _run(_engine(fake, SGLANG_BATCHED, strategy=strategy, stage_min_tokens=1), plan)
+    assert len(fake.calls) == calls and len(result.branches) == len(plan.branches)
+    assert sorted(fake.items) == sorted(
+        [b.input_ids for b in plan.branches] + ([plan.root.tokens] if strategy == "warmup" else [])
+    )
+    warmups = [c["body"] for c in fake.calls if not isinstance(c["body"]["input_ids"][0], list)]
+    assert all(w["token_ids_logprob"] and w["sampling_params"]["max_new_tokens"] == 0 for w in warmups)
+
+
+async def test_batched_calls_account_each_items_cached_tokens():
+    plan = _plan()
+    fake = FakeSGLang()
+    engine = _engine(fake, SGLANG_BATCHED, strategy="all")
+    try:
+        cold = await engine.run(plan)
+        warm = await engine.run(plan)
+    finally:
+        await engine.close()
+    assert cold.computed_tokens == plan.prompt_tokens  # one batch: its items share nothing here
+    assert warm.cached_tokens == sum(len(b.input_ids) - 1 for b in plan.branches)
+
+
+def _batch_reply(rids, labels=LABELS, **meta):
+    return [
+        {
+            "meta_info": {
+                "id": rid,
+                "prompt_tokens": 5,
+                "completion_tokens": 0,
+                **meta,
+                "output_token_ids_logprobs": [[[-1.0, t, None] for t in labels]],
+            }
+        }
+        for rid in rids
+    ]
+
+
+@pytest.mark.parametrize(
+    ("body", "why"),
+    [
+        (_batch_reply(["a"]), "1 items for a batch of 2"),
+        (_batch_reply(["a", "c"]), "item 'c' where 'b' was"),
+        (_batch_reply(["a", "b"], completion_tokens=1), "expected 0"),
+        ({"meta_info": {}}, "dict for a batch of 2"),
+    ],
+)
+def test_unusable_batch_replies_are_engine_errors(body, why):
+    with pytest.raises(EngineError, match=why):
+        parse_batch_reply(body, ["a", "b"], [LABELS, LABELS])
+
+
+async def test_a_deadline_aborts_every_branch_of_a_batched_call():
+    fake = FakeSGLang(delay_s=5)
+    engine = _engine(fake, SGLANG_BATCHED, strategy="all")
+    try:
+        with pytest.raises(TimeoutError):
+            async with asyncio.timeout(0.2):  # the service's deadline
+                await engine.run(_plan(5))
+    finally:
+        await engine.close()
+    [call] = fake.calls
+    assert sorted(fake.aborted) == sorted(call["body"]["rid"]) and len(fake.aborted) == 5
+
+
+@pytest.mark.parametrize(("batch", "prefill_only"), [(True, True), (False, True), (True, False), (False, False)])
+def test_capabilities_are_probed_and_fall_back_to_what_the_server_takes(batch, prefill_only):
+    from openjev.engines.sglang import capabilities
+
+    fake = FakeSGLang(batch=batch, prefill_only=prefill_only)
+    protocol = capabilities("http://sglang.test", [5, 6, 7], client=httpx.Client(transport=fake.sync_transport()))
+    assert (protocol.batch_body is not None, protocol.prefill_only) == (batch, prefill_only)
+    if batch or prefill_only:  # what is used was a real call, read as the engine reads it
+        assert (5, 6, 7) in fake.items
+
+
+async def test_a_server_without_batches_gets_one_call_per_branch():
+    from openjev.engines.sglang import capabilities
+
+    fake = FakeSGLang(batch=False, prefill_only=False)
+    client = httpx.Client(transport=fake.sync_transport())
+    protocol = await asyncio.to_thread(capabilities, "http://sglang.test", [5, 6, 7], client=client)
+    fake.calls.clear()
+    result = await _run(_engine(fake, protocol, strategy="all"), _plan())
+    assert len(fake.calls) == 4 and len(result.branches) == 4
+    assert all(c["body"]["sampling_params"]["max_new_tokens"] == 1 for c in fake.calls)
 
 
 # ---- failures
@@ -415,3 +526,40 @@ def test_the_prompt_limit_is_read_from_the_servers_info(info, limit):
     from openjev.engines.sglang import max_prompt_tokens
 
     assert max_prompt_tokens(info) == limit
+
+
+# ---- auto over batched calls: one call where the server's chunking shares the prefix
+
+
+def _long(n: int = 4, state_len: int = 1000, tail: int = 60) -> Plan:
+    state = tuple(range(100, 100 + state_len))
+    return Plan.from_branches(
+        [Branch(state + tuple(range(5000 + 100 * i, 5000 + 100 * i + tail)), LABELS) for i in range(n)]
+    )
+
+
+@pytest.mark.parametrize(
+    ("step_tokens", "protocol", "expected"),
+    [
+        (1024, SGLANG_BATCHED, "all"),  # the first branch's first chunk covers the state: one call
+        (8192, SGLANG_BATCHED, "staged"),  # every branch fits one step: admitted together
+        (512, SGLANG_BATCHED, "all"),  # chunks 1-2 cover the state (1,024 of 1,060 tokens)
+        (400, SGLANG_BATCHED, "staged"),  # the state spills into the first branch's last chunk (800 cached before it)
+        (None, SGLANG_BATCHED, "staged"),  # the server does not say
+        (1024, SGLANG, "staged"),  # one call per branch: they start side by side
+    ],
+)
+async def test_auto_sends_one_batch_when_the_servers_chunking_computes_the_prefix_once(step_tokens, protocol, expected):
+    fake = FakeSGLang()
+    engine = _engine(fake, protocol, strategy="auto", step_tokens=step_tokens)
+    await _run(engine, _long())
+    assert engine.strategies_used == {expected: 1}
+
+
+def test_the_servers_prefill_step_is_read_from_its_info():
+    from openjev.engines.sglang import step_tokens
+
+    assert step_tokens({"chunked_prefill_size": 8192, "max_prefill_tokens": 16384}) == 8192
+    assert step_tokens({"chunked_prefill_size": 8192, "max_prefill_tokens": 512}) == 512
+    assert step_tokens({"chunked_prefill_size": -1, "max_prefill_tokens": 512}) is None  # no chunking
+    assert step_tokens({"max_prefill_tokens": 512}) is None

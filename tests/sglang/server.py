@@ -140,6 +140,44 @@ def embedded_model_folder() -> Path:
     return folder
 
 
+def tiny_model_folder(target: Path, hidden: int = 64, seed: int = 0) -> Path:
+    """A tiny random model the project generates (for the overhead bench): the embedded
+    model's tokenizer and chat template, one Llama layer of `hidden` units with random
+    weights (seeded), float32. Its forward costs almost nothing on a CPU, so what a
+    request costs beyond it is each route's own work, as on a GPU. Written once into
+    `target` (reused when it holds the same sizes)."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    source = embedded_model_folder()
+    config = json.loads((source / "config.json").read_text())
+    sizes = {
+        "hidden_size": hidden,
+        "intermediate_size": 2 * hidden,
+        "num_hidden_layers": 1,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": hidden // 4,
+    }
+    stamp = target / ".tiny"
+    if stamp.exists() and stamp.read_text() == json.dumps([sizes, seed]):
+        return target
+    target.mkdir(parents=True, exist_ok=True)
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json"):
+        if (source / name).exists():
+            (target / name).write_bytes((source / name).read_bytes())
+    config.update(sizes)
+    config.pop("_model_name_or_path", None)
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(LlamaConfig(**{k: v for k, v in config.items() if k != "architectures"}))
+    model.to(torch.float32).save_pretrained(target, safe_serialization=True)
+    config_written = json.loads((target / "config.json").read_text())
+    config_written["architectures"] = ["LlamaForCausalLM"]
+    (target / "config.json").write_text(json.dumps(config_written, indent=2))
+    stamp.write_text(json.dumps([sizes, seed]))
+    return target
+
+
 def served_folder(source: Path, target: Path) -> Path:
     """A view of `source` (written by transformers 5) that sglang-jax's transformers 4.57
     reads as intended: the weights and tokenizer.json are symlinked, and two files rewritten.

@@ -9,7 +9,12 @@ never restarted. What a client sees is asserted, with bounds on how long each an
   /health says the engine does not answer, and after SIGCONT both recover;
 - killed mid-request: every in-flight request is answered with a retryable 503 within
   seconds, new requests too, and /health says the engine is unreachable;
-- back on the same port: openjev uses it again (200), /health is 200.
+- back on the same port: openjev uses it again (200), /health is 200;
+- and first, a client that leaves mid-request: every branch of its call is aborted on the
+  server (one /abort_request per branch rid).
+
+openjev runs `--strategy all` here, so that each request's branches are one batched call
+where the server takes them (SGLang 0.5.23): the faults hit batched calls.
 
 The tests run in file order and share one server and one openjev (their states depend on
 each other; that is the scenario). The server is the one the rest of tests/sglang uses
@@ -60,12 +65,20 @@ class Answer:
     body: str
 
 
-def ask(url: str, n: int, timeout_s: float = 120.0, repeat: int = 1) -> Answer:
-    """One noul question on a state of its own (`n`; `repeat` times the ticket text), read
-    once: a single branch."""
+QUESTIONS = {
+    "refund": {"type": "noul", "instructions": "Does the customer ask for a refund?"},
+    "late": {"type": "noul", "instructions": "Is the order late?"},
+    "angry": {"type": "noul", "instructions": "Is the customer angry?"},
+}
+
+
+def ask(url: str, n: int, timeout_s: float = 120.0, repeat: int = 1, questions: int = 3) -> Answer:
+    """`questions` noul questions on a state of its own (`n`; `repeat` times the ticket
+    text), each read once: one branch each, sent in one batched call where the server
+    takes them."""
     body = {
         "state": TEXT.format(n=n) * repeat,
-        "questions": {"refund": {"type": "noul", "instructions": "Does the customer ask for a refund?"}},
+        "questions": dict(list(QUESTIONS.items())[:questions]),
     }
     t0 = time.monotonic()
     try:
@@ -135,6 +148,8 @@ def scene(sgl_server):
             str(sgl.embedded_model_folder()),
             "--engine-timeout-s",
             str(DEADLINE_S),
+            "--strategy",
+            "all",  # a request's branches in one call (batched): what the faults below hit
             # Admission would refuse (529) what this CPU server, measured during the warm-up,
             # cannot serve before half the deadline: these tests need requests in flight.
             "--max-queue-wait-s",
@@ -153,6 +168,23 @@ def scene(sgl_server):
 
 def _group(server) -> int:
     return server.process.process.pid
+
+
+def test_a_client_that_leaves_has_every_branch_of_its_call_aborted_on_the_server(scene):
+    """The client gives up 2 s into a request whose one batched call is still being
+    prefilled: openjev notices (it polls the connection), cancels, and asks the server to
+    drop every branch of the call by its rid, which the server's access log shows."""
+    api, server = scene["api"], scene["sgl"]
+    mark = len(server.log_tail(10**9))
+    gone = ask(api.url, 30, timeout_s=2.0, repeat=IN_FLIGHT_REPEAT[scene["kind"]])
+    assert gone.status == 0, f"answered within 2 s: nothing was in flight ({gone})"
+    deadline = time.monotonic() + 10
+    while (aborts := server.log_tail(10**9)[mark:].count("POST /abort_request")) < len(QUESTIONS):
+        assert time.monotonic() < deadline, f"{aborts} aborts logged, expected {len(QUESTIONS)}"
+        time.sleep(0.2)
+    after, failed = until_ok(api.url, 31, 120)
+    print(f"client left: {aborts} aborts logged; then 200 in {after.seconds:.1f} s after {summary(failed)}")
+    assert aborts == len(QUESTIONS)  # each branch once, nothing else aborted
 
 
 def test_a_stalled_engine_is_answered_504_at_the_deadline_and_recovers(scene):

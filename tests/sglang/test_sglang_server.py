@@ -41,8 +41,9 @@ from openjev.core.types import (  # noqa: E402
     Turn,
 )
 from openjev.engines.http_engine import HTTPEngine  # noqa: E402
-from openjev.engines.http_protocol import SGLANG  # noqa: E402
-from openjev.engines.sglang import verify_tokenizer  # noqa: E402
+from openjev.engines.http_protocol import SGLANG, HTTPProtocol  # noqa: E402
+from openjev.engines.remote import PROBE_TEXT  # noqa: E402
+from openjev.engines.sglang import capabilities, verify_tokenizer  # noqa: E402
 from openjev.errors import ModelUnsuitable  # noqa: E402
 from tests.support.tickets import QUESTIONS, TEXT  # noqa: E402
 
@@ -85,8 +86,22 @@ def reference_engine(loaded):
     return TransformersEngine(loaded.engine.model, prefix_cache_bytes=0)
 
 
-def remote(server, strategy: str) -> HTTPEngine:
-    return HTTPEngine(server.url, SGLANG, strategy=strategy, call_timeout_s=600)  # a CPU forward takes seconds
+@pytest.fixture(scope="module")
+def protocol(loaded, server) -> HTTPProtocol:
+    """What the engine speaks to this server, probed as `openjev serve` probes it at start-up."""
+    return capabilities(server.url, loaded.tokenizer.encode(PROBE_TEXT)[:8])
+
+
+def remote(server, strategy: str, protocol: HTTPProtocol = SGLANG) -> HTTPEngine:
+    return HTTPEngine(server.url, protocol, strategy=strategy, call_timeout_s=600)  # a CPU forward takes seconds
+
+
+def test_the_server_takes_batched_prefill_only_calls(server, protocol):
+    """SGLang 0.5.23 takes a stage's branches in one /generate, prefill-only (the probe's
+    replies were read as the engine reads them); SGLang-JAX takes what its probe showed."""
+    print(f"{server.kind}: batched {protocol.batch_body is not None}, prefill-only {protocol.prefill_only}")
+    if server.kind == "torch":
+        assert protocol.batch_body is not None and protocol.prefill_only
 
 
 async def run_with(engine, plan):
@@ -125,11 +140,18 @@ async def while_busy(server, engine, plan, tag: int):
     return result
 
 
-@pytest.mark.parametrize("strategy", STRATEGIES)
-async def test_every_strategy_gives_the_in_process_probabilities(loaded, compiler, server, strategy):
-    plan = compiler.compile(DecisionRequest(state(100 + STRATEGIES.index(strategy)), QUESTIONS)).plan
+@pytest.mark.parametrize("strategy", [*STRATEGIES, "per-branch"])
+async def test_every_strategy_gives_the_in_process_probabilities(loaded, compiler, server, protocol, strategy):
+    """Over the protocol the server takes (batched, prefill-only on SGLang 0.5.23), and over
+    the per-branch calls older servers get (`per-branch`: one token generated per call)."""
+    if strategy == "per-branch":
+        strategy, protocol = "staged", SGLANG
+        tag = 100 + len(STRATEGIES)
+    else:
+        tag = 100 + STRATEGIES.index(strategy)
+    plan = compiler.compile(DecisionRequest(state(tag), QUESTIONS)).plan
     assert plan.shared_prefix_len > 200
-    engine = remote(server, strategy)
+    engine = remote(server, strategy, protocol)
     got = await run_with(engine, plan)
     local = await run_with(reference_engine(loaded), plan)
     assert len(got.branches) == len(local.branches) == len(plan.branches)
@@ -143,17 +165,17 @@ async def test_every_strategy_gives_the_in_process_probabilities(loaded, compile
     assert engine.strategies_used == {expected: 1}
 
 
-async def test_cached_tokens_are_reported_and_staging_computes_less(compiler, server):
+async def test_cached_tokens_are_reported_and_staging_computes_less(compiler, server, protocol):
     cold_all = compiler.compile(DecisionRequest(state(200), QUESTIONS)).plan
     cold_staged = compiler.compile(DecisionRequest(state(201), QUESTIONS)).plan
     warm = compiler.compile(DecisionRequest(state(201), MORE_QUESTIONS)).plan  # same state, new questions
     assert cold_all.prompt_tokens == cold_staged.prompt_tokens  # equally long: comparable costs
 
     assert sgl.flush_cache(server.url), "POST /flush_cache failed"
-    a = await while_busy(server, remote(server, "all"), cold_all, 1)
+    a = await while_busy(server, remote(server, "all", protocol), cold_all, 1)
     assert sgl.flush_cache(server.url), "POST /flush_cache failed"
-    s = await while_busy(server, remote(server, "staged"), cold_staged, 2)
-    w = await run_with(remote(server, "all"), warm)
+    s = await while_busy(server, remote(server, "staged", protocol), cold_staged, 2)
+    w = await run_with(remote(server, "all", protocol), warm)
 
     for result, plan in ((a, cold_all), (s, cold_staged), (w, warm)):
         assert result.cached_tokens is not None and result.computed_tokens is not None  # reported
@@ -163,7 +185,7 @@ async def test_cached_tokens_are_reported_and_staging_computes_less(compiler, se
     assert w.cached_tokens >= warm.shared_prefix_len, (w, warm.shared_prefix_len)
 
 
-async def test_the_server_keeps_each_cache_namespace_to_itself(compiler, server):
+async def test_the_server_keeps_each_cache_namespace_to_itself(compiler, server, protocol):
     """Per-key namespaces (api/identity/tenancy.py) reach the server as `extra_key`, which its radix
     cache keys on (SGLang-JAX and SGLang alike): a state sent under one namespace is found cached by that namespace's
     repeat, and computed again under another."""
@@ -173,9 +195,9 @@ async def test_the_server_keeps_each_cache_namespace_to_itself(compiler, server)
 
     alice, bob = plan_for("alice-salt"), plan_for("bob-salt")
     assert alice.cache_namespace == "alice-salt" and alice.prompt_tokens == bob.prompt_tokens
-    first = await run_with(remote(server, "staged"), alice)
-    again = await run_with(remote(server, "staged"), alice)
-    other = await run_with(remote(server, "staged"), bob)
+    first = await run_with(remote(server, "staged", protocol), alice)
+    again = await run_with(remote(server, "staged", protocol), alice)
+    other = await run_with(remote(server, "staged", protocol), bob)
     print(
         f"computed/cached: alice {first.computed_tokens}/{first.cached_tokens}, "
         f"alice again {again.computed_tokens}/{again.cached_tokens}, bob {other.computed_tokens}/{other.cached_tokens}"
@@ -186,7 +208,7 @@ async def test_the_server_keeps_each_cache_namespace_to_itself(compiler, server)
 
 
 @pytest.mark.parametrize("readout", ["yesno", "letters-r2"])
-async def test_other_readouts_give_the_in_process_probabilities(loaded, compiler, server, readout):
+async def test_other_readouts_give_the_in_process_probabilities(loaded, compiler, server, protocol, readout):
     """Readouts are ordinary branches of the trie: the SGLang engine runs them unchanged."""
     from openjev.core.readouts import LettersReadout, YesNoReadout
 
@@ -199,7 +221,7 @@ async def test_other_readouts_give_the_in_process_probabilities(loaded, compiler
     compiled = compiler.compile(request, ro)
     plan = compiled.plan
     assert len(plan.branches) > len(QUESTIONS)
-    got = await run_with(remote(server, "auto"), plan)
+    got = await run_with(remote(server, "auto", protocol), plan)
     local = await run_with(reference_engine(loaded), plan)
     worst = 0.0
     for (_, question), (start, count) in zip(request.questions, compiled.spans, strict=True):
@@ -270,7 +292,7 @@ async def test_a_batch_mixing_logprob_and_plain_requests_is_served(server):
     assert max(batches) >= 2, "the mixed requests never shared a batch: nothing was tested"
 
 
-async def test_a_cancelled_request_is_aborted_on_the_server(compiler, server):
+async def test_a_cancelled_request_is_aborted_on_the_server(compiler, server, protocol):
     """A request cancelled mid-plan (client gone, deadline) aborts its calls on the server
     (`/abort_request`), which drops them: what was still queued is never computed.
 
@@ -282,15 +304,15 @@ async def test_a_cancelled_request_is_aborted_on_the_server(compiler, server):
     plan = compiler.compile(DecisionRequest(State((Turn("user", TEXT.format(n=400) * 14),)), questions)).plan
     assert len(plan.branches) >= 6 and plan.prompt_tokens > 5000 and max(len(b.input_ids) for b in plan.branches) < 1024
     assert sgl.flush_cache(server.url), "POST /flush_cache failed"
-    engine = remote(server, "all")  # every branch at once: most of them wait in the server's queue
+    engine = remote(server, "all", protocol)  # every branch at once: most of them wait in the server's queue
     try:
         with pytest.raises(TimeoutError):  # a plan answered within 2 s proves nothing: fail
             await asyncio.wait_for(engine.run(plan), timeout=2.0)
     finally:
         await engine.close()  # waits for the aborts it sent
     after = compiler.compile(DecisionRequest(state(401), QUESTIONS[:1])).plan
-    await run_with(remote(server, "all"), after)  # queued behind whatever was not dropped
-    again = await run_with(remote(server, "all"), plan)
+    await run_with(remote(server, "all", protocol), after)  # queued behind whatever was not dropped
+    again = await run_with(remote(server, "all", protocol), plan)
     print(f"plan {plan.prompt_tokens} tokens in {len(plan.branches)} branches; again computed {again.computed_tokens}")
     # Not aborted, each branch would be cached but for its last token (computed == branches).
     assert again.computed_tokens > 10 * len(plan.branches), again

@@ -1,8 +1,9 @@
 """A named fake of an SGLang server process, for testing how openjev starts, checks,
 supervises and stops its engine child (`python -m tests.support.fake_sglang_server --model-path
 FOLDER --host H --port P`). It speaks the native protocol openjev uses (/health,
-/get_model_info, /get_server_info, /generate with input_ids or text, /abort_request) and
-answers with deterministic fake log-probs. Not a model: the real-server suite runs
+/get_model_info, /get_server_info, /generate with input_ids or text, one prompt or a batch of
+them, with `max_new_tokens` 0 or 1, /abort_request) and answers with deterministic fake
+log-probs. Not a model: the real-server suite runs
 SGLang-JAX."""
 
 from __future__ import annotations
@@ -50,20 +51,26 @@ def main() -> None:
             return 404, {"error": "not found"}
         if body.get("input_ids"):
             time.sleep(args.delay_s)  # a forward in progress (the text probe is not delayed)
+        if body.get("input_ids") and isinstance(body["input_ids"][0], list):  # a batch, as SGLang 0.5.23 takes it
+            items = zip(body["input_ids"], body["token_ids_logprob"], body["rid"], strict=True)
+            return 200, [{"text": "", "meta_info": meta(ids, labels, rid, body)} for ids, labels, rid in items]
         ids = body.get("input_ids") or tokenizer(body["text"], add_special_tokens=False)["input_ids"]
-        labels = body.get("token_ids_logprob") or []
+        return 200, {"text": "", "meta_info": meta(ids, body.get("token_ids_logprob") or [], body.get("rid"), body)}
+
+    def meta(ids: list[int], labels: list[int], rid: str | None, body: dict) -> dict:
+        new_tokens = body["sampling_params"]["max_new_tokens"]
         values = fake_logprobs(ids, len(labels))
         meta = {
-            "id": body.get("rid"),
-            "finish_reason": {"type": "length", "length": 1},
+            "id": rid,
+            "finish_reason": {"type": "length", "length": new_tokens},
             "prompt_tokens": len(ids),
-            "completion_tokens": 1,
+            "completion_tokens": new_tokens,
             "cached_tokens": 0,
             "output_token_ids_logprobs": [[[v, t, None] for v, t in zip(values, labels, strict=True)]],
         }
         if body.get("logprob_start_len") == 0:
             meta["input_token_logprobs"] = [[None if i == 0 else -1.0, t, None] for i, t in enumerate(ids)]
-        return 200, {"text": "", "meta_info": meta}
+        return meta
 
     serve(args.host, args.port, get, post)
 

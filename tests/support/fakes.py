@@ -137,6 +137,12 @@ class _FakeServer:
 
         return httpx.MockTransport(self.handle)
 
+    def sync_transport(self) -> httpx.MockTransport:
+        """For a blocking client (start-up checks), outside any event loop."""
+        import httpx
+
+        return httpx.MockTransport(lambda request: asyncio.run(self.handle(request)))
+
     async def handle(self, request):
         raise NotImplementedError
 
@@ -156,6 +162,12 @@ class _FakeServer:
 
     async def _compute(self, body: dict, ids: tuple[int, ...], namespace: str):
         """Record one call and run it: (cached tokens, None), or (_, the failure response)."""
+        cached, failure = await self._compute_all(body, [ids], namespace)
+        return cached[0], failure
+
+    async def _compute_all(self, body: dict, seqs: list[tuple[int, ...]], namespace: str):
+        """Record one call of one or more sequences (a batch) and run it: (each one's cached
+        tokens, None), or (_, the failure response). They enter the cache together, at the end."""
         import httpx
 
         record = {"body": body, "start": asyncio.get_running_loop().time(), "end": None}
@@ -163,13 +175,14 @@ class _FakeServer:
         self.in_flight += 1
         self.max_in_flight = max(self.max_in_flight, self.in_flight)
         try:
-            cached = self._cached(ids, namespace)
+            cached = [self._cached(ids, namespace) for ids in seqs]
             if self.delay_s:
                 await asyncio.sleep(self.delay_s)
-            if self.fail_status and (self.fail_when is None or self.fail_when(ids)):
+            if self.fail_status and (self.fail_when is None or any(self.fail_when(ids) for ids in seqs)):
                 return cached, httpx.Response(self.fail_status, headers={"Retry-After": "7"}, text="busy")
-            self.completed.append(ids)
-            self.namespaces.append(namespace)
+            for ids in seqs:
+                self.completed.append(ids)
+                self.namespaces.append(namespace)
         finally:
             self.in_flight -= 1
             record["end"] = asyncio.get_running_loop().time()
@@ -180,9 +193,12 @@ class FakeSGLang(_FakeServer):
     """An httpx MockTransport handler speaking SGLang's native protocol, with a radix cache.
 
     A sequence enters the cache when its call completes, so calls sent together do not
-    share work (as in the real engine). `cached_tokens` is the longest cached prefix.
-    Knobs reproduce what real servers do: entries in another order than asked, no
-    `cached_tokens` (Rust frontend), error statuses, aborted finish reasons, slowness.
+    share work (as in the real engine); the items of one batched call (`input_ids` a list
+    of lists, as SGLang 0.5.23 takes them) share nothing either. `cached_tokens` is the
+    longest cached prefix. Knobs reproduce what real servers do: entries in another order
+    than asked, no `cached_tokens` (Rust frontend), error statuses, aborted finish reasons,
+    slowness, and servers that refuse batches (`batch=False`) or `max_new_tokens: 0`
+    (`prefill_only=False`) with a 400, as older ones do.
     """
 
     def __init__(
@@ -194,10 +210,15 @@ class FakeSGLang(_FakeServer):
         fail_when=None,
         abort_when=None,
         null_token: int | None = None,
+        batch: bool = True,
+        prefill_only: bool = True,
     ) -> None:
         self._start_recording(delay_s=delay_s, fail_status=fail_status, fail_when=fail_when, null_token=null_token)
         self.report_cached = report_cached
         self.abort_when = abort_when  # predicate on input_ids -> finish_reason abort
+        self.batch = batch
+        self.prefill_only = prefill_only
+        self.items: list[tuple[int, ...]] = []  # the token ids of every branch sent, batched or not
 
     async def handle(self, request):
         import json
@@ -210,26 +231,38 @@ class FakeSGLang(_FakeServer):
         if request.url.path == "/health":
             return httpx.Response(200)
         body = json.loads(request.content)
-        ids = tuple(body["input_ids"])
-        cached, failure = await self._compute(body, ids, body.get("extra_key") or "")
+        batched = bool(body["input_ids"]) and isinstance(body["input_ids"][0], list)
+        new_tokens = body["sampling_params"]["max_new_tokens"]
+        if (batched and not self.batch) or (new_tokens == 0 and not self.prefill_only):
+            return httpx.Response(400, json={"error": {"message": "not supported by this server"}})
+        seqs = [tuple(x) for x in body["input_ids"]] if batched else [tuple(body["input_ids"])]
+        labels = body["token_ids_logprob"] if batched else [body["token_ids_logprob"]]
+        rids = body["rid"] if batched else [body["rid"]]
+        self.items += seqs
+        cached, failure = await self._compute_all(body, seqs, body.get("extra_key") or "")
         if failure is not None:
             return failure
-        labels = body["token_ids_logprob"]
+        metas = [self._meta(*item, new_tokens) for item in zip(seqs, labels, rids, cached, strict=True)]
+        if batched:
+            return httpx.Response(200, json=[{"text": "", "meta_info": m} for m in metas])
+        return httpx.Response(200, json={"text": "", "output_ids": [labels[0][0]], "meta_info": metas[0]})
+
+    def _meta(self, ids: tuple[int, ...], labels: list[int], rid: str, cached: int, new_tokens: int) -> dict:
         values = fake_logprobs(ids, len(labels))
         entries = [[None if t == self.null_token else v, t, None] for v, t in zip(values, labels, strict=True)][::-1]
-        finish = {"type": "length", "length": 1}
+        finish = {"type": "length", "length": new_tokens}
         if self.abort_when and self.abort_when(ids):
             finish = {"type": "abort", "message": "memory pressure"}
         meta = {
-            "id": body["rid"],
+            "id": rid,
             "finish_reason": finish,
             "prompt_tokens": len(ids),
-            "completion_tokens": 1,
+            "completion_tokens": new_tokens,
             "output_token_ids_logprobs": [entries],
         }
         if self.report_cached:
             meta["cached_tokens"] = cached
-        return httpx.Response(200, json={"text": "", "output_ids": [labels[0]], "meta_info": meta})
+        return meta
 
 
 class FakeVLLM(_FakeServer):
@@ -265,11 +298,6 @@ class FakeVLLM(_FakeServer):
         self.max_logprobs = max_logprobs
         self.max_model_len = max_model_len
         self.tokenize = tokenize  # text -> ids for /tokenize (None: 404)
-
-    def sync_transport(self) -> httpx.MockTransport:
-        import httpx
-
-        return httpx.MockTransport(lambda request: asyncio.run(self.handle(request)))
 
     def _cached(self, ids: tuple[int, ...], namespace: str = "") -> int:
         return self._longest_cached(ids, namespace) // self.block * self.block  # whole blocks only

@@ -3,9 +3,11 @@ SGLang's native one (SGLang, SGLang-JAX; http_protocol.SGLANG) and vLLM's token 
 (vllm.VLLM). What differs between them is data, an `HTTPProtocol`.
 
 Submission order (submission.py) makes the server's radix cache compute each shared prefix
-once. Calls in flight are capped for the whole server; a failing branch cancels its
-siblings, and whatever is still running when a request is cancelled (deadline, client
-gone) is aborted on the server with `/abort_request`. A server that cannot be reached
+once. A stage's branches go in one call where the protocol batches (`batch_body`), else
+one call per branch. Calls in flight are capped for the whole server; a failing call
+cancels its siblings, and whatever is still running when a request is cancelled
+(deadline, client gone) is aborted on the server with `/abort_request`, every branch of a
+batched call by its rid. A server that cannot be reached
 (refused, reset, killed mid-call) is a retryable 503 with Retry-After; one that accepts
 and never answers is cut off by the request's deadline (504) and its calls aborted.
 
@@ -28,7 +30,7 @@ import httpx
 from openjev.core.plan import Plan
 from openjev.core.ports import BranchResult, PlanResult
 from openjev.engines.http_protocol import HTTPProtocol, Reply
-from openjev.engines.submission import RecentPrefixes, choose, execute
+from openjev.engines.submission import RecentPrefixes, choose, execute, together
 from openjev.errors import EngineError, EngineTimeout, EngineUnavailable, OpenjevError, TokensExceeded
 
 if TYPE_CHECKING:
@@ -46,6 +48,7 @@ class HTTPEngine:
         protocol: HTTPProtocol,
         *,
         max_prompt_tokens: int | None = None,
+        step_tokens: int | None = None,
         strategy: str = "auto",
         max_calls: int = 64,
         call_timeout_s: float = 120.0,
@@ -58,6 +61,7 @@ class HTTPEngine:
         self.url = url.rstrip("/")
         self.protocol = protocol
         self.max_prompt_tokens = max_prompt_tokens  # the server's context less one generated token, if known
+        self.step_tokens = step_tokens  # the most the server prefills per scheduling step, if known
         self.strategy = strategy
         self._max_calls = max_calls
         self._timeout = httpx.Timeout(call_timeout_s, connect=10.0)
@@ -117,10 +121,7 @@ class HTTPEngine:
         longest = max(len(b) for b in plan.branches)
         if self.max_prompt_tokens is not None and longest > self.max_prompt_tokens:
             raise self._too_long(longest)  # before any call: no branch of a refused plan is computed
-        if self.strategy == "auto" and self.protocol.shares_prefix_within_a_batch:
-            strategy = "all"
-        else:
-            strategy = choose(self.strategy, plan, self.recent, warmup_min_tokens=self._warmup_min)
+        strategy = self._strategy(plan)
         self.strategies_used[strategy] = self.strategies_used.get(strategy, 0) + 1
         results: list[BranchResult | None] = [None] * len(plan.branches)
         totals = {"prompt": 0, "cached": 0, "known": True}
@@ -142,13 +143,24 @@ class HTTPEngine:
             results[i] = BranchResult(values)
             account(prompt, cached)
 
+        async def branches(indices: Sequence[int]) -> None:
+            if len(indices) == 1 or not self._batches(plan, indices):
+                await together([branch(i) for i in indices])
+                return
+            items = [(plan.branches[i].input_ids, plan.branches[i].label_ids) for i in indices]
+            for i, (values, prompt, cached) in zip(
+                indices, await self._call_batch(items, plan.cache_namespace), strict=True
+            ):
+                results[i] = BranchResult(values)
+                account(prompt, cached)
+
         async def prefix(tokens: Sequence[int]) -> None:
             # Any label id will do: the point is a selected-logprob request (sglang#34719).
             _, prompt, cached = await self._generate(tokens, plan.branches[0].label_ids[:1], plan.cache_namespace)
             account(prompt, cached)
 
         try:
-            await execute(strategy, plan, branch, prefix, stage_min_tokens=self._stage_min)
+            await execute(strategy, plan, branches, prefix, stage_min_tokens=self._stage_min)
         except BaseExceptionGroup as group:
             raise _first_error(group) from None
         self.recent.add(plan.root.tokens, plan.cache_namespace)
@@ -160,6 +172,18 @@ class HTTPEngine:
             computed_tokens=computed,
             cached_tokens=totals["cached"] if totals["known"] else None,
             timings_ms={"prefill": (t1 - t0) * 1000, "branches": (t2 - t1) * 1000},
+        )
+
+    def _strategy(self, plan: Plan) -> str:
+        if self.strategy == "auto" and self.protocol.shares_prefix_within_a_batch:
+            return "all"
+        return choose(
+            self.strategy,
+            plan,
+            self.recent,
+            warmup_min_tokens=self._warmup_min,
+            step_tokens=self.step_tokens if self.protocol.batch_body is not None else None,
+            stage_min_tokens=self._stage_min,
         )
 
     def _too_long(self, tokens: int) -> TokensExceeded:
@@ -187,21 +211,45 @@ class HTTPEngine:
             cached = None if cached is None or c is None else cached + c
         return tuple(values), prompt, cached
 
+    def _batches(self, plan: Plan, indices: Sequence[int]) -> bool:
+        """Whether these branches go in one call: the protocol batches, and no branch needs
+        its labels split over calls."""
+        per_call = self.protocol.max_ids_per_call
+        return self.protocol.batch_body is not None and (
+            per_call is None or all(len(plan.branches[i].label_ids) <= per_call for i in indices)
+        )
+
     async def _call(self, input_ids: Sequence[int], label_ids: Sequence[int], salt: str = "") -> Reply:
-        """One call: capped by the server-wide slots, aborted server-side when cancelled or
-        timed out, overload and outage mapped to retryable errors, the reply validated."""
-        client, slots = self._http()
+        """One branch in one call, its reply validated."""
         rid = uuid.uuid4().hex
+        payload = await self._post(self.protocol.request_body(rid, input_ids, label_ids, salt), [rid])
+        return self.protocol.parse_reply(payload, label_ids)
+
+    async def _call_batch(self, items: Sequence[tuple[Sequence[int], Sequence[int]]], salt: str) -> list[Reply]:
+        """Many branches in one call (protocol.batch_body), one Reply each, in order."""
+        batch_body, parse = self.protocol.batch_body, self.protocol.parse_batch_reply
+        if batch_body is None or parse is None:
+            raise ValueError(f"the {self.protocol.name} protocol has no batched calls")
+        for ids, _ in items:
+            if self.max_prompt_tokens is not None and len(ids) > self.max_prompt_tokens:
+                raise self._too_long(len(ids))
+        rids = [uuid.uuid4().hex for _ in items]
+        payload = await self._post(batch_body(rids, items, salt), rids)
+        return parse(payload, rids, [labels for _, labels in items])
+
+    async def _post(self, body: dict, rids: Sequence[str]) -> object:
+        """One call: capped by the server-wide slots, every rid in it aborted server-side
+        when cancelled or timed out, overload and outage mapped to retryable errors; the
+        reply's JSON."""
+        client, slots = self._http()
         async with slots:
             try:
-                response = await client.post(
-                    self.protocol.generate_path, json=self.protocol.request_body(rid, input_ids, label_ids, salt)
-                )
+                response = await client.post(self.protocol.generate_path, json=body)
             except asyncio.CancelledError:
-                self._abort(rid)
+                self._abort(rids)
                 raise
             except httpx.TimeoutException:
-                self._abort(rid)
+                self._abort(rids)
                 raise EngineTimeout(f"the engine did not answer within {self._timeout.read:g} s") from None
             except httpx.TransportError as e:
                 # Refused, reset, or closed mid-call (the server died): nothing to abort.
@@ -221,24 +269,27 @@ class HTTPEngine:
                 f"the engine answered {response.status_code}", detail=f"{self.url}: {response.text[:300]!r}"
             )
         try:
-            payload = response.json()
+            return response.json()
         except ValueError:
             raise EngineError("the engine's reply is not JSON") from None
-        return self.protocol.parse_reply(payload, label_ids)
 
-    def _abort(self, rid: str) -> None:
-        """Ask the server to drop `rid` (fire and forget: the caller is already leaving)."""
+    def _abort(self, rids: Sequence[str]) -> None:
+        """Ask the server to drop every one of `rids` (fire and forget: the caller is
+        already leaving). One /abort_request per rid: SGLang's takes one."""
         client = self._client
         if client is None:
             return
 
-        async def abort() -> None:
+        async def abort(rid: str) -> None:
             try:
                 await client.post(self.protocol.abort_path, json=self.protocol.abort_body(rid), timeout=5.0)
             except httpx.HTTPError as e:
                 log.warning("abort of %s failed: %s", rid, e)
 
-        task = asyncio.get_running_loop().create_task(abort())
+        async def abort_all() -> None:
+            await asyncio.gather(*(abort(rid) for rid in rids))
+
+        task = asyncio.get_running_loop().create_task(abort_all())
         self._aborts.add(task)
         task.add_done_callback(self._aborts.discard)
 

@@ -1,10 +1,15 @@
 """SGLang's native HTTP protocol, as openjev speaks it (SGLang on GPUs, SGLang-JAX on TPUs).
 
-Each branch is one `POST /generate` with its token ids, one new token, and the
-log-probabilities of the label ids (`token_ids_logprob`) at the last prompt position
-(`logprob_start_len: -1`). Replies are read by token id, never by position, and
-validated. Every call asks for selected-token log-probs, warm-ups included: batches that
-mix logprob and non-logprob requests crash SGLang 0.5.19 (sgl-project/sglang#34719).
+A call is one `POST /generate` of token ids asking for the log-probabilities of the label
+ids (`token_ids_logprob`) at the last prompt position (`logprob_start_len: -1`). Where the
+server takes them (found at start-up: sglang.py `capabilities`), a submission stage's
+branches go in ONE call (GenerateReqInput's batch form: `input_ids` a list of lists, a
+list of `token_ids_logprob` and of `rid`, one item each), and prefill-only
+(`max_new_tokens: 0`: SGLang's `Req.is_prefill_only`, no decode step, as its own
+`score_prompts` asks); otherwise one call per branch generating one token, as older
+servers need. Replies are read by token id, never by position, and validated. Every call
+asks for selected-token log-probs, warm-ups included: batches that mix logprob and
+non-logprob requests crash SGLang 0.5.19 (sgl-project/sglang#34719).
 
 Pure functions over JSON shapes: no I/O here (http_engine.py sends, sglang.py wires).
 `HTTPProtocol` is what the one HTTP engine is given: SGLang's (`SGLANG`, below) or vLLM's
@@ -16,6 +21,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from openjev.errors import EngineError
@@ -27,6 +33,8 @@ HEALTH = "/health"
 # (label log-probs aligned with the label ids, prompt tokens, cached tokens); None where
 # the server does not say.
 Reply = tuple[tuple[float, ...], int | None, int | None]
+# One branch of a batched call: (input ids, label ids).
+Item = tuple[Sequence[int], Sequence[int]]
 
 
 @dataclass(frozen=True)
@@ -52,14 +60,24 @@ class HTTPProtocol:
     max_ids_per_call: int | None = None
     # The server's flag that raises its context, named when a branch is too long for it.
     context_flag: str = "its context length"
+    # Many branches in one call, or None (one call per branch):
+    # (rids, [(input ids, label ids)], salt) -> the JSON body
+    batch_body: Callable[[Sequence[str], Sequence[Item], str], dict] | None = None
+    # (the reply's JSON, the rids, the label ids of each item) -> one Reply per item
+    parse_batch_reply: Callable[[Any, Sequence[str], Sequence[Sequence[int]]], list[Reply]] | None = None
+    # Whether a call generates no token (the label log-probs come from the prefill alone).
+    prefill_only: bool = False
 
 
-def request_body(rid: str, input_ids: Sequence[int], label_ids: Sequence[int], salt: str = "") -> dict:
-    """One prefill, one new token, the labels' log-probs at the last prompt position, in
-    the radix cache's namespace `salt` (Plan.cache_namespace; "" for the shared one)."""
+def request_body(
+    rid: str, input_ids: Sequence[int], label_ids: Sequence[int], salt: str = "", new_tokens: int = 1
+) -> dict:
+    """One prefill, `new_tokens` new tokens (0: prefill-only), the labels' log-probs at the
+    last prompt position, in the radix cache's namespace `salt` (Plan.cache_namespace; ""
+    for the shared one)."""
     body: dict = {
         "input_ids": list(input_ids),
-        "sampling_params": {"max_new_tokens": 1, "temperature": 0.0},
+        "sampling_params": {"max_new_tokens": new_tokens, "temperature": 0.0},
         "return_logprob": True,
         "logprob_start_len": -1,
         "token_ids_logprob": list(label_ids),
@@ -71,13 +89,50 @@ def request_body(rid: str, input_ids: Sequence[int], label_ids: Sequence[int], s
     return body
 
 
+def batch_body(rids: Sequence[str], items: Sequence[Item], salt: str = "", new_tokens: int = 0) -> dict:
+    """Every item in one call (GenerateReqInput's batch form): per-item token ids, label
+    ids and rids; the scalars (sampling params, return_logprob, logprob_start_len,
+    extra_key) are the same for every item, and SGLang's normalization gives each item its
+    copy (`_normalize_batch_inputs`). With token ids only, its tokenizer manager hands the
+    scheduler the whole batch in one message."""
+    body: dict = {
+        "input_ids": [list(ids) for ids, _ in items],
+        "sampling_params": {"max_new_tokens": new_tokens, "temperature": 0.0},
+        "return_logprob": True,
+        "logprob_start_len": -1,
+        "token_ids_logprob": [list(labels) for _, labels in items],
+        "return_text_in_logprobs": False,
+        "rid": list(rids),
+    }
+    if salt:
+        body["extra_key"] = salt
+    return body
+
+
+def parse_batch_reply(
+    body: Any, rids: Sequence[str], label_ids: Sequence[Sequence[int]], new_tokens: int = 0
+) -> list[Reply]:
+    """One Reply per item of a batch_body call: the reply is a list in the items' order
+    (each item's `meta_info.id` is its rid, checked where present)."""
+    if not isinstance(body, list) or len(body) != len(rids):
+        got = f"{len(body)} items" if isinstance(body, list) else type(body).__name__
+        raise EngineError("the engine's reply is unusable", detail=f"{got} for a batch of {len(rids)}")
+    replies = []
+    for item, rid, labels in zip(body, rids, label_ids, strict=True):
+        meta = item.get("meta_info") if isinstance(item, dict) else None
+        if isinstance(meta, dict) and meta.get("id") not in (None, rid):
+            raise EngineError("the engine's reply is unusable", detail=f"item {meta.get('id')!r} where {rid!r} was")
+        replies.append(parse_reply(item, labels, new_tokens))
+    return replies
+
+
 def abort_body(rid: str) -> dict:
     return {"rid": rid}
 
 
-def parse_reply(body: Any, label_ids: Sequence[int]) -> Reply:
+def parse_reply(body: Any, label_ids: Sequence[int], new_tokens: int = 1) -> Reply:
     """(label log-probs aligned with `label_ids`, prompt_tokens, cached_tokens) from a
-    /generate reply; raises EngineError for anything unusable."""
+    /generate reply that asked for `new_tokens`; raises EngineError for anything unusable."""
     if not isinstance(body, dict) or not isinstance(body.get("meta_info"), dict):
         raise EngineError("the engine's reply has no meta_info")
     meta = body["meta_info"]
@@ -85,8 +140,10 @@ def parse_reply(body: Any, label_ids: Sequence[int]) -> Reply:
     if isinstance(finish, dict) and finish.get("type") == "abort":
         raise EngineError("the engine aborted the request", detail=str(finish.get("message") or finish))
     completion = meta.get("completion_tokens")
-    if completion is not None and completion != 1:
-        raise EngineError("the engine's reply is unusable", detail=f"{completion} tokens generated, expected 1")
+    if completion is not None and completion != new_tokens:
+        raise EngineError(
+            "the engine's reply is unusable", detail=f"{completion} tokens generated, expected {new_tokens}"
+        )
     steps = meta.get("output_token_ids_logprobs")
     if not isinstance(steps, list) or not steps or not isinstance(steps[0], list):
         raise EngineError("the engine's reply has no output_token_ids_logprobs (is token_ids_logprob supported?)")
@@ -129,13 +186,26 @@ def tokenized_ids(body: Any) -> list[int]:
     return [int(entry[1]) for entry in body["meta_info"]["input_token_logprobs"]]
 
 
-SGLANG = HTTPProtocol(
-    name="SGLang",
-    generate_path=GENERATE,
-    abort_path=ABORT,
-    health_path=HEALTH,
-    request_body=request_body,
-    abort_body=abort_body,
-    parse_reply=parse_reply,
-    context_flag="--context-length",
-)
+def sglang(*, batch: bool, prefill_only: bool) -> HTTPProtocol:
+    """SGLang's protocol as the connected server takes it (sglang.py `capabilities`):
+    `batch`, a stage's branches in one call; `prefill_only`, `max_new_tokens: 0`."""
+    new = 0 if prefill_only else 1
+    return HTTPProtocol(
+        name="SGLang",
+        generate_path=GENERATE,
+        abort_path=ABORT,
+        health_path=HEALTH,
+        request_body=partial(request_body, new_tokens=new),
+        abort_body=abort_body,
+        parse_reply=partial(parse_reply, new_tokens=new),
+        context_flag="--context-length",
+        batch_body=partial(batch_body, new_tokens=new) if batch else None,
+        parse_batch_reply=partial(parse_batch_reply, new_tokens=new) if batch else None,
+        prefill_only=prefill_only,
+    )
+
+
+# One call per branch, one token generated: what every SGLang-protocol server takes.
+SGLANG = sglang(batch=False, prefill_only=False)
+# A stage in one call, prefill-only: SGLang 0.5.23 (and whatever server passes the probe).
+SGLANG_BATCHED = sglang(batch=True, prefill_only=True)

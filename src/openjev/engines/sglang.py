@@ -10,6 +10,7 @@ vLLM remote.py's.
 from __future__ import annotations
 
 import logging
+import uuid
 from typing import Any
 
 import httpx
@@ -18,7 +19,8 @@ from openjev.config import Settings
 from openjev.core.ports import ChatTokenizer
 from openjev.engines import LoadedEngine, http_protocol, remote
 from openjev.engines.http_engine import HTTPEngine
-from openjev.engines.http_protocol import SGLANG
+from openjev.engines.http_protocol import HTTPProtocol
+from openjev.errors import EngineError
 
 __all__ = ["load", "preflight", "verify_tokenizer"]
 
@@ -66,14 +68,79 @@ def verify_tokenizer(
 
 def check(url: str, tokenizer: ChatTokenizer, settings: Settings) -> dict[str, Any]:
     """Refuse a server with its radix cache off (unless --strategy all) or another
-    tokenizer; returns {"model": the server's model path, if it says}."""
+    tokenizer; returns {"model": the server's model path, if it says, "max_prompt_tokens",
+    "protocol": what the server takes (capabilities)}."""
     from openjev.engines.server_process import check_args
 
     info = server_info(url)
     if info.get("disable_radix_cache") and settings.strategy != "all":
         check_args(("--disable-radix-cache",), settings.strategy)
     verify_tokenizer(url, tokenizer)
-    return {"model": info.get("model_path"), "max_prompt_tokens": max_prompt_tokens(info)}
+    protocol = capabilities(url, tokenizer.encode(remote.PROBE_TEXT)[:8])
+    log.info(
+        "SGLang %s at %s: %s, %s",
+        info.get("version", "(version not given)"),
+        url,
+        "a stage's branches in one /generate" if protocol.batch_body else "one /generate per branch",
+        "prefill-only" if protocol.prefill_only else "one token generated per call",
+    )
+    return {
+        "model": info.get("model_path"),
+        "max_prompt_tokens": max_prompt_tokens(info),
+        "step_tokens": step_tokens(info),
+        "protocol": protocol,
+    }
+
+
+def step_tokens(info: dict[str, Any]) -> int | None:
+    """The most the server prefills per scheduling step: its /server_info
+    `chunked_prefill_size`, or `max_prefill_tokens` if smaller; None if it does not chunk
+    (-1) or does not say."""
+
+    def size(key: str) -> int | None:
+        v = info.get(key)
+        return v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else None
+
+    chunk, cap = size("chunked_prefill_size"), size("max_prefill_tokens")
+    return None if chunk is None else min(chunk, cap or chunk)
+
+
+def capabilities(url: str, ids: list[int], timeout_s: float = 60.0, client: httpx.Client | None = None) -> HTTPProtocol:
+    """The protocol the server at `url` takes, found by asking it (two probe calls of the
+    `ids`, a few tokens): batched and prefill-only (SGLang 0.5.23), else each alone, else
+    today's one call per branch generating a token (older SGLang, servers without either).
+    A probe answers only if its reply is what the engine would read (http_protocol's
+    parsers), so a server that takes a shape but answers it otherwise is not used so."""
+    labels = ids[:1]
+
+    def works(protocol: HTTPProtocol) -> bool:
+        try:
+            if protocol.batch_body is not None and protocol.parse_batch_reply is not None:
+                rids = [uuid.uuid4().hex, uuid.uuid4().hex]
+                body = protocol.batch_body(rids, [(ids, labels), (ids[:-1] or ids, labels)], "")
+                r = (client or httpx).post(url + http_protocol.GENERATE, json=body, timeout=timeout_s)
+                r.raise_for_status()
+                protocol.parse_batch_reply(r.json(), rids, [labels, labels])
+            else:
+                body = protocol.request_body(uuid.uuid4().hex, ids, labels, "")
+                r = (client or httpx).post(url + http_protocol.GENERATE, json=body, timeout=timeout_s)
+                r.raise_for_status()
+                protocol.parse_reply(r.json(), labels)
+        except (httpx.HTTPError, EngineError, ValueError) as e:
+            log.info("the SGLang server does not take %s: %s", _shape(protocol), e)
+            return False
+        return True
+
+    for batch, prefill_only in ((True, True), (False, True), (True, False)):
+        protocol = http_protocol.sglang(batch=batch, prefill_only=prefill_only)
+        if works(protocol):
+            return protocol
+    return http_protocol.SGLANG
+
+
+def _shape(protocol: HTTPProtocol) -> str:
+    new = 0 if protocol.prefill_only else 1
+    return f"{'batched' if protocol.batch_body else 'single'} calls with max_new_tokens {new}"
 
 
 def max_prompt_tokens(info: dict[str, Any]) -> int | None:
@@ -98,7 +165,11 @@ def load(settings: Settings) -> LoadedEngine:
         kind(settings),
         check=lambda url, tokenizer: check(url, tokenizer, settings),
         make=lambda url, info: HTTPEngine(
-            url, SGLANG, max_prompt_tokens=info.get("max_prompt_tokens"), **remote.engine_options(settings)
+            url,
+            info["protocol"],
+            max_prompt_tokens=info.get("max_prompt_tokens"),
+            step_tokens=info.get("step_tokens"),
+            **remote.engine_options(settings),
         ),
     )
 
