@@ -205,9 +205,24 @@ def test_canonical_reads_choice_options_once_in_parallels_order_one_after_anothe
     assert pa.order_agreement is None and ro.count(a) == 1
 
 
-def test_canonical_reads_noul_and_scales_as_one_plain_reading():
+def test_canonical_reads_noul_once_and_every_scale_both_ways():
     ro = LettersReadout(LABELS, IDS, rotations=4, canonical=True)
-    for q in (NoulQuestion("Refund?"), ScoreQuestion("How urgent?", ("low", "mid", "high"))):
-        assert ro.readings(q) == letters(1).readings(q) and ro.count(q) == 1
+    noul = NoulQuestion("Refund?")
+    assert ro.readings(noul) == letters(1).readings(noul) and ro.count(noul) == 1
+    scale = ScoreQuestion("How urgent?", ("low", "mid", "high"))
+    # the scale and its reverse, as letters R=2 reads it (the same texts: no new wording)
+    assert ro.readings(scale) == letters(2).readings(scale) and ro.count(scale) == 2
+    assert ro.orders(scale) == [(0, 1, 2), (2, 1, 0)]
+    # reversing the caller's scale mirrors the answer: the reversed question's readings show
+    # the same levels at the same letters (only the heading's direction words differ), so
+    # equal log-probs per displayed list give the mirrored distribution
+    rev = ScoreQuestion("How urgent?", ("high", "mid", "low"))
+    up, down = [math.log(0.6), math.log(0.3), math.log(0.1)], [math.log(0.2), math.log(0.3), math.log(0.5)]
+    asc_text, desc_text = (r.text.split("\n")[-3:] for r in ro.readings(scale))
+    rev_asc, rev_desc = (r.text.split("\n")[-3:] for r in ro.readings(rev))
+    assert asc_text == rev_desc and desc_text == rev_asc
+    p, q = ro.combine(scale, [up, down]).probs, ro.combine(rev, [down, up]).probs
+    assert p == pytest.approx(q[::-1])
+    assert ro.combine(scale, [up, down]).order_agreement is not None  # two orders read
     many = choice(*(f"o{i:02d}" for i in range(30)))
     assert ro.count(many) == 1 and ro.orders(many) == [tuple(range(30))]

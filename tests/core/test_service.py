@@ -170,9 +170,9 @@ async def test_parallel_runs_where_the_engine_runs_layouts_and_falls_back_elsewh
     remote = FakeEngine()
     unable = DecisionService(compiler, remote, limits, readout=spec)
     result = await unable.decide(DecisionRequest(STATE, QUESTIONS))
-    # parallel's sequential twin: each question read once, choice options in the canonical order
+    # parallel's sequential twin: choice options once in the canonical order, the scale both ways
     assert unable.default_readout.describe() == "canonical" and result.readout == "canonical"
-    assert not any(b.parallel for b in remote.plans[0].branches) and len(remote.plans[0].branches) == 3
+    assert not any(b.parallel for b in remote.plans[0].branches) and len(remote.plans[0].branches) == 4
     result = await unable.decide(DecisionRequest(STATE, QUESTIONS), readout=spec)  # a per-request ask too
     assert result.readout == "canonical"
 

@@ -39,3 +39,10 @@ def test_the_quality_models_file_names_its_measured_defaults():
         assert fit is not None and fit.bias == ()
     # the embedded model keeps the global defaults: its file names none
     assert _by_model()["smollm2-135m-instruct"].default_readout is None
+
+
+def test_canonical_scales_are_calibrated_as_the_two_orders_they_are_read_in():
+    """canonical reads a scale both ways, the readings and combination of letters R=2: its
+    score fit in each shipped file must be that one (a one-reading fit would mis-state it)."""
+    for cal in calibrations.shipped():
+        assert cal.fit_for(ReadoutSpec("canonical"), "score") == cal.fit_for(ReadoutSpec("letters", 2), "score")

@@ -22,7 +22,9 @@ extra readings share the state's computation like any other branch.
   question's options lettered once, one after another, in the same canonical order. The
   answer does not depend on the caller's order (order flips are zero by construction) at
   one reading's cost; the model's preference for early letters stays, but falls on options
-  by their text, not by where the caller put them. noul and score are read as letters.
+  by their text, not by where the caller put them. noul is read as letters R=1; a scale both
+  ways (ascending and reversed, as letters R=2), so reversing the caller's scale mirrors its
+  answer: the reversed scale's two readings show the same levels at the same letters.
 - `yesno` (the second seed's method): noul reads Yes/No directly; every choice option
   and score level is its own reading, judged Yes/No; P(yes) of each candidate (Yes vs No,
   renormalised) is normalised over the question's candidates. The candidates of a
@@ -197,17 +199,20 @@ class LettersReadout:
         if n > self._max_rotated:
             return [ascending]
         if isinstance(question, ScoreQuestion):
-            return [ascending] if self.spec.rotations == 1 else [ascending, ascending[::-1]]
+            both = self.spec.rotations > 1 or self._canonical
+            return [ascending, ascending[::-1]] if both else [ascending]
         r = min(self.spec.rotations, n)
         shifts = [(k * n) // r for k in range(r)]  # evenly spaced, distinct since r <= n
         return [tuple((s + j) % n for j in range(n)) for s in shifts]
 
     def count(self, question: Question) -> int:
         n = n_options(question)
-        if n > self._max_rotated or self._canonical:
+        if n > self._max_rotated:
             return 1
         if isinstance(question, ScoreQuestion):
-            return 1 if self.spec.rotations == 1 else 2
+            return 2 if self.spec.rotations > 1 or self._canonical else 1
+        if self._canonical and isinstance(question, ChoiceQuestion):
+            return 1
         return min(self.spec.rotations, n)
 
     def reading(self, question: Question, k: int) -> Reading:
