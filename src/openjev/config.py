@@ -19,7 +19,7 @@ from typing import Any
 from openjev.errors import ConfigError
 
 # core.readouts.READOUT_NAMES (config sits below core: tests/test_cli_config.py keeps them equal)
-READOUTS = ("letters", "yesno", "parallel", "canonical")
+READOUTS = ("letters", "yesno", "parallel", "canonical", "mirror")
 
 ENV_PREFIX = "OPENJEV_"
 

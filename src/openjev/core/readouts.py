@@ -25,6 +25,12 @@ extra readings share the state's computation like any other branch.
   by their text, not by where the caller put them. noul is read as letters R=1; a scale both
   ways (ascending and reversed, as letters R=2), so reversing the caller's scale mirrors its
   answer: the reversed scale's two readings show the same levels at the same letters.
+- `mirror`: every question read in one order and its mirror image, the two averaged: a
+  choice's canonical order and its reverse, noul true-then-false and false-then-true, a
+  scale ascending and descending. Order-free like canonical, and the model's preference for
+  a position is cancelled to first order (the first letter of one reading is the last of
+  the other) instead of landing on an option by its text. A 2-option choice and a noul
+  with the same texts are the same two readings. Two readings per question.
 - `yesno` (the second seed's method): noul reads Yes/No directly; every choice option
   and score level is its own reading, judged Yes/No; P(yes) of each candidate (Yes vs No,
   renormalised) is normalised over the question's candidates. The candidates of a
@@ -47,11 +53,11 @@ from openjev.core import scoring, wording
 from openjev.core.types import ChoiceQuestion, NoulQuestion, Question, ScoreQuestion
 from openjev.errors import ConfigError
 
-READOUT_NAMES = ("letters", "yesno", "parallel", "canonical")
-ONE_READING = ("yesno", "parallel", "canonical")  # readouts rotations mean nothing to
+READOUT_NAMES = ("letters", "yesno", "parallel", "canonical", "mirror")
+ONE_READING = ("yesno", "parallel", "canonical", "mirror")  # readouts rotations mean nothing to
 # Readouts that letter a choice's options in canonical_order, never the caller's: a fit
 # corrects no request position for them, and rotations asked alone ask for letters instead.
-CANONICAL_ORDER = ("parallel", "canonical")
+CANONICAL_ORDER = ("parallel", "canonical", "mirror")
 QUESTION_TYPES = ("noul", "choice", "score")
 
 
@@ -179,10 +185,14 @@ class LettersReadout:
         temperature: float = 1.0,
         max_rotated_options: int = 26,
         canonical: bool = False,
+        mirror: bool = False,
     ) -> None:
-        # canonical: a choice's options in canonical_order, read once (the `canonical` readout)
-        self.spec = ReadoutSpec("canonical") if canonical else ReadoutSpec("letters", rotations)
-        self._canonical = canonical
+        # canonical: a choice's options in canonical_order, read once (the `canonical` readout);
+        # mirror: every question in that order and its reverse (the `mirror` readout)
+        name = "mirror" if mirror else "canonical" if canonical else "letters"
+        self.spec = ReadoutSpec(name, rotations)
+        self._canonical = canonical or mirror
+        self._mirror = mirror
         self._labels = tuple(labels)
         self._ids = tuple(label_ids)
         self._temperature = temperature
@@ -195,9 +205,12 @@ class LettersReadout:
         n = n_options(question)
         ascending = tuple(range(n))
         if self._canonical and isinstance(question, ChoiceQuestion):
-            return [canonical_order(question)]
+            first = canonical_order(question)
+            return [first, first[::-1]] if self._mirror and 1 < n <= self._max_rotated else [first]
         if n > self._max_rotated:
             return [ascending]
+        if self._mirror:
+            return [ascending, ascending[::-1]] if n > 1 else [ascending]
         if isinstance(question, ScoreQuestion):
             both = self.spec.rotations > 1 or self._canonical
             return [ascending, ascending[::-1]] if both else [ascending]
@@ -207,6 +220,8 @@ class LettersReadout:
 
     def count(self, question: Question) -> int:
         n = n_options(question)
+        if self._mirror:
+            return 2 if 1 < n <= self._max_rotated else 1
         if n > self._max_rotated:
             return 1
         if isinstance(question, ScoreQuestion):
@@ -238,6 +253,8 @@ class LettersReadout:
                 probs[option] = shown[position]
             per_order.append(probs)
         mean = [math.fsum(p[i] for p in per_order) / len(per_order) for i in range(n)]
+        if self._canonical and isinstance(question, ChoiceQuestion):
+            mean = _clones_shared(question, mean)
         mass = math.fsum(scoring.label_mass(lp) for lp in logprobs) / len(logprobs)
         agreement = None
         if len(per_order) > 1:
@@ -274,6 +291,23 @@ class YesNoReadout:
         if total <= 0.0:
             raise ValueError("every candidate has P(yes) = 0")
         return Combined(tuple(y / total for y in yes), mass)
+
+
+def _clones_shared(question: ChoiceQuestion, probs: Sequence[float]) -> list[float]:
+    """Options the model is shown with the same text are the same option to it: which of
+    them got the earlier letter was decided by their names alone, so whatever separates
+    their probabilities is the position, never the option. Each gets their mean."""
+    texts = wording.option_texts(question)
+    groups: dict[str, list[int]] = {}
+    for i, text in enumerate(texts):
+        groups.setdefault(text, []).append(i)
+    out = list(probs)
+    for members in groups.values():
+        if len(members) > 1:
+            shared = math.fsum(probs[i] for i in members) / len(members)
+            for i in members:
+                out[i] = shared
+    return out
 
 
 def canonical_order(question: ChoiceQuestion) -> tuple[int, ...]:

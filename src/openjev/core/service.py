@@ -192,6 +192,7 @@ class DecisionService:
                     temperature=t,
                     max_rotated_options=self._limits.rotation_max_options,
                     canonical=spec.name == "canonical",
+                    mirror=spec.name == "mirror",
                 )
             self._readouts[spec] = found
         return found

@@ -51,7 +51,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
         "--config",
         action="append",
         metavar="READOUT[:ROTATIONS]",
-        help="readout to fit, repeatable: letters, letters:4, yesno, parallel, canonical (default: the server's readout)",
+        help="readout to fit, repeatable: letters, letters:4, yesno, parallel, canonical, mirror (default: the server's readout)",
     )
     cal.add_argument("-o", "--output", default="calibration.json", help="calibration file to write")
     cal.add_argument("--id", help="calibration id (default: <model>-<data>-<date>)")
