@@ -89,6 +89,32 @@ def prior_by_count(pool: Pool, questions: Sequence[tuple[tuple[str, str], Questi
     return {n: [v / counts[n] for v in acc] for n, acc in sums.items()}
 
 
+def prior_of_readings(pool: Pool, questions: Sequence[tuple[tuple[str, str], Question]]) -> dict[int, list[float]]:
+    """The cheaper estimate: no permuted readings, only each question's one canonical reading
+    (noul: its one reading): per option count, the mean over questions of the probability each
+    displayed position got. Over many questions the options' merit averages out wherever the
+    right answer is not tied to a position (canonical order is by text). No labels used."""
+    readout = LettersReadout(LABELS, IDS, canonical=True)
+    sums: dict[int, list[float]] = {}
+    counts: dict[int, int] = {}
+    for key, q in questions:
+        n = readings_n(q)
+        if n < 2 or question_type(q) == "score":
+            continue
+        lps = _lps(pool, key, readout.orders(q)[:1])
+        if lps is None:
+            continue
+        probs = scoring.softmax(lps[0], 1.0)
+        acc = sums.setdefault(n, [0.0] * n)
+        for j in range(n):
+            acc[j] += probs[j]
+        counts[n] = counts.get(n, 0) + 1
+    return {n: [v / counts[n] for v in acc] for n, acc in sums.items()}
+
+
+PRIOR_ESTIMATE = {"pride": prior_by_count, "pride-mean": prior_of_readings}
+
+
 def readings_n(q: Question) -> int:
     from openjev.core.readouts import n_options
 
@@ -130,6 +156,7 @@ CONFIGS: dict[str, tuple[Combiner, tuple[str, ...], int]] = {
     "letters R=4": (_readout_combiner(LettersReadout(LABELS, IDS, rotations=4)), (), 4),
     "canonical": (_readout_combiner(LettersReadout(LABELS, IDS, canonical=True)), ("choice",), 1),
     "pride": (_pride, ("choice", "noul"), 1),
+    "pride-mean": (_pride, ("choice", "noul"), 1),
     "mirror": (_readout_combiner(LettersReadout(LABELS, IDS, mirror=True)), TYPES, 2),
 }
 
@@ -190,7 +217,8 @@ def evaluate(name: str, form: str, dev_qs, test_qs, pool: Pool) -> dict[str, Any
     everything = list(dev_qs) + list(test_qs)
     groups = sorted({item.domain or domain_of_id(item.id) for item, _, _ in everything})
     # dev -> test, the in-domain protocol of docs/quality.md
-    prior = prior_by_count(pool, [((i.id, qid), q) for i, qid, q in dev_qs])
+    estimate = PRIOR_ESTIMATE.get(name, prior_by_count)
+    prior = estimate(pool, [((i.id, qid), q) for i, qid, q in dev_qs])
     dev, test = scored(name, dev_qs, pool, prior), scored(name, test_qs, pool, prior)
     if dev is None or test is None:
         return None
@@ -224,7 +252,7 @@ def evaluate(name: str, form: str, dev_qs, test_qs, pool: Pool) -> dict[str, Any
 
 
 def _fold(name: str, form: str, train_qs, held_qs, pool: Pool) -> list[Scored]:
-    prior = prior_by_count(pool, [((i.id, qid), q) for i, qid, q in train_qs])
+    prior = PRIOR_ESTIMATE.get(name, prior_by_count)(pool, [((i.id, qid), q) for i, qid, q in train_qs])
     train = scored(name, train_qs, pool, prior)
     held = scored(name, held_qs, pool, prior)
     assert train is not None and held is not None
@@ -279,6 +307,27 @@ def markdown(results: list[dict], head: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+SERVED = {"letters R=1": ("letters", 1), "letters R=2": ("letters", 2), "letters R=4": ("letters", 4)}
+SERVED |= {"canonical": ("canonical", 1), "mirror": ("mirror", 1)}
+
+
+def write_fits(path: Path, names: Sequence[str], form: str, dev_qs, pool: Pool, *, cal_id: str, note: str) -> None:
+    """Merge each served readout's fit on dev (`form`) into the calibration file at `path`
+    (a fit for the same readout is replaced; the others are kept), under a new id."""
+    doc = json.loads(path.read_text())
+    for name in names:
+        readout, rotations = SERVED[name]
+        dev = scored(name, dev_qs, pool, {})
+        assert dev is not None, f"{name}: not recorded"
+        entry = {"readout": readout, "rotations": rotations, "types": _fit([s for _, s in dev], name, form)}
+        entry["source"] = note
+        doc["fits"] = [f for f in doc["fits"] if (f["readout"], f.get("rotations", 1)) != (readout, rotations)]
+        doc["fits"].append(entry)
+    doc["id"] = cal_id
+    calib.from_dict(doc)  # what we write must load
+    path.write_text(json.dumps(doc, indent=2) + "\n")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--readings", required=True, help="folder of recorded readings (quality_model_table.py record)")
@@ -287,11 +336,20 @@ def main() -> int:
     ap.add_argument("--only", help="comma-separated readouts of: " + ", ".join(CONFIGS))
     ap.add_argument("--out", help="write NAME.md and NAME.json (default: print)")
     ap.add_argument("--head", default="", help="a line naming the model, CPU and dtype of the recordings")
+    ap.add_argument("--write-fits", help="comma-separated served readouts whose dev fit to merge into --into")
+    ap.add_argument("--into", help="the calibration file to merge fits into")
+    ap.add_argument("--form", default="T", choices=("T", "T+prior"), help="the fit form written (default T)")
+    ap.add_argument("--id", help="the calibration's new id (with --write-fits)")
     args = ap.parse_args()
     pool = pooled(Path(args.readings))
     recorded_items = {k[0] for k in pool}
     dev_qs = [x for x in questions_of(load_items(args.dev)) if x[0].id in recorded_items]
     test_qs = [x for x in questions_of(load_items(args.test)) if x[0].id in recorded_items]
+    if args.write_fits:
+        note = f"dev fit ({args.form}) from the recorded readings in {args.readings}: {args.head}"
+        names = [n.strip() for n in args.write_fits.split(",")]
+        write_fits(Path(args.into), names, args.form, dev_qs, pool, cal_id=args.id, note=note)
+        return 0
     names = [n.strip() for n in args.only.split(",")] if args.only else list(CONFIGS)
     results, skipped = [], []
     for name in names:

@@ -37,8 +37,18 @@ def test_the_quality_models_file_names_its_measured_defaults():
     for qtype in ("noul", "choice", "score"):  # a fit for each type's own readout: a temperature, no prior
         fit = cal.fit_for(spec.for_type(qtype), qtype)
         assert fit is not None and fit.bias == ()
-    # the embedded model keeps the global defaults: its file names none
-    assert _by_model()["smollm2-135m-instruct"].default_readout is None
+
+
+def test_the_embedded_models_file_reads_choices_both_ways_by_its_held_out_figures():
+    """Chosen on leave-one-domain-out figures (docs/quality-readouts.md): choice questions in
+    the canonical order and its reverse (mirror), noul once, scales both ways (canonical)."""
+    cal = _by_model()["smollm2-135m-instruct"]
+    spec = cal.default_readout
+    assert spec == ReadoutSpec("canonical", 1, (("choice", ReadoutSpec("mirror")),)) and cal.covers(spec)
+    assert cal.default_abstain is None  # the server's own abstain floors
+    for qtype in ("noul", "choice", "score"):
+        fit = cal.fit_for(spec.for_type(qtype), qtype)
+        assert fit is not None and fit.bias == ()  # a temperature: what carried to held-out groups
 
 
 def test_canonical_scales_are_calibrated_as_the_two_orders_they_are_read_in():
