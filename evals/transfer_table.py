@@ -38,7 +38,7 @@ from openjev.core.types import ChoiceQuestion, Question
 from openjev.evals import readings
 from openjev.evals.dataset import Item, load_items
 from openjev.evals.domains import domain_of_id
-from openjev.evals.fit import fit_readout
+from openjev.evals.fit import fit_readout, fit_type_worst_group
 from openjev.evals.metrics import Scored, summarize
 
 TYPES = ("noul", "choice", "score")
@@ -192,8 +192,17 @@ def _apply(fits: dict[str, dict], s: Scored) -> Scored:
     return Scored(s.qtype, calib.apply(calib.TypeFit(fit["temperature"], tuple(fit["bias"])), s.probs), s.correct)
 
 
-def _fit(train: Sequence[Scored], name: str, form: str) -> dict[str, dict]:
-    return fit_readout(train, order_free=CONFIGS[name][1], prior=form == "T+prior")
+def _fit(train: Sequence[tuple[str, Scored]], name: str, form: str) -> dict[str, dict]:
+    """Per type, the fit of `form`: T (pooled NLL), T+prior (the shipped rule) or T-worst (the
+    T whose worst training group is best: fit_type_worst_group)."""
+    if form == "T-worst":
+        out = {}
+        for t in TYPES:
+            part = [(g, s) for g, s in train if s.qtype == t]
+            if len(part) >= 10:
+                out[t] = fit_type_worst_group([s for _, s in part], [g for g, _ in part])
+        return out
+    return fit_readout([s for _, s in train], order_free=CONFIGS[name][1], prior=form == "T+prior")
 
 
 def _figures(samples: Sequence[Scored]) -> dict[str, dict]:
@@ -222,7 +231,7 @@ def evaluate(name: str, form: str, dev_qs, test_qs, pool: Pool) -> dict[str, Any
     dev, test = scored(name, dev_qs, pool, prior), scored(name, test_qs, pool, prior)
     if dev is None or test is None:
         return None
-    fits = _fit([s for _, s in dev], name, form)
+    fits = _fit(dev, name, form)
     dev_test = _figures([_apply(fits, s) for _, s in test])
     raw_test = _figures([s for _, s in test])
     # 8 folds by item (in-domain, as much training data as a held-out group has) and held-out groups
@@ -256,7 +265,7 @@ def _fold(name: str, form: str, train_qs, held_qs, pool: Pool) -> list[Scored]:
     train = scored(name, train_qs, pool, prior)
     held = scored(name, held_qs, pool, prior)
     assert train is not None and held is not None
-    fits = _fit([s for _, s in train], name, form)
+    fits = _fit(train, name, form)
     return [_apply(fits, s) for _, s in held]
 
 
@@ -307,6 +316,7 @@ def markdown(results: list[dict], head: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+FORMS = ("T", "T+prior", "T-worst")
 SERVED = {"letters R=1": ("letters", 1), "letters R=2": ("letters", 2), "letters R=4": ("letters", 4)}
 SERVED |= {"canonical": ("canonical", 1), "mirror": ("mirror", 1)}
 
@@ -319,7 +329,7 @@ def write_fits(path: Path, names: Sequence[str], form: str, dev_qs, pool: Pool, 
         readout, rotations = SERVED[name]
         dev = scored(name, dev_qs, pool, {})
         assert dev is not None, f"{name}: not recorded"
-        entry = {"readout": readout, "rotations": rotations, "types": _fit([s for _, s in dev], name, form)}
+        entry = {"readout": readout, "rotations": rotations, "types": _fit(dev, name, form)}
         entry["source"] = note
         doc["fits"] = [f for f in doc["fits"] if (f["readout"], f.get("rotations", 1)) != (readout, rotations)]
         doc["fits"].append(entry)
@@ -338,7 +348,7 @@ def main() -> int:
     ap.add_argument("--head", default="", help="a line naming the model, CPU and dtype of the recordings")
     ap.add_argument("--write-fits", help="comma-separated served readouts whose dev fit to merge into --into")
     ap.add_argument("--into", help="the calibration file to merge fits into")
-    ap.add_argument("--form", default="T", choices=("T", "T+prior"), help="the fit form written (default T)")
+    ap.add_argument("--form", default="T", choices=FORMS, help="the fit form written (default T)")
     ap.add_argument("--id", help="the calibration's new id (with --write-fits)")
     args = ap.parse_args()
     pool = pooled(Path(args.readings))
@@ -353,7 +363,7 @@ def main() -> int:
     names = [n.strip() for n in args.only.split(",")] if args.only else list(CONFIGS)
     results, skipped = [], []
     for name in names:
-        for form in ("T", "T+prior"):
+        for form in FORMS:
             got = evaluate(name, form, dev_qs, test_qs, pool)
             if got is None:
                 skipped.append(name)
