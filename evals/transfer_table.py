@@ -75,6 +75,8 @@ def prior_by_count(pool: Pool, questions: Sequence[tuple[tuple[str, str], Questi
     counts: dict[int, int] = {}
     for key, q in questions:
         n = readings_n(q)
+        if not isinstance(q, ChoiceQuestion):
+            continue
         shifts = [tuple((s + j) % n for j in range(n)) for s in range(n)]
         lps = _lps(pool, key, shifts)
         if lps is None or n < 2:
@@ -99,7 +101,7 @@ def prior_of_readings(pool: Pool, questions: Sequence[tuple[tuple[str, str], Que
     counts: dict[int, int] = {}
     for key, q in questions:
         n = readings_n(q)
-        if n < 2 or question_type(q) == "score":
+        if n < 2 or not isinstance(q, ChoiceQuestion):
             continue
         lps = _lps(pool, key, readout.orders(q)[:1])
         if lps is None:
@@ -133,7 +135,9 @@ def _readout_combiner(readout: LettersReadout) -> Combiner:
 
 
 def _pride(q, key, pool, prior):
-    """canonical's readings, each divided by the prior of its displayed positions."""
+    """canonical's readings; a choice's one reading divided by the prior of its letters
+    (noul and score as canonical reads them: what a server with the fit's position prior
+    computes, core.calibration.apply)."""
     readout = LettersReadout(LABELS, IDS, canonical=True)
     orders = readout.orders(q)
     lps = _lps(pool, key, orders)
@@ -142,7 +146,7 @@ def _pride(q, key, pool, prior):
     n = readings_n(q)
     fixed = []
     for lp in lps:
-        if isinstance(q, ChoiceQuestion) or question_type(q) == "noul":
+        if isinstance(q, ChoiceQuestion):
             pr = prior.get(n, [1.0 / n] * n)
             lp = tuple(v - math.log(max(pr[j], 1e-12)) for j, v in enumerate(lp))
         fixed.append(lp)
@@ -155,8 +159,8 @@ CONFIGS: dict[str, tuple[Combiner, tuple[str, ...], int]] = {
     "letters R=2": (_readout_combiner(LettersReadout(LABELS, IDS, rotations=2)), (), 2),
     "letters R=4": (_readout_combiner(LettersReadout(LABELS, IDS, rotations=4)), (), 4),
     "canonical": (_readout_combiner(LettersReadout(LABELS, IDS, canonical=True)), ("choice",), 1),
-    "pride": (_pride, ("choice", "noul"), 1),
-    "pride-mean": (_pride, ("choice", "noul"), 1),
+    "pride": (_pride, ("choice",), 1),
+    "pride-mean": (_pride, ("choice",), 1),
     "mirror": (_readout_combiner(LettersReadout(LABELS, IDS, mirror=True)), TYPES, 2),
 }
 
@@ -318,7 +322,7 @@ def markdown(results: list[dict], head: str) -> str:
 
 FORMS = ("T", "T+prior", "T-worst")
 SERVED = {"letters R=1": ("letters", 1), "letters R=2": ("letters", 2), "letters R=4": ("letters", 4)}
-SERVED |= {"canonical": ("canonical", 1), "mirror": ("mirror", 1)}
+SERVED |= {"canonical": ("canonical", 1), "mirror": ("mirror", 1), "pride-mean": ("canonical", 1)}
 
 
 def write_fits(path: Path, names: Sequence[str], form: str, dev_qs, pool: Pool, *, cal_id: str, note: str) -> None:
@@ -327,9 +331,12 @@ def write_fits(path: Path, names: Sequence[str], form: str, dev_qs, pool: Pool, 
     doc = json.loads(path.read_text())
     for name in names:
         readout, rotations = SERVED[name]
-        dev = scored(name, dev_qs, pool, {})
+        prior = PRIOR_ESTIMATE[name](pool, [((i.id, qid), q) for i, qid, q in dev_qs]) if name in PRIOR_ESTIMATE else {}
+        dev = scored(name, dev_qs, pool, prior)
         assert dev is not None, f"{name}: not recorded"
         entry = {"readout": readout, "rotations": rotations, "types": _fit(dev, name, form)}
+        if prior and "choice" in entry["types"]:  # what the server divides a choice's letters by
+            entry["types"]["choice"]["position_prior"] = {str(n): p for n, p in sorted(prior.items())}
         entry["source"] = note
         doc["fits"] = [f for f in doc["fits"] if (f["readout"], f.get("rotations", 1)) != (readout, rotations)]
         doc["fits"].append(entry)

@@ -269,3 +269,11 @@ def test_options_shown_with_the_same_text_share_their_probability():
         assert probs[0] == pytest.approx(probs[2]) and sum(probs) == pytest.approx(1.0)
     plain = letters(1)  # the caller's order, lettered as given: no such rule
     assert plain.combine(q, [lp]).probs == pytest.approx((0.5, 0.3, 0.2))
+
+
+def test_one_lettered_ordering_says_which_option_each_letter_showed():
+    q = ChoiceQuestion("Which team?", (Option("x", "Zebra"), Option("y", "Apple")))
+    lp = [math.log(0.5)] * 2
+    assert LettersReadout(LABELS, IDS, canonical=True).combine(q, [lp]).shown == (1, 0)
+    assert letters(1).combine(q, [lp]).shown == (0, 1)
+    assert letters(2).combine(q, [lp, lp]).shown is None  # two orderings averaged: no one letter per option

@@ -136,11 +136,14 @@ class Combined:
     `label_mass`: mean probability the readings put on their valid labels at all.
     `order_agreement`: share of the orderings whose own top option is the combined top
     option; None where one ordering was read.
+    `shown`: where one lettered ordering was read, the option at each letter (position j
+    showed option shown[j]); a calibration's position prior applies by it. None otherwise.
     """
 
     probs: tuple[float, ...]
     label_mass: float
     order_agreement: float | None = None
+    shown: tuple[int, ...] | None = None
 
 
 class Readout(Protocol):
@@ -260,7 +263,7 @@ class LettersReadout:
         if len(per_order) > 1:
             top = scoring.argmax(mean)
             agreement = sum(scoring.argmax(p) == top for p in per_order) / len(per_order)
-        return Combined(tuple(mean), mass, agreement)
+        return Combined(tuple(mean), mass, agreement, orders[0] if len(orders) == 1 else None)
 
 
 class YesNoReadout:
