@@ -322,19 +322,25 @@ def markdown(results: list[dict], head: str) -> str:
 
 FORMS = ("T", "T+prior", "T-worst")
 SERVED = {"letters R=1": ("letters", 1), "letters R=2": ("letters", 2), "letters R=4": ("letters", 4)}
-SERVED |= {"canonical": ("canonical", 1), "mirror": ("mirror", 1), "pride-mean": ("canonical", 1)}
+SERVED |= {"canonical": ("canonical", 1), "mirror": ("mirror", 1), "pride": ("canonical", 1), "pride-mean": ("canonical", 1)}
 
 
-def write_fits(path: Path, names: Sequence[str], form: str, dev_qs, pool: Pool, *, cal_id: str, note: str) -> None:
-    """Merge each served readout's fit on dev (`form`) into the calibration file at `path`
-    (a fit for the same readout is replaced; the others are kept), under a new id."""
+def write_fits(
+    path: Path, names: Sequence[str], form: str, dev_qs, pool: Pool, *, cal_id: str, note: str, per_type: dict
+) -> None:
+    """Merge each served readout's fit on dev (`form`; `per_type`: another form for some
+    types) into the calibration file at `path` (a fit for the same readout is replaced; the
+    others are kept), under a new id."""
     doc = json.loads(path.read_text())
     for name in names:
         readout, rotations = SERVED[name]
         prior = PRIOR_ESTIMATE[name](pool, [((i.id, qid), q) for i, qid, q in dev_qs]) if name in PRIOR_ESTIMATE else {}
         dev = scored(name, dev_qs, pool, prior)
         assert dev is not None, f"{name}: not recorded"
-        entry = {"readout": readout, "rotations": rotations, "types": _fit(dev, name, form)}
+        types = _fit(dev, name, form)
+        for qtype, other in per_type.items():
+            types[qtype] = _fit(dev, name, other)[qtype]
+        entry = {"readout": readout, "rotations": rotations, "types": types}
         if prior and "choice" in entry["types"]:  # what the server divides a choice's letters by
             entry["types"]["choice"]["position_prior"] = {str(n): p for n, p in sorted(prior.items())}
         entry["source"] = note
@@ -356,6 +362,8 @@ def main() -> int:
     ap.add_argument("--write-fits", help="comma-separated served readouts whose dev fit to merge into --into")
     ap.add_argument("--into", help="the calibration file to merge fits into")
     ap.add_argument("--form", default="T", choices=FORMS, help="the fit form written (default T)")
+    ap.add_argument("--type-form", action="append", default=[], metavar="TYPE=FORM", help="another form for a type")
+    ap.add_argument("--forms", default=",".join(FORMS), help="fit forms compared (default: all)")
     ap.add_argument("--id", help="the calibration's new id (with --write-fits)")
     args = ap.parse_args()
     pool = pooled(Path(args.readings))
@@ -365,12 +373,14 @@ def main() -> int:
     if args.write_fits:
         note = f"dev fit ({args.form}) from the recorded readings in {args.readings}: {args.head}"
         names = [n.strip() for n in args.write_fits.split(",")]
-        write_fits(Path(args.into), names, args.form, dev_qs, pool, cal_id=args.id, note=note)
+        per_type = dict(entry.split("=", 1) for entry in args.type_form)
+        note += "".join(f"; {t}: {f}" for t, f in per_type.items())
+        write_fits(Path(args.into), names, args.form, dev_qs, pool, cal_id=args.id, note=note, per_type=per_type)
         return 0
     names = [n.strip() for n in args.only.split(",")] if args.only else list(CONFIGS)
     results, skipped = [], []
     for name in names:
-        for form in FORMS:
+        for form in args.forms.split(","):
             got = evaluate(name, form, dev_qs, test_qs, pool)
             if got is None:
                 skipped.append(name)

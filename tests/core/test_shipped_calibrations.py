@@ -39,16 +39,20 @@ def test_the_quality_models_file_names_its_measured_defaults():
         assert fit is not None and fit.bias == ()
 
 
-def test_the_embedded_models_file_reads_choices_both_ways_by_its_held_out_figures():
-    """Chosen on leave-one-domain-out figures (docs/quality-readouts.md): choice questions in
-    the canonical order and its reverse (mirror), noul once, scales both ways (canonical)."""
+def test_the_embedded_models_canonical_fit_divides_out_its_position_prior():
+    """The embedded model keeps the global default (canonical: one reading per choice, a scale
+    both ways); chosen on leave-one-domain-out figures (docs/quality-readouts.md), its choice fit
+    divides each letter by the model's prior for it (PriDe, per option count, from dev's permuted
+    readings) before a temperature, and no fit corrects a request position."""
     cal = _by_model()["smollm2-135m-instruct"]
-    spec = cal.default_readout
-    assert spec == ReadoutSpec("canonical", 1, (("choice", ReadoutSpec("mirror")),)) and cal.covers(spec)
-    assert cal.default_abstain is None  # the server's own abstain floors
-    for qtype in ("noul", "choice", "score"):
-        fit = cal.fit_for(spec.for_type(qtype), qtype)
-        assert fit is not None and fit.bias == ()  # a temperature: what carried to held-out groups
+    assert cal.default_readout is None and cal.default_abstain is None
+    choice = cal.fit_for(ReadoutSpec("canonical"), "choice")
+    assert choice is not None and choice.bias == () and set(choice.position_prior) == set(range(2, 9))
+    for n, prior in choice.position_prior.items():
+        assert len(prior) == n and abs(sum(prior) - 1) < 1e-9
+    for qtype in ("noul", "score"):
+        fit = cal.fit_for(ReadoutSpec("canonical"), qtype)
+        assert fit is not None and fit.bias == () and not fit.position_prior
 
 
 def test_canonical_scales_are_calibrated_as_the_two_orders_they_are_read_in():
