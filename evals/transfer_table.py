@@ -322,7 +322,12 @@ def markdown(results: list[dict], head: str) -> str:
 
 FORMS = ("T", "T+prior", "T-worst")
 SERVED = {"letters R=1": ("letters", 1), "letters R=2": ("letters", 2), "letters R=4": ("letters", 4)}
-SERVED |= {"canonical": ("canonical", 1), "mirror": ("mirror", 1), "pride": ("canonical", 1), "pride-mean": ("canonical", 1)}
+SERVED |= {
+    "canonical": ("canonical", 1),
+    "mirror": ("mirror", 1),
+    "pride": ("canonical", 1),
+    "pride-mean": ("canonical", 1),
+}
 
 
 def write_fits(
