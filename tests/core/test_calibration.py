@@ -123,6 +123,9 @@ def test_a_position_prior_divides_the_letters_of_the_one_ordering_read():
     assert calib.apply(fit, probs, shown) == pytest.approx((1 / 3, 1 / 3, 1 / 3))
     assert calib.apply(fit, probs) == pytest.approx(probs)  # no ordering given: no prior
     assert calib.apply(fit, (0.5, 0.5), (0, 1)) == pytest.approx((0.5, 0.5))  # no prior for 2 options
+    # clones (the same text at two letters) keep one probability: their letters' prior is shared
+    clones = calib.apply(fit, (0.4, 0.4, 0.2), (0, 2, 1), ((0, 2),))
+    assert clones[0] == pytest.approx(clones[2]) and sum(clones) == pytest.approx(1.0)
     doc = {
         **DOC,
         "fits": [

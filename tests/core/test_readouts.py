@@ -272,8 +272,16 @@ def test_options_shown_with_the_same_text_share_their_probability():
 
 
 def test_one_lettered_ordering_says_which_option_each_letter_showed():
-    q = ChoiceQuestion("Which team?", (Option("x", "Zebra"), Option("y", "Apple")))
-    lp = [math.log(0.5)] * 2
-    assert LettersReadout(LABELS, IDS, canonical=True).combine(q, [lp]).shown == (1, 0)
-    assert letters(1).combine(q, [lp]).shown == (0, 1)
+    q = ChoiceQuestion("Which team?", (Option("x", "Zebra"), Option("y", "Apple"), Option("z", "Mango")))
+    lp = [math.log(1 / 3)] * 3
+    assert LettersReadout(LABELS, IDS, canonical=True).combine(q, [lp]).shown == (1, 2, 0)
+    assert letters(1).combine(q, [lp]).shown == (0, 1, 2)
     assert letters(2).combine(q, [lp, lp]).shown is None  # two orderings averaged: no one letter per option
+
+
+def test_canonical_reads_a_two_option_choice_both_ways_as_a_noul_would_be_under_mirror():
+    ro = LettersReadout(LABELS, IDS, canonical=True)
+    q = ChoiceQuestion("Is it paid?", (Option("yes", "Yes"), Option("no", "No")))
+    assert ro.orders(q) == [(1, 0), (0, 1)] and ro.count(q) == 2
+    up = [math.log(0.7), math.log(0.3)]  # a model that only says "A"
+    assert ro.combine(q, [up, up]).probs == pytest.approx((0.5, 0.5))

@@ -170,9 +170,10 @@ async def test_parallel_runs_where_the_engine_runs_layouts_and_falls_back_elsewh
     remote = FakeEngine()
     unable = DecisionService(compiler, remote, limits, readout=spec)
     result = await unable.decide(DecisionRequest(STATE, QUESTIONS))
-    # parallel's sequential twin: choice options once in the canonical order, the scale both ways
+    # parallel's sequential twin: choice options in the canonical order (this one has two: both
+    # orders), the scale both ways, the noul once
     assert unable.default_readout.describe() == "canonical" and result.readout == "canonical"
-    assert not any(b.parallel for b in remote.plans[0].branches) and len(remote.plans[0].branches) == 4
+    assert not any(b.parallel for b in remote.plans[0].branches) and len(remote.plans[0].branches) == 5
     result = await unable.decide(DecisionRequest(STATE, QUESTIONS), readout=spec)  # a per-request ask too
     assert result.readout == "canonical"
 

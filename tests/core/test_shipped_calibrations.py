@@ -47,7 +47,7 @@ def test_the_embedded_models_canonical_fit_divides_out_its_position_prior():
     cal = _by_model()["smollm2-135m-instruct"]
     assert cal.default_readout is None and cal.default_abstain is None
     choice = cal.fit_for(ReadoutSpec("canonical"), "choice")
-    assert choice is not None and choice.bias == () and set(choice.position_prior) == set(range(2, 9))
+    assert choice is not None and choice.bias == () and set(choice.position_prior) == set(range(3, 9))
     for n, prior in choice.position_prior.items():
         assert len(prior) == n and abs(sum(prior) - 1) < 1e-9
     for qtype in ("noul", "score"):

@@ -89,15 +89,25 @@ class Calibration:
         return any(fit.spec == part for fit in self.fits for part in spec.parts())
 
 
-def apply(fit: TypeFit, probs: Sequence[float], shown: Sequence[int] | None = None) -> tuple[float, ...]:
+def apply(
+    fit: TypeFit,
+    probs: Sequence[float],
+    shown: Sequence[int] | None = None,
+    clones: Sequence[Sequence[int]] = (),
+) -> tuple[float, ...]:
     """Calibrated probabilities (same length, sum 1). `shown`: the option at each letter of
     the one ordering read (Combined.shown), for the fit's position prior; without it (or
-    without a prior for this many options) none is applied."""
+    without a prior for this many options) none is applied. `clones`: groups of options
+    that must keep one probability (Combined.clones): the prior of their letters is shared."""
     logs = [math.log(max(p, _FLOOR)) for p in probs]
     prior = fit.position_prior.get(len(probs)) if shown is not None else None
     if prior is not None and shown is not None:
         for position, option in enumerate(shown):
             logs[option] -= math.log(prior[position])
+        for members in clones:
+            mean = math.fsum(logs[i] for i in members) / len(members)
+            for i in members:
+                logs[i] = mean
     z = [v / fit.temperature + (fit.bias[i] if i < len(fit.bias) else 0.0) for i, v in enumerate(logs)]
     top = max(z)
     w = [math.exp(v - top) for v in z]

@@ -22,7 +22,9 @@ extra readings share the state's computation like any other branch.
   question's options lettered once, one after another, in the same canonical order. The
   answer does not depend on the caller's order (order flips are zero by construction) at
   one reading's cost; the model's preference for early letters stays, but falls on options
-  by their text, not by where the caller put them. noul is read as letters R=1; a scale both
+  by their text, not by where the caller put them (a calibration fit may divide it out: a
+  position prior). A 2-option choice is read in both of its orders (the reverse is the only
+  other one). noul is read as letters R=1; a scale both
   ways (ascending and reversed, as letters R=2), so reversing the caller's scale mirrors its
   answer: the reversed scale's two readings show the same levels at the same letters.
 - `mirror`: every question read in one order and its mirror image, the two averaged: a
@@ -138,12 +140,15 @@ class Combined:
     option; None where one ordering was read.
     `shown`: where one lettered ordering was read, the option at each letter (position j
     showed option shown[j]); a calibration's position prior applies by it. None otherwise.
+    `clones`: groups of options shown with the same text (they share one probability, and
+    keep sharing it after calibration).
     """
 
     probs: tuple[float, ...]
     label_mass: float
     order_agreement: float | None = None
     shown: tuple[int, ...] | None = None
+    clones: tuple[tuple[int, ...], ...] = ()
 
 
 class Readout(Protocol):
@@ -209,7 +214,9 @@ class LettersReadout:
         ascending = tuple(range(n))
         if self._canonical and isinstance(question, ChoiceQuestion):
             first = canonical_order(question)
-            return [first, first[::-1]] if self._mirror and 1 < n <= self._max_rotated else [first]
+            # two options: the reverse is the only other order, so canonical reads both (as a scale)
+            both = (self._mirror or n == 2) and 1 < n <= self._max_rotated
+            return [first, first[::-1]] if both else [first]
         if n > self._max_rotated:
             return [ascending]
         if self._mirror:
@@ -230,7 +237,7 @@ class LettersReadout:
         if isinstance(question, ScoreQuestion):
             return 2 if self.spec.rotations > 1 or self._canonical else 1
         if self._canonical and isinstance(question, ChoiceQuestion):
-            return 1
+            return 2 if n == 2 else 1
         return min(self.spec.rotations, n)
 
     def reading(self, question: Question, k: int) -> Reading:
@@ -256,14 +263,16 @@ class LettersReadout:
                 probs[option] = shown[position]
             per_order.append(probs)
         mean = [math.fsum(p[i] for p in per_order) / len(per_order) for i in range(n)]
+        clones: tuple[tuple[int, ...], ...] = ()
         if self._canonical and isinstance(question, ChoiceQuestion):
-            mean = _clones_shared(question, mean)
+            clones = _clones(question)
+            mean = _shared(mean, clones)
         mass = math.fsum(scoring.label_mass(lp) for lp in logprobs) / len(logprobs)
         agreement = None
         if len(per_order) > 1:
             top = scoring.argmax(mean)
             agreement = sum(scoring.argmax(p) == top for p in per_order) / len(per_order)
-        return Combined(tuple(mean), mass, agreement, orders[0] if len(orders) == 1 else None)
+        return Combined(tuple(mean), mass, agreement, orders[0] if len(orders) == 1 else None, clones)
 
 
 class YesNoReadout:
@@ -296,20 +305,23 @@ class YesNoReadout:
         return Combined(tuple(y / total for y in yes), mass)
 
 
-def _clones_shared(question: ChoiceQuestion, probs: Sequence[float]) -> list[float]:
-    """Options the model is shown with the same text are the same option to it: which of
-    them got the earlier letter was decided by their names alone, so whatever separates
-    their probabilities is the position, never the option. Each gets their mean."""
-    texts = wording.option_texts(question)
+def _clones(question: ChoiceQuestion) -> tuple[tuple[int, ...], ...]:
+    """Groups of options the model is shown with the same text: the same option to it
+    (which of them got the earlier letter was decided by their names alone, so whatever
+    separates their probabilities is the position, never the option)."""
     groups: dict[str, list[int]] = {}
-    for i, text in enumerate(texts):
+    for i, text in enumerate(wording.option_texts(question)):
         groups.setdefault(text, []).append(i)
+    return tuple(tuple(m) for m in groups.values() if len(m) > 1)
+
+
+def _shared(probs: Sequence[float], clones: Sequence[Sequence[int]]) -> list[float]:
+    """Each group of clones gets its mean."""
     out = list(probs)
-    for members in groups.values():
-        if len(members) > 1:
-            shared = math.fsum(probs[i] for i in members) / len(members)
-            for i in members:
-                out[i] = shared
+    for members in clones:
+        shared = math.fsum(probs[i] for i in members) / len(members)
+        for i in members:
+            out[i] = shared
     return out
 
 
