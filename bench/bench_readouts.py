@@ -31,7 +31,10 @@ READOUTS = {
     "letters R=4": {"x-openjev-readout": "letters", "x-openjev-rotations": "4"},
     "parallel": {"x-openjev-readout": "parallel"},
     "canonical": {"x-openjev-readout": "canonical"},
+    "mirror": {"x-openjev-readout": "mirror"},
 }
+SPECS = {"letters R=1": ("letters", 1), "letters R=4": ("letters", 4), "parallel": ("parallel", 1)}
+SPECS |= {"canonical": ("canonical", 1), "mirror": ("mirror", 1), "letters R=2": ("letters", 2)}
 
 
 async def ask(client: httpx.AsyncClient, url: str, wire: dict, headers: dict) -> tuple[float, int, str]:
@@ -119,13 +122,62 @@ def markdown(rows: list[dict], head: dict) -> str:
     return "\n".join(lines)
 
 
+def warm_tokens(service, readout, n: int, tag: int, qtype: str | None) -> int:
+    """Tokens a warm request computes: its plan's distinct tokens past what it shares with
+    the cold request before it (the same state, other questions), as the prefix cache keeps."""
+    from common import core_request
+
+    def plan(qtag: int):
+        wire = payload(n if qtype is None else 3 * n, tag=tag, qtag=qtag)
+        if qtype is not None:  # n questions of one type, from the same generator
+            wire["questions"] = {k: q for k, q in wire["questions"].items() if q["type"] == qtype}
+            wire["questions"] = dict(list(wire["questions"].items())[:n])
+        return service.prepare_now(core_request(wire), readout).plan
+
+    cold, warm = plan(tag), plan(tag + 50_000)
+    a, b = cold.branches[0].input_ids, warm.branches[0].input_ids
+    shared = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
+    return warm.unique_tokens - shared
+
+
+def token_table(n: int) -> str:
+    """The warm question tokens per readout and question type, from the plans alone (the
+    tokenizer, no forward pass): what each readout costs on top of the shared state."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "evals"))
+    from quality_model_table import _service_for_tables
+
+    from openjev.core.readouts import ReadoutSpec
+
+    service = _service_for_tables("embedded")
+    lines = [
+        f"warm tokens computed, {n} questions (state cached), from the plans; ratio to letters R=1",
+        "",
+        "| readout | all types | noul only | choice only | score only |",
+        "|---|---|---|---|---|",
+    ]
+    base = {}
+    for label, (name, rotations) in SPECS.items():
+        readout = service.readout(ReadoutSpec(name, rotations))
+        cells = []
+        for qtype in (None, "noul", "choice", "score"):
+            tok = warm_tokens(service, readout, n, 9100, qtype)
+            base.setdefault(qtype, tok)
+            cells.append(f"{tok} ({tok / base[qtype]:.2f}x)")
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--sizes", default="1,8", help="questions per request, comma-separated")
     ap.add_argument("--out", help="also write the rows and the table to this JSON file")
     ap.add_argument("--only", help=f"comma-separated readouts of: {', '.join(READOUTS)} (letters R=1 is always read)")
+    ap.add_argument("--tokens", action="store_true", help="only the warm token table, from the plans (no model run)")
     args = ap.parse_args()
+    if args.tokens:
+        print(token_table(8))
+        return
     chosen = {"letters R=1", *(n.strip() for n in (args.only or ",".join(READOUTS)).split(","))}
     unknown = chosen - set(READOUTS)
     if unknown:

@@ -78,6 +78,7 @@ def record(args: argparse.Namespace) -> int:
     specs = [ReadoutSpec("letters", args.rotations)] if args.rotations else []  # 0: no letters this run
     specs += [ReadoutSpec("parallel")] if args.parallel else []
     specs += [ReadoutSpec("canonical")] if args.canonical else []
+    specs += [ReadoutSpec("mirror")] if args.mirror else []
     specs += [ReadoutSpec("yesno")] if args.yesno else []
     splits = {path: load_items(path)[: args.limit] if args.limit else load_items(path) for path in args.data}
     # Item by item, the splits in turn: a run stopped early (the compute is the limit) still
@@ -434,6 +435,7 @@ def main() -> int:
     rec.add_argument("--rotations", type=int, default=1, help="letters rotations to record (0: none)")
     rec.add_argument("--parallel", action="store_true")
     rec.add_argument("--canonical", action="store_true")
+    rec.add_argument("--mirror", action="store_true")
     rec.add_argument("--yesno", action="store_true")
     rec.add_argument("--limit", type=int)
     tab = sub.add_parser("table", help="derive the rows, fit on dev, report on test")

@@ -11,6 +11,10 @@ import pathlib
 import re
 import sys
 
+# the domain rule lives with the evals package (openjev.evals.domains, stdlib only)
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "src"))
+from openjev.evals.domains import domain_of_id
+
 SPLITS = ("dev", "test")
 TYPES = ("noul", "choice", "score")
 ID_RE = re.compile(r"^[a-z]+-(\d{3})$")
@@ -114,8 +118,8 @@ def main(folder):  # noqa: C901 - evals/ is issue 19's this round; split it afte
             except json.JSONDecodeError as e:
                 err(where, f"invalid JSON ({e})")
                 continue
-            if not isinstance(item, dict) or set(item) != {"id", "request", "expected"}:
-                err(where, "item must have exactly 'id', 'request', 'expected'")
+            if not isinstance(item, dict) or set(item) != {"id", "domain", "request", "expected"}:
+                err(where, "item must have exactly 'id', 'domain', 'request', 'expected'")
                 continue
             iid = item["id"]
             m = ID_RE.match(iid) if isinstance(iid, str) else None
@@ -123,6 +127,8 @@ def main(folder):  # noqa: C901 - evals/ is issue 19's this round; split it afte
                 err(where, f"bad id {iid!r} (want word-NNN)")
                 continue
             where = f"{path.name}:{lineno} ({iid})"
+            if item["domain"] != domain_of_id(iid):  # the rule, so the tag never drifts from the id
+                err(where, f"domain {item['domain']!r}, but its id says {domain_of_id(iid)!r}")
             if iid in ids:
                 err(where, "duplicate id")
             ids.add(iid)

@@ -19,7 +19,7 @@ from typing import Any
 from openjev.errors import ConfigError
 
 # core.readouts.READOUT_NAMES (config sits below core: tests/test_cli_config.py keeps them equal)
-READOUTS = ("letters", "yesno", "parallel", "canonical")
+READOUTS = ("letters", "yesno", "parallel", "canonical", "mirror")
 
 ENV_PREFIX = "OPENJEV_"
 
@@ -98,8 +98,9 @@ class Settings:
         "canonical",
         "how questions are read: canonical (a choice's options lettered once in an order of their own text: "
         "order-free, one reading), letters (lettered in the caller's order; --rotations orders averaged), "
-        "yesno (a Yes/No branch per option) or parallel (choice options read side by side, order-free; "
-        "in-process engine only, others read canonical)",
+        "yesno (a Yes/No branch per option), mirror (canonical's order and its reverse, two readings) or "
+        "parallel (choice options read side by side, order-free; in-process engine only, others read canonical); "
+        "a served model's calibration file may name its own",
     )
     rotations: int = _opt(
         4,

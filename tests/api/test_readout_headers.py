@@ -10,11 +10,14 @@ async def test_default_readout_and_no_calibration_are_named_in_headers(api):
     client, engine = api
     r = await client.post("/v1/systemone", json=VALID)
     assert r.status_code == 200
-    # The default (canonical): every question read once, and the header says what was read.
+    # The default (canonical): a noul read once, a scale both ways, a choice once in the
+    # canonical order (this one has two options: both orders); the header says what was read.
     assert r.headers["x-openjev-readout"] == "canonical"
     assert r.headers["x-openjev-calibration"] == "none"  # the fake model has no shipped calibration
-    assert all("x_order_agreement" not in a for a in r.json()["answers"].values())
-    assert len(engine.plans[0].branches) == 3
+    answers = r.json()["answers"]
+    agreement = {qid: "x_order_agreement" in answers[qid] for qid in ("refund", "team", "anger")}
+    assert agreement == {"refund": False, "team": True, "anger": True}
+    assert len(engine.plans[0].branches) == 1 + 2 + 2
     r = await client.post("/v1/systemone", json=VALID, headers={"x-openjev-rotations": "4"})
     # 2 options (or a scale) read in 2 orders each
     assert r.headers["x-openjev-readout"] == "letters;rotations=2"
@@ -109,7 +112,7 @@ async def test_parallel_falls_back_on_an_engine_without_layouts_and_models_say_s
         # parallel's sequential twin: one reading of the options in the canonical order
         assert r.status_code == 200 and r.headers["x-openjev-readout"] == "canonical"
         assert not any(b.parallel for plan in engine.plans for b in plan.branches)
-        assert len(engine.plans[-1].branches) == 3  # one per question
+        assert len(engine.plans[-1].branches) == 1 + 2 + 2  # noul once; two options and the scale both ways
         # rotations asked for alone ask for letters
         r = await client.post("/v1/systemone", json=VALID, headers={"x-openjev-rotations": "2"})
         assert r.status_code == 200 and r.headers["x-openjev-readout"] == "letters;rotations=2"

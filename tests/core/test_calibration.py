@@ -55,6 +55,10 @@ def test_a_document_loads_and_finds_its_fits(tmp_path):
         ({"model": {}}, "name"),
         ({"fits": [{"readout": "letters", "types": ["choice"]}]}, "not a valid calibration"),
         ({"fits": "letters"}, "not a valid calibration"),
+        (
+            {"fits": [{"readout": "canonical", "types": {"choice": {"temperature": 1, "position_prior": {"3": [1]}}}}]},
+            "position prior",
+        ),
     ],
 )
 def test_malformed_documents_are_refused_clearly(broken, match):
@@ -107,3 +111,29 @@ def test_a_document_may_name_the_models_measured_defaults():
 def test_defaults_without_a_fit_or_out_of_range_are_refused(defaults, match):
     with pytest.raises(ConfigError, match=match):
         calib.from_dict({**DOC, "defaults": defaults})
+
+
+def test_a_position_prior_divides_the_letters_of_the_one_ordering_read():
+    """PriDe: a model that puts 0.6 on the first letter whatever it shows; divided out by
+    position, then the temperature. The prior follows the letters (Combined.shown), not the
+    request's option order; without the ordering, or for another option count, nothing."""
+    fit = calib.TypeFit(1.0, position_prior={3: (0.6, 0.3, 0.1)})
+    shown = (2, 0, 1)  # the letters A, B, C showed options 2, 0, 1
+    probs = (0.3, 0.1, 0.6)  # option 2 got A's 0.6, option 0 B's 0.3, option 1 C's 0.1: pure position
+    assert calib.apply(fit, probs, shown) == pytest.approx((1 / 3, 1 / 3, 1 / 3))
+    assert calib.apply(fit, probs) == pytest.approx(probs)  # no ordering given: no prior
+    assert calib.apply(fit, (0.5, 0.5), (0, 1)) == pytest.approx((0.5, 0.5))  # no prior for 2 options
+    # clones (the same text at two letters) keep one probability: their letters' prior is shared
+    clones = calib.apply(fit, (0.4, 0.4, 0.2), (0, 2, 1), ((0, 2),))
+    assert clones[0] == pytest.approx(clones[2]) and sum(clones) == pytest.approx(1.0)
+    doc = {
+        **DOC,
+        "fits": [
+            {
+                "readout": "canonical",
+                "types": {"choice": {"temperature": 2.0, "position_prior": {"3": [0.6, 0.3, 0.1]}}},
+            }
+        ],
+    }
+    cal = calib.from_dict(doc)
+    assert cal.fit_for(ReadoutSpec("canonical"), "choice") == calib.TypeFit(2.0, (), {3: (0.6, 0.3, 0.1)})

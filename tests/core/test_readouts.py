@@ -205,9 +205,83 @@ def test_canonical_reads_choice_options_once_in_parallels_order_one_after_anothe
     assert pa.order_agreement is None and ro.count(a) == 1
 
 
-def test_canonical_reads_noul_and_scales_as_one_plain_reading():
+def test_canonical_reads_noul_once_and_every_scale_both_ways():
     ro = LettersReadout(LABELS, IDS, rotations=4, canonical=True)
-    for q in (NoulQuestion("Refund?"), ScoreQuestion("How urgent?", ("low", "mid", "high"))):
-        assert ro.readings(q) == letters(1).readings(q) and ro.count(q) == 1
+    noul = NoulQuestion("Refund?")
+    assert ro.readings(noul) == letters(1).readings(noul) and ro.count(noul) == 1
+    scale = ScoreQuestion("How urgent?", ("low", "mid", "high"))
+    # the scale and its reverse, as letters R=2 reads it (the same texts: no new wording)
+    assert ro.readings(scale) == letters(2).readings(scale) and ro.count(scale) == 2
+    assert ro.orders(scale) == [(0, 1, 2), (2, 1, 0)]
+    # reversing the caller's scale mirrors the answer: the reversed question's readings show
+    # the same levels at the same letters (only the heading's direction words differ), so
+    # equal log-probs per displayed list give the mirrored distribution
+    rev = ScoreQuestion("How urgent?", ("high", "mid", "low"))
+    up, down = [math.log(0.6), math.log(0.3), math.log(0.1)], [math.log(0.2), math.log(0.3), math.log(0.5)]
+    asc_text, desc_text = (r.text.split("\n")[-3:] for r in ro.readings(scale))
+    rev_asc, rev_desc = (r.text.split("\n")[-3:] for r in ro.readings(rev))
+    assert asc_text == rev_desc and desc_text == rev_asc
+    p, q = ro.combine(scale, [up, down]).probs, ro.combine(rev, [down, up]).probs
+    assert p == pytest.approx(q[::-1])
+    assert ro.combine(scale, [up, down]).order_agreement is not None  # two orders read
     many = choice(*(f"o{i:02d}" for i in range(30)))
     assert ro.count(many) == 1 and ro.orders(many) == [tuple(range(30))]
+
+
+def test_mirror_reads_every_question_in_the_canonical_order_and_its_reverse():
+    ro = LettersReadout(LABELS, IDS, rotations=4, mirror=True)
+    assert ro.spec == ReadoutSpec("mirror") == ReadoutSpec("mirror", 4)  # rotations mean nothing to it
+    a = ChoiceQuestion("Which team?", (Option("x", "Zebra"), Option("y", "Apple"), Option("z", None)))
+    b = ChoiceQuestion("Which team?", (a.options[2], a.options[0], a.options[1]))
+    assert ro.readings(a) == ro.readings(b) and ro.count(a) == 2  # order-free: the same two texts
+    assert ro.orders(a) == [(1, 0, 2), (2, 0, 1)]  # Apple, Zebra, z and its reverse
+    # a model that only ever says "A" (a pure position preference) is cancelled to first order
+    lp = [math.log(0.7), math.log(0.2), math.log(0.1)]
+    pa = ro.combine(a, [lp, lp]).probs
+    assert pa == pytest.approx((0.2, 0.4, 0.4))  # x (middle twice), y (first, then last), z (last, then first)
+    assert dict(zip("xyz", pa, strict=True)) == pytest.approx(
+        dict(zip("zxy", ro.combine(b, [lp, lp]).probs, strict=True))
+    )
+    noul = NoulQuestion("Refund?")
+    assert ro.orders(noul) == [(0, 1), (1, 0)] and ro.combine(noul, [lp[:2], lp[:2]]).probs == pytest.approx((0.5, 0.5))
+    scale = ScoreQuestion("How urgent?", ("low", "mid", "high"))
+    assert ro.readings(scale) == letters(2).readings(scale)
+    many = choice(*(f"o{i:02d}" for i in range(30)))
+    assert ro.count(many) == 1 and len(ro.orders(many)) == 1  # past max_rotated_options: read once
+
+
+def test_mirror_reads_a_two_option_choice_as_the_noul_with_the_same_texts():
+    ro = LettersReadout(LABELS, IDS, mirror=True)
+    noul = NoulQuestion("Is it paid?")
+    as_choice = ChoiceQuestion("Is it paid?", (Option("yes", "Yes"), Option("no", "No")))
+    assert sorted(r.text for r in ro.readings(noul)) == sorted(r.text for r in ro.readings(as_choice))
+    up, down = [math.log(0.8), math.log(0.2)], [math.log(0.6), math.log(0.4)]
+    p_yes = ro.combine(noul, [up, down]).probs[0]
+    # the choice lists No first in its canonical order: its first reading is noul's second
+    assert ro.combine(as_choice, [down, up]).probs[0] == pytest.approx(p_yes)
+
+
+def test_options_shown_with_the_same_text_share_their_probability():
+    for ro in (LettersReadout(LABELS, IDS, canonical=True), LettersReadout(LABELS, IDS, mirror=True)):
+        q = ChoiceQuestion("Which?", (Option("a", "Same"), Option("b", "Other"), Option("c", "Same")))
+        lp = [math.log(0.5), math.log(0.3), math.log(0.2)]
+        probs = ro.combine(q, [lp] * ro.count(q)).probs
+        assert probs[0] == pytest.approx(probs[2]) and sum(probs) == pytest.approx(1.0)
+    plain = letters(1)  # the caller's order, lettered as given: no such rule
+    assert plain.combine(q, [lp]).probs == pytest.approx((0.5, 0.3, 0.2))
+
+
+def test_one_lettered_ordering_says_which_option_each_letter_showed():
+    q = ChoiceQuestion("Which team?", (Option("x", "Zebra"), Option("y", "Apple"), Option("z", "Mango")))
+    lp = [math.log(1 / 3)] * 3
+    assert LettersReadout(LABELS, IDS, canonical=True).combine(q, [lp]).shown == (1, 2, 0)
+    assert letters(1).combine(q, [lp]).shown == (0, 1, 2)
+    assert letters(2).combine(q, [lp, lp]).shown is None  # two orderings averaged: no one letter per option
+
+
+def test_canonical_reads_a_two_option_choice_both_ways_as_a_noul_would_be_under_mirror():
+    ro = LettersReadout(LABELS, IDS, canonical=True)
+    q = ChoiceQuestion("Is it paid?", (Option("yes", "Yes"), Option("no", "No")))
+    assert ro.orders(q) == [(1, 0), (0, 1)] and ro.count(q) == 2
+    up = [math.log(0.7), math.log(0.3)]  # a model that only says "A"
+    assert ro.combine(q, [up, up]).probs == pytest.approx((0.5, 0.5))

@@ -170,9 +170,10 @@ async def test_parallel_runs_where_the_engine_runs_layouts_and_falls_back_elsewh
     remote = FakeEngine()
     unable = DecisionService(compiler, remote, limits, readout=spec)
     result = await unable.decide(DecisionRequest(STATE, QUESTIONS))
-    # parallel's sequential twin: each question read once, choice options in the canonical order
+    # parallel's sequential twin: choice options in the canonical order (this one has two: both
+    # orders), the scale both ways, the noul once
     assert unable.default_readout.describe() == "canonical" and result.readout == "canonical"
-    assert not any(b.parallel for b in remote.plans[0].branches) and len(remote.plans[0].branches) == 3
+    assert not any(b.parallel for b in remote.plans[0].branches) and len(remote.plans[0].branches) == 5
     result = await unable.decide(DecisionRequest(STATE, QUESTIONS), readout=spec)  # a per-request ask too
     assert result.readout == "canonical"
 
@@ -249,3 +250,27 @@ def _top(answer) -> float:
     if isinstance(answer, ChoiceAnswer):
         return max(p for _, p in answer.probabilities)
     return max(answer.probabilities)
+
+
+async def test_a_position_prior_is_applied_by_the_letters_the_options_were_shown_at():
+    """canonical reads a choice in the canonical order: the fit's prior divides each option by
+    the prior of the letter it was shown at, not of its place in the request."""
+    from openjev.core.readouts import ReadoutSpec, canonical_order
+
+    limits = ServiceLimits(**LIMITS.__dict__)
+    compiler = PromptCompiler(FakeTokenizer(), max_labels=255)
+    from openjev.core.types import ChoiceQuestion, Option
+
+    team = ChoiceQuestion("Which team?", (Option("s", "Shipping"), Option("b", "Billing"), Option("a", "Accounts")))
+    n = len(team.options)
+    prior = tuple(float(2 ** (n - j)) for j in range(n))
+    prior = tuple(p / sum(prior) for p in prior)
+    cal = _calibration(ReadoutSpec("canonical"), choice=calib.TypeFit(1.0, (), {n: prior}))
+    service = DecisionService(compiler, FakeEngine(), limits, readout=ReadoutSpec("canonical"), calibration=cal)
+    request = DecisionRequest(STATE, (("team", team),))
+    raw = [p for _, p in dict((await service.decide(request, calibrate=False)).answers)["team"].probabilities]
+    fitted = [p for _, p in dict((await service.decide(request)).answers)["team"].probabilities]
+    shown = canonical_order(team)
+    assert shown != tuple(range(n))  # the letters do not follow the request's order here
+    assert fitted == pytest.approx(list(calib.apply(calib.TypeFit(1.0, (), {n: prior}), raw, shown)))
+    assert fitted != pytest.approx(list(calib.apply(calib.TypeFit(1.0, (), {n: prior}), raw, tuple(range(n)))))

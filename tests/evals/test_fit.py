@@ -64,3 +64,25 @@ def test_a_temperature_only_fit_never_takes_a_prior():
     assert fit_type(samples)["form"] in ("temperature", "temperature+prior")
     only = fit_type(samples, prior=False)
     assert only["form"] == "temperature" and only["bias"] == [] and "temperature+prior" in only["cv_nll"]
+
+
+def test_the_worst_group_temperature_trades_the_pooled_optimum_for_the_group_it_would_sacrifice():
+    """One kind of text where the model knows the answers, a smaller one where it is confidently
+    wrong: the pooled T serves the first and costs the second far more than a uniform guess;
+    the worst-group T flattens until the two cost the same, still better than a guess on both."""
+    from openjev.evals.fit import fit_type_worst_group
+
+    good = synthetic(300, sharpen=1.0, bias_a=0.0, seed=3)
+    wrong = synthetic(60, sharpen=1.0, bias_a=0.0, seed=4)
+    bad = [Scored("choice", s.probs, (s.top + 1 + i % 3) % 4) for i, s in enumerate(wrong)]  # never the top
+    samples, groups = good + bad, ["good"] * len(good) + ["bad"] * len(bad)
+    pooled, robust = fit_type(samples, prior=False), fit_type_worst_group(samples, groups)
+
+    def nll(fit, part):
+        fitted = [Scored("choice", calib.apply(calib.TypeFit(fit["temperature"]), s.probs), s.correct) for s in part]
+        return summarize(fitted)["nll"]
+
+    assert robust["temperature"] > pooled["temperature"]
+    assert nll(robust, bad) < nll(pooled, bad) and nll(pooled, bad) > math.log(4)
+    assert robust["worst_group_nll"] == pytest.approx(max(nll(robust, good), nll(robust, bad)), abs=1e-6)
+    assert nll(robust, good) < math.log(4)

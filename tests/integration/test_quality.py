@@ -65,8 +65,9 @@ def test_the_shipped_calibration_is_applied_by_default_and_can_be_switched_off(d
     raw = httpx.post(url, json=README_EXAMPLE, headers={"x-openjev-calibration": "none"}, timeout=60)
     assert fitted.status_code == raw.status_code == 200
     assert fitted.headers["x-openjev-calibration"] == cal["id"] and raw.headers["x-openjev-calibration"] == "none"
-    # The default readout is canonical (one reading, options in an order of their own text), and
-    # the shipped file has a fit for it: the header names what was read.
+    # The default readout is canonical (one reading per choice, options in an order of their
+    # own text; a scale both ways), and the shipped file has a fit for it: the header names
+    # what was read.
     assert model["x_readout"] == "canonical"
     assert fitted.headers["x-openjev-readout"] == raw.headers["x-openjev-readout"] == "canonical"
     assert fitted.json()["answers"] != raw.json()["answers"]

@@ -27,7 +27,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -42,14 +42,22 @@ _FLOOR = 1e-12  # log(0) guard: a zero probability stays (practically) zero
 
 @dataclass(frozen=True)
 class TypeFit:
+    """`position_prior`: per option count n, the probability the model puts on each letter
+    position regardless of the options (PriDe, estimated without labels); an answer read in
+    one lettered ordering is divided by it position by position before T applies. Empty: none."""
+
     temperature: float
     bias: tuple[float, ...] = ()
+    position_prior: Mapping[int, tuple[float, ...]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.temperature) and self.temperature > 0):
             raise ValueError(f"temperature must be finite and positive, got {self.temperature!r}")
         if not all(math.isfinite(b) for b in self.bias):
             raise ValueError("bias values must be finite")
+        for n, prior in self.position_prior.items():
+            if len(prior) != n or not all(math.isfinite(p) and p > 0 for p in prior):
+                raise ValueError(f"position prior for {n} options must be {n} positive numbers")
 
 
 @dataclass(frozen=True)
@@ -81,12 +89,26 @@ class Calibration:
         return any(fit.spec == part for fit in self.fits for part in spec.parts())
 
 
-def apply(fit: TypeFit, probs: Sequence[float]) -> tuple[float, ...]:
-    """Calibrated probabilities (same length, sum 1)."""
-    z = [
-        math.log(max(p, _FLOOR)) / fit.temperature + (fit.bias[i] if i < len(fit.bias) else 0.0)
-        for i, p in enumerate(probs)
-    ]
+def apply(
+    fit: TypeFit,
+    probs: Sequence[float],
+    shown: Sequence[int] | None = None,
+    clones: Sequence[Sequence[int]] = (),
+) -> tuple[float, ...]:
+    """Calibrated probabilities (same length, sum 1). `shown`: the option at each letter of
+    the one ordering read (Combined.shown), for the fit's position prior; without it (or
+    without a prior for this many options) none is applied. `clones`: groups of options
+    that must keep one probability (Combined.clones): the prior of their letters is shared."""
+    logs = [math.log(max(p, _FLOOR)) for p in probs]
+    prior = fit.position_prior.get(len(probs)) if shown is not None else None
+    if prior is not None and shown is not None:
+        for position, option in enumerate(shown):
+            logs[option] -= math.log(prior[position])
+        for members in clones:
+            mean = math.fsum(logs[i] for i in members) / len(members)
+            for i in members:
+                logs[i] = mean
+    z = [v / fit.temperature + (fit.bias[i] if i < len(fit.bias) else 0.0) for i, v in enumerate(logs)]
     top = max(z)
     w = [math.exp(v - top) for v in z]
     total = math.fsum(w)
@@ -130,7 +152,8 @@ def from_dict(data: Mapping[str, Any], source: str = "") -> Calibration:
             for qtype, t in entry["types"].items():
                 if qtype not in QUESTION_TYPES:
                     raise ValueError(f"unknown question type {qtype!r}")
-                types[qtype] = TypeFit(float(t["temperature"]), tuple(float(b) for b in t.get("bias", ())))
+                prior = {int(n): tuple(float(p) for p in ps) for n, ps in (t.get("position_prior") or {}).items()}
+                types[qtype] = TypeFit(float(t["temperature"]), tuple(float(b) for b in t.get("bias", ())), prior)
             fits.append(ReadoutFit(spec, types))
         specs = [f.spec for f in fits]
         if len(set(specs)) != len(specs):

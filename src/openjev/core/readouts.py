@@ -22,7 +22,17 @@ extra readings share the state's computation like any other branch.
   question's options lettered once, one after another, in the same canonical order. The
   answer does not depend on the caller's order (order flips are zero by construction) at
   one reading's cost; the model's preference for early letters stays, but falls on options
-  by their text, not by where the caller put them. noul and score are read as letters.
+  by their text, not by where the caller put them (a calibration fit may divide it out: a
+  position prior). A 2-option choice is read in both of its orders (the reverse is the only
+  other one). noul is read as letters R=1; a scale both
+  ways (ascending and reversed, as letters R=2), so reversing the caller's scale mirrors its
+  answer: the reversed scale's two readings show the same levels at the same letters.
+- `mirror`: every question read in one order and its mirror image, the two averaged: a
+  choice's canonical order and its reverse, noul true-then-false and false-then-true, a
+  scale ascending and descending. Order-free like canonical, and the model's preference for
+  a position is cancelled to first order (the first letter of one reading is the last of
+  the other) instead of landing on an option by its text. A 2-option choice and a noul
+  with the same texts are the same two readings. Two readings per question.
 - `yesno` (the second seed's method): noul reads Yes/No directly; every choice option
   and score level is its own reading, judged Yes/No; P(yes) of each candidate (Yes vs No,
   renormalised) is normalised over the question's candidates. The candidates of a
@@ -45,11 +55,11 @@ from openjev.core import scoring, wording
 from openjev.core.types import ChoiceQuestion, NoulQuestion, Question, ScoreQuestion
 from openjev.errors import ConfigError
 
-READOUT_NAMES = ("letters", "yesno", "parallel", "canonical")
-ONE_READING = ("yesno", "parallel", "canonical")  # readouts rotations mean nothing to
+READOUT_NAMES = ("letters", "yesno", "parallel", "canonical", "mirror")
+ONE_READING = ("yesno", "parallel", "canonical", "mirror")  # readouts rotations mean nothing to
 # Readouts that letter a choice's options in canonical_order, never the caller's: a fit
 # corrects no request position for them, and rotations asked alone ask for letters instead.
-CANONICAL_ORDER = ("parallel", "canonical")
+CANONICAL_ORDER = ("parallel", "canonical", "mirror")
 QUESTION_TYPES = ("noul", "choice", "score")
 
 
@@ -128,11 +138,17 @@ class Combined:
     `label_mass`: mean probability the readings put on their valid labels at all.
     `order_agreement`: share of the orderings whose own top option is the combined top
     option; None where one ordering was read.
+    `shown`: where one lettered ordering was read, the option at each letter (position j
+    showed option shown[j]); a calibration's position prior applies by it. None otherwise.
+    `clones`: groups of options shown with the same text (they share one probability, and
+    keep sharing it after calibration).
     """
 
     probs: tuple[float, ...]
     label_mass: float
     order_agreement: float | None = None
+    shown: tuple[int, ...] | None = None
+    clones: tuple[tuple[int, ...], ...] = ()
 
 
 class Readout(Protocol):
@@ -177,10 +193,14 @@ class LettersReadout:
         temperature: float = 1.0,
         max_rotated_options: int = 26,
         canonical: bool = False,
+        mirror: bool = False,
     ) -> None:
-        # canonical: a choice's options in canonical_order, read once (the `canonical` readout)
-        self.spec = ReadoutSpec("canonical") if canonical else ReadoutSpec("letters", rotations)
-        self._canonical = canonical
+        # canonical: a choice's options in canonical_order, read once (the `canonical` readout);
+        # mirror: every question in that order and its reverse (the `mirror` readout)
+        name = "mirror" if mirror else "canonical" if canonical else "letters"
+        self.spec = ReadoutSpec(name, rotations)
+        self._canonical = canonical or mirror
+        self._mirror = mirror
         self._labels = tuple(labels)
         self._ids = tuple(label_ids)
         self._temperature = temperature
@@ -193,21 +213,31 @@ class LettersReadout:
         n = n_options(question)
         ascending = tuple(range(n))
         if self._canonical and isinstance(question, ChoiceQuestion):
-            return [canonical_order(question)]
+            first = canonical_order(question)
+            # two options: the reverse is the only other order, so canonical reads both (as a scale)
+            both = (self._mirror or n == 2) and 1 < n <= self._max_rotated
+            return [first, first[::-1]] if both else [first]
         if n > self._max_rotated:
             return [ascending]
+        if self._mirror:
+            return [ascending, ascending[::-1]] if n > 1 else [ascending]
         if isinstance(question, ScoreQuestion):
-            return [ascending] if self.spec.rotations == 1 else [ascending, ascending[::-1]]
+            both = self.spec.rotations > 1 or self._canonical
+            return [ascending, ascending[::-1]] if both else [ascending]
         r = min(self.spec.rotations, n)
         shifts = [(k * n) // r for k in range(r)]  # evenly spaced, distinct since r <= n
         return [tuple((s + j) % n for j in range(n)) for s in shifts]
 
     def count(self, question: Question) -> int:
         n = n_options(question)
-        if n > self._max_rotated or self._canonical:
+        if self._mirror:
+            return 2 if 1 < n <= self._max_rotated else 1
+        if n > self._max_rotated:
             return 1
         if isinstance(question, ScoreQuestion):
-            return 1 if self.spec.rotations == 1 else 2
+            return 2 if self.spec.rotations > 1 or self._canonical else 1
+        if self._canonical and isinstance(question, ChoiceQuestion):
+            return 2 if n == 2 else 1
         return min(self.spec.rotations, n)
 
     def reading(self, question: Question, k: int) -> Reading:
@@ -233,12 +263,16 @@ class LettersReadout:
                 probs[option] = shown[position]
             per_order.append(probs)
         mean = [math.fsum(p[i] for p in per_order) / len(per_order) for i in range(n)]
+        clones: tuple[tuple[int, ...], ...] = ()
+        if self._canonical and isinstance(question, ChoiceQuestion):
+            clones = _clones(question)
+            mean = _shared(mean, clones)
         mass = math.fsum(scoring.label_mass(lp) for lp in logprobs) / len(logprobs)
         agreement = None
         if len(per_order) > 1:
             top = scoring.argmax(mean)
             agreement = sum(scoring.argmax(p) == top for p in per_order) / len(per_order)
-        return Combined(tuple(mean), mass, agreement)
+        return Combined(tuple(mean), mass, agreement, orders[0] if len(orders) == 1 else None, clones)
 
 
 class YesNoReadout:
@@ -269,6 +303,26 @@ class YesNoReadout:
         if total <= 0.0:
             raise ValueError("every candidate has P(yes) = 0")
         return Combined(tuple(y / total for y in yes), mass)
+
+
+def _clones(question: ChoiceQuestion) -> tuple[tuple[int, ...], ...]:
+    """Groups of options the model is shown with the same text: the same option to it
+    (which of them got the earlier letter was decided by their names alone, so whatever
+    separates their probabilities is the position, never the option)."""
+    groups: dict[str, list[int]] = {}
+    for i, text in enumerate(wording.option_texts(question)):
+        groups.setdefault(text, []).append(i)
+    return tuple(tuple(m) for m in groups.values() if len(m) > 1)
+
+
+def _shared(probs: Sequence[float], clones: Sequence[Sequence[int]]) -> list[float]:
+    """Each group of clones gets its mean."""
+    out = list(probs)
+    for members in clones:
+        shared = math.fsum(probs[i] for i in members) / len(members)
+        for i in members:
+            out[i] = shared
+    return out
 
 
 def canonical_order(question: ChoiceQuestion) -> tuple[int, ...]:

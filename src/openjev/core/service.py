@@ -198,6 +198,7 @@ class DecisionService:
                     temperature=t,
                     max_rotated_options=self._limits.rotation_max_options,
                     canonical=spec.name == "canonical",
+                    mirror=spec.name == "mirror",
                 )
             self._readouts[spec] = found
         return found
@@ -324,7 +325,7 @@ class DecisionService:
 
     @staticmethod
     def _answer(question: Question, combined: Combined, fit: calib.TypeFit | None, rule: AbstainRule) -> Answer:
-        probs = combined.probs if fit is None else calib.apply(fit, combined.probs)
+        probs = combined.probs if fit is None else calib.apply(fit, combined.probs, combined.shown, combined.clones)
         if not all(math.isfinite(p) for p in probs):
             raise EngineError("the engine's log-probabilities gave non-finite probabilities")
         mass, agreement = combined.label_mass, combined.order_agreement

@@ -44,6 +44,12 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     ev.add_argument("--no-flips", action="store_true", help="skip the rotated choice requests (no order-flip rate)")
     ev.add_argument("--calibration", help="in-process: auto, none or a calibration file (default auto)")
     ev.add_argument("--out", help="run folder (default evals/runs/<data>-<readout>-<calibration>)")
+    ev.add_argument(
+        "--invariance",
+        action="store_true",
+        help="also run jevbench-mini's invariance relations (option_permutation, noul_as_choice, clone_symmetry, "
+        "batch_order; 336 requests, no labels) with the same readout and calibration (needs jevbench)",
+    )
 
     cal = sub.add_parser("calibrate", help="fit a calibration file on labelled (dev) data")
     _common(cal)
@@ -51,7 +57,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
         "--config",
         action="append",
         metavar="READOUT[:ROTATIONS]",
-        help="readout to fit, repeatable: letters, letters:4, yesno, parallel, canonical (default: the server's readout)",
+        help="readout to fit, repeatable: letters, letters:4, yesno, parallel, canonical, mirror (default: the server's readout)",
     )
     cal.add_argument("-o", "--output", default="calibration.json", help="calibration file to write")
     cal.add_argument("--id", help="calibration id (default: <model>-<data>-<date>)")
@@ -107,13 +113,23 @@ def evaluate(args: argparse.Namespace) -> int:
                 url, items, config, store, concurrency=args.concurrency, key=_key(args), progress=not args.no_progress
             )
         )
+        invariance = _invariance(args, url, config) if args.invariance else None
     scored, facts = score(items, store)
     summary = {"metrics": by_type(scored), "run": facts, "config": run_meta(args.data, target, config)}
+    if invariance is not None:
+        summary["invariance"] = invariance
     title = f"{_stem(args.data)}: readout {facts['readout']}, calibration {facts['calibration']}"
     report.write(folder, summary, scored, title)
     sys.stdout.write(report.markdown(summary, title))
     print(f"\nwrote {folder}/summary.json, summary.md, reliability.png", file=sys.stderr)
     return 0 if facts["items_failed"] == 0 else 1
+
+
+def _invariance(args: argparse.Namespace, url: str, config: RunConfig) -> dict:
+    from openjev.evals import invariance
+
+    print("jevbench-mini invariance relations ...", file=sys.stderr)
+    return invariance.measure(url, config.headers(_key(args)), concurrency=args.concurrency)
 
 
 def _parse_config(text: str) -> RunConfig:

@@ -2,7 +2,8 @@
 
     {"id": "ticket-001",
      "request": {<a /v1/systemone body: model, state, questions>},
-     "expected": {<question id>: <answer>}}
+     "expected": {<question id>: <answer>},
+     "domain": "tickets"}          (optional: what kind of text the state is)
 
 The expected answer is `true`/`false` for noul, the option name for choice, the 0-based
 level index for score. Questions without an expected answer are sent but not scored.
@@ -25,6 +26,7 @@ class Item:
     id: str
     request: dict[str, Any]
     expected: dict[str, Any]
+    domain: str = ""  # the kind of text, where the data names it (evals/transfer_table.py groups by it)
 
 
 def _check_expected(where: str, qid: str, question: dict, answer: Any) -> None:
@@ -57,7 +59,7 @@ def load_items(*paths: str | Path) -> list[Item]:
                 raise DataError(f"{where}: not JSON: {e}") from None
             if not isinstance(raw, dict) or not {"id", "request", "expected"} <= set(raw):
                 raise DataError(f"{where}: an item needs id, request and expected")
-            item = Item(str(raw["id"]), raw["request"], raw["expected"])
+            item = Item(str(raw["id"]), raw["request"], raw["expected"], str(raw.get("domain") or ""))
             questions = item.request.get("questions")
             if not isinstance(questions, dict) or not questions:
                 raise DataError(f"{where}: request.questions must be a non-empty object")

@@ -103,3 +103,31 @@ def fit_readout(scored: Sequence[Scored], *, order_free: Sequence[str] = (), pri
         if len(samples) >= 10:
             out[qtype] = fit_type(samples, prior=prior and qtype not in order_free)
     return out
+
+
+def fit_type_worst_group(samples: Sequence[Scored], groups: Sequence[str], *, grid: int = 241) -> dict:
+    """A temperature for text the fit has not seen: the T whose worst group (by the mean NLL
+    of that group's questions) is best, over a log grid of T in [0.05, 50]. Groups are kinds
+    of text (openjev.evals.domains). Where every group is best served by flattening, this
+    gives the flat answer rather than the pooled optimum that some group pays for. The
+    same fields as fit_type (no prior: a per-position or per-level correction is what fails
+    to carry across text)."""
+    logp, correct = _arrays(samples)
+    names = sorted(set(groups))
+    member = [np.array([g == name for g in groups]) for name in names]
+    best_theta, best_worst = 0.0, float("inf")
+    for theta in np.linspace(np.log(0.05), np.log(50.0), grid):
+        worst = max(_nll(np.array([theta]), logp[m], correct[m], 0.0) for m in member if m.any())
+        if worst < best_worst - 1e-12:
+            best_theta, best_worst = float(theta), worst
+    theta_arr = np.array([best_theta])
+    return {
+        "temperature": float(np.exp(best_theta)),
+        "bias": [],
+        "n": len(samples),
+        "groups": len(names),
+        "nll_before": _nll(np.zeros(1), logp, correct, 0.0),
+        "nll_after": _nll(theta_arr, logp, correct, 0.0),
+        "worst_group_nll": best_worst,
+        "form": "temperature (worst group)",
+    }

@@ -54,6 +54,14 @@ def markdown(summary: dict[str, Any], title: str) -> str:
         "coverage is the share answered, acc. answered the accuracy on those "
         "(evals/abstain_table.py: accuracy against coverage over a grid of floors)",
     ]
+    inv = summary.get("invariance")
+    if inv:
+        lines += ["", f"{inv['suite']} invariance relations (share of tests that hold, tolerance 0.05; no labels):", ""]
+        lines += ["| relation | holds | tests |", "|---|---|---|"]
+        for name, share in inv["relations"].items():
+            lines.append(f"| {name} | {_cell(share, '{:.3f}')} | {inv['tests'].get(name, 0)} |")
+        if inv.get("errors"):
+            lines.append(f"\n{inv['errors']} jevbench requests failed: their relations are left unscored")
     return "\n".join(lines) + "\n"
 
 
