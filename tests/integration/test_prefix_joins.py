@@ -44,8 +44,9 @@ def test_twelve_identical_cold_requests_compute_their_state_once(embedded):
     assert state_tokens > 200
     # the state once; the others their own part (the packed root may end a little before
     # the trie's shared prefix: a few tokens each at most)
-    assert computed <= plan.unique_tokens + 11 * (own + 8), computed
-    assert computed < 2 * plan.unique_tokens
+    assert computed <= plan.unique_tokens + 11 * (own + 8), computed  # main: 12 x unique_tokens
+    followers = sorted(r.cached_tokens for r in results)[1:]
+    assert all(c >= state_tokens - 8 for c in followers), followers  # the followers: the state from the cache
     first = results[0].branches
     for r in results[1:]:
         for a, b in zip(first, r.branches, strict=True):
