@@ -563,3 +563,30 @@ def test_the_servers_prefill_step_is_read_from_its_info():
     assert step_tokens({"chunked_prefill_size": 8192, "max_prefill_tokens": 512}) == 512
     assert step_tokens({"chunked_prefill_size": -1, "max_prefill_tokens": 512}) is None  # no chunking
     assert step_tokens({"max_prefill_tokens": 512}) is None
+
+
+def test_a_server_that_drops_a_batchs_namespace_is_found_out():
+    from openjev.engines.sglang import capabilities
+
+    for drops in (False, True):
+        fake = FakeSGLang(batch_drops_namespace=drops)
+        protocol = capabilities("http://sglang.test", [5, 6, 7], client=httpx.Client(transport=fake.sync_transport()))
+        assert protocol.batch_body is not None and protocol.batch_keeps_namespace is not drops
+
+
+async def test_namespaced_plans_are_not_batched_where_the_server_would_drop_the_namespace():
+    """SGLang-JAX 0.1.0rc0 loses `extra_key` when it splits a batch: a key's branches would
+    enter (and be served from) the shared cache. Keyless plans are still batched."""
+    from openjev.engines.http_protocol import sglang
+
+    fake = FakeSGLang(batch_drops_namespace=True)
+    engine = _engine(fake, sglang(batch=True, prefill_only=True, keeps_namespace=False), strategy="all")
+    try:
+        await engine.run(_in("salt-a", _plan()))
+        namespaced = len(fake.calls)
+        await engine.run(_plan())
+    finally:
+        await engine.close()
+    assert namespaced == 4 and all(c["body"]["extra_key"] == "salt-a" for c in fake.calls[:4])
+    assert len(fake.calls) == 5  # the keyless plan: one batched call
+    assert set(fake.namespaces[:4]) == {"salt-a"}

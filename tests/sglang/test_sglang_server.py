@@ -205,6 +205,9 @@ async def test_the_server_keeps_each_cache_namespace_to_itself(compiler, server,
     assert first.computed_tokens >= alice.shared_prefix_len  # cold
     assert again.computed_tokens < alice.shared_prefix_len  # the state came from alice's cache
     assert other.computed_tokens >= bob.shared_prefix_len  # not from alice's
+    # bob, cold in his namespace, finds no more than alice did cold in hers (SGLang-JAX
+    # 0.1.0rc0 dropped a batch's extra_key: bob then found 629 cached where alice found 68)
+    assert other.cached_tokens <= first.cached_tokens + len(bob.branches), (first, other)
 
 
 @pytest.mark.parametrize("readout", ["yesno", "letters-r2"])

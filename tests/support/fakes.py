@@ -197,8 +197,9 @@ class FakeSGLang(_FakeServer):
     of lists, as SGLang 0.5.23 takes them) share nothing either. `cached_tokens` is the
     longest cached prefix. Knobs reproduce what real servers do: entries in another order
     than asked, no `cached_tokens` (Rust frontend), error statuses, aborted finish reasons,
-    slowness, and servers that refuse batches (`batch=False`) or `max_new_tokens: 0`
-    (`prefill_only=False`) with a 400, as older ones do.
+    slowness, servers that refuse batches (`batch=False`) or `max_new_tokens: 0`
+    (`prefill_only=False`) with a 400, as older ones do, and one that drops a batch's
+    `extra_key` (`batch_drops_namespace`, as SGLang-JAX 0.1.0rc0 does).
     """
 
     def __init__(
@@ -212,12 +213,14 @@ class FakeSGLang(_FakeServer):
         null_token: int | None = None,
         batch: bool = True,
         prefill_only: bool = True,
+        batch_drops_namespace: bool = False,
     ) -> None:
         self._start_recording(delay_s=delay_s, fail_status=fail_status, fail_when=fail_when, null_token=null_token)
         self.report_cached = report_cached
         self.abort_when = abort_when  # predicate on input_ids -> finish_reason abort
         self.batch = batch
         self.prefill_only = prefill_only
+        self.batch_drops_namespace = batch_drops_namespace  # as SGLang-JAX 0.1.0rc0 splits a batch
         self.items: list[tuple[int, ...]] = []  # the token ids of every branch sent, batched or not
 
     async def handle(self, request):
@@ -239,7 +242,8 @@ class FakeSGLang(_FakeServer):
         labels = body["token_ids_logprob"] if batched else [body["token_ids_logprob"]]
         rids = body["rid"] if batched else [body["rid"]]
         self.items += seqs
-        cached, failure = await self._compute_all(body, seqs, body.get("extra_key") or "")
+        namespace = "" if batched and self.batch_drops_namespace else body.get("extra_key") or ""
+        cached, failure = await self._compute_all(body, seqs, namespace)
         if failure is not None:
             return failure
         metas = [self._meta(*item, new_tokens) for item in zip(seqs, labels, rids, cached, strict=True)]

@@ -212,9 +212,11 @@ class HTTPEngine:
         return tuple(values), prompt, cached
 
     def _batches(self, plan: Plan, indices: Sequence[int]) -> bool:
-        """Whether these branches go in one call: the protocol batches, and no branch needs
-        its labels split over calls."""
+        """Whether these branches go in one call: the protocol batches (keeping the plan's
+        cache namespace, if it has one), and no branch needs its labels split over calls."""
         per_call = self.protocol.max_ids_per_call
+        if plan.cache_namespace and not self.protocol.batch_keeps_namespace:
+            return False
         return self.protocol.batch_body is not None and (
             per_call is None or all(len(plan.branches[i].label_ids) <= per_call for i in indices)
         )

@@ -67,6 +67,9 @@ class HTTPProtocol:
     parse_batch_reply: Callable[[Any, Sequence[str], Sequence[Sequence[int]]], list[Reply]] | None = None
     # Whether a call generates no token (the label log-probs come from the prefill alone).
     prefill_only: bool = False
+    # Whether a batched call keeps the cache namespace for every item (SGLang-JAX 0.1.0rc0
+    # drops `extra_key` when it splits a batch): a namespaced plan is batched only if so.
+    batch_keeps_namespace: bool = False
 
 
 def request_body(
@@ -186,9 +189,10 @@ def tokenized_ids(body: Any) -> list[int]:
     return [int(entry[1]) for entry in body["meta_info"]["input_token_logprobs"]]
 
 
-def sglang(*, batch: bool, prefill_only: bool) -> HTTPProtocol:
+def sglang(*, batch: bool, prefill_only: bool, keeps_namespace: bool = True) -> HTTPProtocol:
     """SGLang's protocol as the connected server takes it (sglang.py `capabilities`):
-    `batch`, a stage's branches in one call; `prefill_only`, `max_new_tokens: 0`."""
+    `batch`, a stage's branches in one call; `prefill_only`, `max_new_tokens: 0`;
+    `keeps_namespace`, a batch's items keep its `extra_key`."""
     new = 0 if prefill_only else 1
     return HTTPProtocol(
         name="SGLang",
@@ -202,6 +206,7 @@ def sglang(*, batch: bool, prefill_only: bool) -> HTTPProtocol:
         batch_body=partial(batch_body, new_tokens=new) if batch else None,
         parse_batch_reply=partial(parse_batch_reply, new_tokens=new) if batch else None,
         prefill_only=prefill_only,
+        batch_keeps_namespace=batch and keeps_namespace,
     )
 
 

@@ -10,6 +10,7 @@ vLLM remote.py's.
 from __future__ import annotations
 
 import logging
+import random
 import uuid
 from typing import Any
 
@@ -134,8 +135,44 @@ def capabilities(url: str, ids: list[int], timeout_s: float = 60.0, client: http
     for batch, prefill_only in ((True, True), (False, True), (True, False)):
         protocol = http_protocol.sglang(batch=batch, prefill_only=prefill_only)
         if works(protocol):
+            if batch and not keeps_namespace(url, ids, protocol, timeout_s, client):
+                log.warning(
+                    "the SGLang server drops extra_key in batched calls: namespaced plans go one call per branch"
+                )
+                protocol = http_protocol.sglang(batch=True, prefill_only=prefill_only, keeps_namespace=False)
             return protocol
     return http_protocol.SGLANG
+
+
+def keeps_namespace(
+    url: str, ids: list[int], protocol: HTTPProtocol, timeout_s: float, client: httpx.Client | None
+) -> bool:
+    """Whether a batched call's items keep its `extra_key` (the cache namespace): a new
+    sequence sent batched under a fresh key, then alone under none, must find nothing cached
+    (SGLang-JAX 0.1.0rc0 loses the key when it splits a batch, so the second finds it). False
+    if the server does not say what it found cached."""
+    if protocol.batch_body is None:
+        return False
+    # Not starting as `ids` does, which the probes before this one cached without a key.
+    pool = [t for t in ids if t != ids[0]] or ids
+    seq = random.Random(uuid.uuid4().int).choices(pool, k=24)
+    labels = ids[:1]
+    http = client or httpx
+    try:
+        body = protocol.batch_body([uuid.uuid4().hex, uuid.uuid4().hex], [(seq, labels), (seq[:-1], labels)], "")
+        body["extra_key"] = f"openjev-probe-{uuid.uuid4().hex}"
+        http.post(url + http_protocol.GENERATE, json=body, timeout=timeout_s).raise_for_status()
+        r = http.post(
+            url + http_protocol.GENERATE,
+            json=protocol.request_body(uuid.uuid4().hex, seq, labels, ""),
+            timeout=timeout_s,
+        )
+        r.raise_for_status()
+        _, _, cached = protocol.parse_reply(r.json(), labels)
+    except (httpx.HTTPError, EngineError, ValueError) as e:
+        log.info("could not tell whether batched calls keep extra_key: %s", e)
+        return False
+    return cached == 0
 
 
 def _shape(protocol: HTTPProtocol) -> str:
