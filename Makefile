@@ -12,7 +12,7 @@ INSTALLER ?= uv
 UV_VERSION := 0.13.9
 export HF_HUB_OFFLINE := 1
 
-.PHONY: setup serve quality-model quality-model-small lint fmt test docs docs-serve browser-deps test-browser test-sglang test-sglang-torch test-scaleout test-vllm bench bench-vllm lock clean
+.PHONY: setup serve quality-model quality-model-small lint fmt test docs docs-serve browser-deps test-browser test-sglang test-sglang-torch test-scaleout test-vllm test-llamacpp bench bench-vllm bench-llamacpp lock clean
 
 $(STAMP): pyproject.toml $(LOCK) Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -117,6 +117,16 @@ test-scaleout: setup
 test-vllm: setup
 	bash scripts/setup_vllm.sh
 	OPENJEV_VLLM=1 $(PY) -m pytest tests/vllm
+
+# The llama.cpp engine on the embedded GGUF, for real: llama-cpp-python into .venv, from a wheel
+# built once (about 8 minutes on 2 cores) and cached outside the clone (scripts/setup_llamacpp.sh).
+test-llamacpp: setup
+	bash scripts/setup_llamacpp.sh
+	OPENJEV_LLAMACPP=1 $(PY) -m pytest tests/llamacpp
+
+bench-llamacpp: setup
+	bash scripts/setup_llamacpp.sh
+	$(PY) bench/bench_llamacpp.py
 
 bench: setup
 	$(PY) -m pip install --quiet -e '.[bench]'

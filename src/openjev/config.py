@@ -77,7 +77,9 @@ class Settings:
         8192, "chunks of one chunked request body (each costs parser work); beyond it: 413 and close"
     )
     # what answers
-    engine: str = _opt("transformers", "engine implementation: transformers (in-process), sglang, vllm")
+    engine: str = _opt(
+        "transformers", "engine implementation: transformers (in-process), llamacpp (in-process, GGUF), sglang, vllm"
+    )
     model: str | None = _opt(
         None, "a local Hugging Face model folder or a .gguf file (default: the embedded SmolLM2-135M-Instruct)"
     )

@@ -50,6 +50,7 @@ ENGINES: dict[str, EngineEntry] = {
     "transformers": EngineEntry(load="openjev.engines.inprocess:load", preflight="openjev.engines.hf_model:preflight"),
     "sglang": EngineEntry(load="openjev.engines.sglang:load", preflight="openjev.engines.sglang:preflight"),
     "vllm": EngineEntry(load="openjev.engines.vllm:load", preflight="openjev.engines.vllm:preflight"),
+    "llamacpp": EngineEntry(load="openjev.engines.llamacpp:load", preflight="openjev.engines.llamacpp:preflight"),
 }
 
 

@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# The llama.cpp engine's binding, llama-cpp-python, installed into the server's own venv
+# (the engine runs in-process): `make test-llamacpp` runs it; PyPI only, hashes pinned.
+#
+#     scripts/setup_llamacpp.sh                      # into .venv (PY=other/python to choose)
+#     LLAMACPP_TARGET=dir scripts/setup_llamacpp.sh  # into a plain folder, for PYTHONPATH
+#
+# llama-cpp-python ships an sdist only: it is built once into a wheel (about 8 minutes on 2
+# cores) kept in $OPENJEV_WHEEL_CACHE (default ~/.cache/openjev/wheels), outside the clone,
+# under a name keyed by the sdist's hash, the Python version and this CPU's flags (the build
+# uses the CPU's own instructions: AVX-512 here). Later runs, from any clone, install that
+# wheel in seconds. Why this binding and not the prebuilt ik-llama-cpp-python: docs/engines.md.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+TAG=setup_llamacpp
+PY=${PY:-.venv/bin/python}
+VERSION=0.3.36
+SDIST_SHA=832db0699007f1be95a7e41ef12e88926b02ba836461e36a36372db2760c1a2e
+# llama_cpp's package __init__ imports diskcache (its high-level cache, unused here); numpy,
+# jinja2 and typing-extensions, its other dependencies, are in requirements.lock.
+DISKCACHE='diskcache==5.6.3 --hash=sha256:5e31b2d5fbad117cc363ebaf6b689474db18a1f6438bc82358b024abd4c2ca19'
+# shellcheck source=scripts/venv_steps.sh
+source scripts/venv_steps.sh
+
+CACHE=${OPENJEV_WHEEL_CACHE:-$HOME/.cache/openjev/wheels}
+KEY=$( { echo "$SDIST_SHA"; "$PY" -c 'import sys; print(sys.version)'; grep -m1 '^flags' /proc/cpuinfo || true; } | sha256sum | cut -c1-12)
+DIR=$CACHE/llama-cpp-python-$VERSION-$KEY
+mkdir -p "$CACHE"
+exec 9>"$DIR.lock"  # one builder at a time per key (two CI runs at once)
+flock 9
+
+if ! ls "$DIR"/llama_cpp_python-"$VERSION"-*.whl >/dev/null 2>&1; then
+    tmp=$(mktemp -d)
+    echo "llama-cpp-python==$VERSION --hash=sha256:$SDIST_SHA" > "$tmp/req.txt"
+    step download "$PY" -m pip download --quiet --disable-pip-version-check --no-deps --no-binary :all: \
+        --require-hashes -r "$tmp/req.txt" -d "$tmp/sdist"
+    # CMAKE_BUILD_PARALLEL_LEVEL: every core (the default build runs one compiler at a time)
+    step build env CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)" "$PY" -m pip wheel --quiet --disable-pip-version-check \
+        --no-deps "$tmp/sdist/llama_cpp_python-$VERSION.tar.gz" -w "$tmp/wheel"
+    mkdir -p "$DIR"
+    mv "$tmp"/wheel/*.whl "$DIR/"
+    rm -rf "$tmp"
+fi
+WHEEL=$(ls "$DIR"/llama_cpp_python-"$VERSION"-*.whl)
+
+if [ -n "${LLAMACPP_TARGET:-}" ]; then
+    STAMP=$LLAMACPP_TARGET/.llamacpp-installed
+    if ! installed "$STAMP" "$WHEEL"; then
+        tmp=$(mktemp)
+        echo "$DISKCACHE" > "$tmp"
+        rm -rf "$LLAMACPP_TARGET"
+        step install "$PY" -m pip install --quiet --disable-pip-version-check --no-deps --target "$LLAMACPP_TARGET" \
+            "$WHEEL"
+        step deps "$PY" -m pip install --quiet --disable-pip-version-check --no-deps --require-hashes \
+            --target "$LLAMACPP_TARGET/.deps" -r "$tmp"
+        mv "$LLAMACPP_TARGET"/.deps/* "$LLAMACPP_TARGET"/ && rmdir "$LLAMACPP_TARGET/.deps"
+        rm -f "$tmp"
+        echo "$WHEEL" > "$STAMP"
+    fi
+    export PYTHONPATH="$LLAMACPP_TARGET${PYTHONPATH:+:$PYTHONPATH}"
+else
+    STAMP=$(dirname "$(dirname "$PY")")/.llamacpp-installed
+    if ! installed "$STAMP" "$WHEEL"; then
+        tmp=$(mktemp)
+        echo "$DISKCACHE" > "$tmp"
+        step deps "$PY" -m pip install --quiet --disable-pip-version-check --no-deps --require-hashes -r "$tmp"
+        step install "$PY" -m pip install --quiet --disable-pip-version-check --no-deps --force-reinstall "$WHEEL"
+        rm -f "$tmp"
+        echo "$WHEEL" > "$STAMP"
+    fi
+fi
+
+step import "$PY" -c 'import llama_cpp; print("[setup_llamacpp] llama-cpp-python", llama_cpp.__version__)'
+total

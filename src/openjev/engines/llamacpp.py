@@ -1,0 +1,334 @@
+"""The llama.cpp engine: GGUF files served as they are, in-process, on the core's Engine port.
+
+A plan's trie is one llama.cpp batch (llamacpp_layout.py): every distinct token computed
+once, in every branch's KV sequence below it, at its true position, with logits only where
+a branch ends; the batch goes in decode calls of at most `n_batch` tokens. Roots seen in
+recent requests stay in the context's KV cache as sequences of their own (llamacpp_cache.py),
+bounded by bytes and namespaced by Plan.cache_namespace; a later root that starts the same
+way computes only the rest.
+
+All llama.cpp work runs on one worker thread, one request at a time in arrival order (a
+2-core CPU is saturated by one decode; llama.cpp parallelises inside it). A cancelled
+request (the service's deadline, a client gone) stops at the next decode call: its queued
+work is dropped and the sequences it used are cleared.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from openjev.core.plan import Plan
+from openjev.core.ports import BranchResult, PlanResult
+from openjev.engines.llamacpp_cache import SeqCache
+from openjev.engines.llamacpp_layout import Layout, layout, leaves
+from openjev.engines.llamacpp_lib import Backend
+from openjev.errors import EngineError, OpenjevError, TokensExceeded
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Job:
+    plan: Plan
+    deliver: Callable[[PlanResult | BaseException], None]
+    cancelled: threading.Event = field(default_factory=threading.Event)
+    t_submit: float = field(default_factory=time.perf_counter)
+
+
+class _Cancelled(Exception):
+    """The job's request went away: nothing is delivered."""
+
+
+class LlamaCppEngine:
+    """The Engine port over a llama.cpp context. It runs no parallel layouts (the service
+    reads those questions another way): a layout's spans would repeat positions within one
+    sequence, which llama.cpp's batch refuses."""
+
+    parallel_layouts = False
+
+    def __init__(self, backend: Backend, *, prefix_cache_bytes: int) -> None:
+        self.backend = backend
+        self.cache = SeqCache(prefix_cache_bytes, backend.bytes_per_cell)
+        self._free = list(range(backend.n_seq_max))  # sequence ids no entry or job holds
+        self._inbox: collections.deque[_Job] = collections.deque()
+        self._wake = threading.Condition()
+        self._stopped = False
+        self.decodes = 0
+        self.computed_tokens = 0
+        self._thread = threading.Thread(target=self._loop, name="openjev-llamacpp", daemon=True)
+        self._thread.start()
+
+    # ---- any thread
+
+    async def run(self, plan: Plan) -> PlanResult:
+        self._check_fits(plan)
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[PlanResult] = loop.create_future()
+
+        def deliver(outcome: PlanResult | BaseException) -> None:
+            def settle() -> None:
+                if not future.done():
+                    if isinstance(outcome, BaseException):
+                        future.set_exception(outcome)
+                    else:
+                        future.set_result(outcome)
+
+            loop.call_soon_threadsafe(settle)
+
+        job = _Job(plan, deliver)
+        with self._wake:
+            if self._stopped:
+                raise EngineError("the engine is shut down")
+            self._inbox.append(job)
+            self._wake.notify()
+        try:
+            return await future
+        except asyncio.CancelledError:
+            job.cancelled.set()  # the worker stops at its next decode call
+            raise
+
+    def _check_fits(self, plan: Plan) -> None:
+        """A branch past the model's trained length, or a plan larger than the whole KV cache,
+        is refused before any work (422)."""
+        b = self.backend
+        longest = max(len(branch) for branch in plan.branches)
+        if longest > b.n_ctx_train:
+            raise TokensExceeded(f"a branch of {longest} tokens exceeds the model's context of {b.n_ctx_train}")
+        if plan.unique_tokens > b.n_ctx:
+            raise TokensExceeded(f"the request's {plan.unique_tokens} distinct tokens exceed the engine's {b.n_ctx}")
+
+    async def close(self) -> None:
+        with self._wake:
+            self._stopped = True
+            self._wake.notify()
+        await asyncio.to_thread(self._thread.join, 30)
+        if not self._thread.is_alive():
+            self.backend.close()
+
+    def stats(self) -> dict[str, float]:
+        """For metrics, read without locking (plain numbers written by the worker thread)."""
+        cache = self.cache
+        return {
+            "prefix_cache_bytes": cache.nbytes,
+            "prefix_cache_max_bytes": cache.max_bytes,
+            "prefix_cache_entries": len(cache),
+            "prefix_cache_lookups": cache.lookups,
+            "prefix_cache_hits": cache.hits,
+            "prefix_cache_hit_ratio": cache.hits / cache.lookups if cache.lookups else 0.0,
+            "engine_forwards": self.decodes,
+        }
+
+    # ---- worker thread
+
+    def _loop(self) -> None:
+        while True:
+            with self._wake:
+                while not self._inbox and not self._stopped:
+                    self._wake.wait()
+                if self._stopped:
+                    for job in self._inbox:
+                        job.deliver(EngineError("the engine is shut down"))
+                    self._inbox.clear()
+                    return
+                job = self._inbox.popleft()
+            if job.cancelled.is_set():
+                continue
+            try:
+                job.deliver(self._execute(job))
+            except _Cancelled:
+                pass
+            except OpenjevError as exc:
+                job.deliver(exc)
+            except Exception as exc:  # our fault or llama.cpp's: the request gets a 502, the engine lives on
+                log.exception("llama.cpp engine failure")
+                job.deliver(EngineError("the engine failed", detail=f"{type(exc).__name__}: {exc}"))
+
+    def _execute(self, job: _Job) -> PlanResult:
+        plan = job.plan
+        t_start = time.perf_counter()
+        root_tokens = plan.root.tokens
+        m, hit = self._lookup(plan)
+        root_seq = self._take_seq(keep=hit)
+        lay: Layout | None = None
+        try:
+            width = self._make_room(plan, m, keep=hit)
+            # the leaves' sequences stay in the free pool: one job runs at a time
+            lay = layout(plan, cached=m, root_seq=root_seq, cache_seq=hit, free_seqs=self._free[:width])
+            results = self._compute(job, lay)
+        except BaseException:
+            self._clear([root_seq])
+            raise
+        finally:
+            if lay is not None:
+                self._clear(lay.groups[-1].leaf_seqs, release=False)
+        if root_tokens and self.cache.max_bytes > 0:
+            self._clear(self.cache.insert(root_tokens, root_seq, plan.cache_namespace))
+        else:
+            self._clear([root_seq])
+        now = time.perf_counter()
+        return PlanResult(
+            branches=tuple(BranchResult(lp) for lp in results),
+            computed_tokens=lay.computed,
+            cached_tokens=m,
+            timings_ms={"queue": (t_start - job.t_submit) * 1000, "prefill": (now - t_start) * 1000},
+        )
+
+    def _lookup(self, plan: Plan) -> tuple[int, int | None]:
+        """Cached root positions usable by `plan` (never a position that is read) and the
+        sequence holding them."""
+        root = plan.root.tokens
+        if not root or self.cache.max_bytes <= 0:
+            return 0, None
+        m, seq = self.cache.lookup(root, plan.cache_namespace)
+        m = min(m, len(root), min(len(b) for b in plan.branches) - 1)
+        return (m, seq) if m > 0 else (0, None)
+
+    def _take_seq(self, keep: int | None) -> int:
+        if not self._free and not self._evict(keep):
+            raise EngineError("the engine has no free KV sequence", detail=f"n_seq_max={self.backend.n_seq_max}")
+        return self._free.pop(0)
+
+    def _evict(self, keep: int | None) -> bool:
+        """Drop the least recently used cache entry other than `keep`; False if none."""
+        seq = self.cache.pop_lru(keep=keep)
+        if seq is None:
+            return False
+        self._clear([seq])
+        return True
+
+    def _make_room(self, plan: Plan, m: int, *, keep: int | None) -> int:
+        """Evict cache entries until the plan's leaves have sequences (all of them, where
+        the context has that many) and its new tokens have KV cells; the group width."""
+        want = min(len(leaves(plan.root)), self.backend.n_seq_max - 1)
+        new_cells = plan.unique_tokens - m
+        while len(self._free) < want or self.cache.cells + new_cells > self.backend.n_ctx:
+            if not self._evict(keep):
+                break
+        if not self._free:
+            raise EngineError("the engine has no free KV sequence", detail=f"n_seq_max={self.backend.n_seq_max}")
+        return min(want, len(self._free))
+
+    def _compute(self, job: _Job, lay: Layout) -> list[tuple[float, ...]]:
+        b = self.backend
+        labels = [branch.label_ids for branch in job.plan.branches]
+        results: list[tuple[float, ...] | None] = [None] * len(labels)
+        for gi, group in enumerate(lay.groups):
+            if gi:
+                self._clear(lay.groups[gi - 1].leaf_seqs, release=False)
+            if group.copy_from is not None:
+                for seq in group.copy_into:
+                    b.seq_cp(group.copy_from, seq, 0, group.copy_len)
+            for at in range(0, len(group.items), b.n_batch):
+                if job.cancelled.is_set():
+                    raise _Cancelled
+                chunk = group.items[at : at + b.n_batch]
+                reads = [r for it in chunk for r in it.reads]
+                for branch, lp in zip(reads, b.decode(chunk, [labels[r] for r in reads]), strict=True):
+                    results[branch] = lp
+                self.decodes += 1
+                self.computed_tokens += len(chunk)
+        if any(r is None for r in results):
+            raise EngineError("the engine failed: a branch was never read")
+        return [r for r in results if r is not None]
+
+    def _clear(self, seqs, *, release: bool = True) -> None:
+        """Remove `seqs` from the KV cache; `release`: give them back to the free pool."""
+        for seq in seqs:
+            self.backend.seq_rm(seq)
+            if release and seq not in self._free:
+                self._free.append(seq)
+
+
+# ---- loading
+
+# Sequences per context: a plan's leaves (one per branch end below the root) run in one
+# group up to this less one (the root's own), the prefix cache's entries share the rest.
+N_SEQ_MAX = 64
+# KV cells for one request's new tokens, beside the prefix cache's (the model's trained
+# context where it is shorter).
+WORK_CELLS = 8192
+N_BATCH = 512  # tokens per decode call: a cancellation boundary (about 1 s on 2 cores, 1.5B model)
+
+
+def preflight(settings) -> None:
+    """Cheap checks, llama.cpp not imported: the binding is installed, the model is a GGUF."""
+    import importlib.util
+
+    from openjev.engines.hf_model import resolve_source
+    from openjev.errors import ConfigError
+
+    if importlib.util.find_spec("llama_cpp") is None:
+        raise ConfigError(
+            "--engine llamacpp needs llama-cpp-python: run scripts/setup_llamacpp.sh (or `make test-llamacpp`)"
+        )
+    if settings.device not in ("auto", "cpu"):
+        raise ConfigError(f"--engine llamacpp runs on the CPU; --device {settings.device} is not served")
+    source = resolve_source(settings.model, settings.cache_dir)
+    if source.gguf_file is None:
+        raise ConfigError("--engine llamacpp serves GGUF files: --model must be a .gguf file or a named model")
+
+
+def load(settings):
+    """Load the GGUF with llama.cpp and its Hugging Face tokenizer side by side (blocking)."""
+    import concurrent.futures
+
+    from openjev.engines import LoadedEngine, ModelCard
+    from openjev.engines.hf_model import resolve_source, source_fingerprint
+    from openjev.engines.hf_tokenizer import HFChatTokenizer
+    from openjev.engines.llamacpp_lib import LlamaCppBackend, cpu_threads
+
+    t0 = time.perf_counter()
+    source = resolve_source(settings.model, settings.cache_dir)
+    path = str(source.folder / (source.gguf_file or ""))
+    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="openjev-llamacpp-load") as pool:
+        # llama.cpp releases the GIL while it loads: the tokenizer (transformers' import
+        # included) loads beside it
+        backend_f = pool.submit(
+            LlamaCppBackend,
+            path,
+            work_cells=WORK_CELLS,
+            cache_bytes=settings.prefix_cache_bytes,
+            n_seq_max=N_SEQ_MAX,
+            n_batch=N_BATCH,
+            n_threads=cpu_threads(),
+        )
+        tokenizer = _hf_tokenizer(source, settings.cache_dir)
+        backend = backend_f.result()
+    engine = LlamaCppEngine(backend, prefix_cache_bytes=settings.prefix_cache_bytes)
+    seconds = time.perf_counter() - t0
+    log.info(
+        "loaded %s with llama.cpp in %.1f s (%d KV cells, %d B each)",
+        source.name,
+        seconds,
+        backend.n_ctx,
+        backend.bytes_per_cell,
+    )
+    card = ModelCard(
+        name=settings.served_name or source.name,
+        # the embedded model's description says how transformers serves it; here the GGUF runs as shipped
+        description=source.description.replace(", dequantised", ", as shipped"),
+        release_date=source.release_date,
+        fingerprint=source_fingerprint(source),
+    )
+    return LoadedEngine(engine=engine, tokenizer=HFChatTokenizer(tokenizer), card=card, load_seconds=seconds)
+
+
+def _hf_tokenizer(source, cache_dir: str):
+    """The tokenizer the in-process engine uses for this GGUF: its converted copy where
+    `openjev model install` (or a transformers run) made one, else read from the GGUF by
+    the same transformers code that made that copy."""
+    from transformers import AutoTokenizer
+
+    from openjev.engines.hf_model import gguf_cache_folder, sizes_problem
+
+    cached = gguf_cache_folder(source, cache_dir)
+    # sizes only: the hashes would read the float32 weights, which this engine never loads
+    if (cached / ".openjev-complete").exists() and sizes_problem(cached) is None:
+        return AutoTokenizer.from_pretrained(cached, local_files_only=True)
+    return AutoTokenizer.from_pretrained(source.folder, gguf_file=source.gguf_file, local_files_only=True)
