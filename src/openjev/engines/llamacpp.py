@@ -28,6 +28,7 @@ from openjev.core.ports import BranchResult, PlanResult
 from openjev.engines.llamacpp_cache import SeqCache
 from openjev.engines.llamacpp_layout import Layout, layout, leaves
 from openjev.engines.llamacpp_lib import Backend
+from openjev.engines.worker_inbox import deliverer, post_and_wait
 from openjev.errors import EngineError, OpenjevError, TokensExceeded
 
 log = logging.getLogger(__name__)
@@ -70,28 +71,9 @@ class LlamaCppEngine:
         self._check_fits(plan)
         loop = asyncio.get_running_loop()
         future: asyncio.Future[PlanResult] = loop.create_future()
-
-        def deliver(outcome: PlanResult | BaseException) -> None:
-            def settle() -> None:
-                if not future.done():
-                    if isinstance(outcome, BaseException):
-                        future.set_exception(outcome)
-                    else:
-                        future.set_result(outcome)
-
-            loop.call_soon_threadsafe(settle)
-
-        job = _Job(plan, deliver)
-        with self._wake:
-            if self._stopped:
-                raise EngineError("the engine is shut down")
-            self._inbox.append(job)
-            self._wake.notify()
-        try:
-            return await future
-        except asyncio.CancelledError:
-            job.cancelled.set()  # the worker stops at its next decode call
-            raise
+        job = _Job(plan, deliverer(loop, future))
+        # a cancelled request: the worker stops at its next decode call
+        return await post_and_wait(self._wake, self._inbox, lambda: self._stopped, job, future, job.cancelled.set)
 
     def _check_fits(self, plan: Plan) -> None:
         """A branch past the model's trained length, or a plan larger than the whole KV cache,

@@ -36,6 +36,7 @@ from openjev.engines.joins import PrefixJoins
 from openjev.engines.kv import Chunk, KVChain, Row, padded_cost
 from openjev.engines.packing import PackedPlan, pack
 from openjev.engines.prefix_cache import PrefixCache
+from openjev.engines.worker_inbox import deliverer, post_and_wait
 from openjev.errors import EngineError
 
 log = logging.getLogger(__name__)
@@ -187,29 +188,9 @@ class Scheduler:
     async def run(self, plan: Plan) -> PlanResult:
         loop = asyncio.get_running_loop()
         future: asyncio.Future[PlanResult] = loop.create_future()
-
-        def deliver(outcome: PlanResult | BaseException) -> None:
-            def settle() -> None:
-                if future.done():
-                    return
-                if isinstance(outcome, BaseException):
-                    future.set_exception(outcome)
-                else:
-                    future.set_result(outcome)
-
-            loop.call_soon_threadsafe(settle)
-
-        job = Job(plan=plan, deliver=deliver)
-        with self._wake:
-            if self._stopped:
-                raise EngineError("the engine is shut down")
-            self._inbox.append(job)
-            self._wake.notify()
-        try:
-            return await future
-        except asyncio.CancelledError:
-            job.cancel()  # the worker drops its remaining work
-            raise
+        job = Job(plan=plan, deliver=deliverer(loop, future))
+        # a cancelled request: the worker drops its remaining work
+        return await post_and_wait(self._wake, self._inbox, lambda: self._stopped, job, future, job.cancel)
 
     def stop(self) -> None:
         with self._wake:
