@@ -27,7 +27,7 @@ from openjev.engines.dtype import pick_dtype
 from openjev.engines.hf_model import load_model_and_tokenizer, resolve_source, source_fingerprint
 from openjev.engines.hf_tokenizer import HFChatTokenizer
 from openjev.engines.kv import Row, ragged_forward
-from openjev.engines.prefix_cache import PrefixCache
+from openjev.engines.prefix_cache import PrefixCache, cache_stats
 from openjev.engines.scheduler import Scheduler, SchedulerLimits
 from openjev.errors import ConfigError, EngineError
 
@@ -117,14 +117,8 @@ class TransformersEngine:
     def stats(self) -> dict[str, float]:
         """For metrics, read without locking (plain numbers written by the worker thread; a
         scrape may see one round's update half done, never a torn number)."""
-        cache = self.cache
         return {
-            "prefix_cache_bytes": cache.nbytes,
-            "prefix_cache_max_bytes": cache.max_bytes,
-            "prefix_cache_entries": len(cache),
-            "prefix_cache_lookups": cache.lookups,
-            "prefix_cache_hits": cache.hits,
-            "prefix_cache_hit_ratio": cache.hits / cache.lookups if cache.lookups else 0.0,
+            **cache_stats(self.cache),
             "engine_forwards": self.scheduler.forwards,
         }
 

@@ -28,6 +28,7 @@ from openjev.core.ports import BranchResult, PlanResult
 from openjev.engines.llamacpp_cache import SeqCache
 from openjev.engines.llamacpp_layout import Layout, layout, leaves
 from openjev.engines.llamacpp_lib import Backend
+from openjev.engines.prefix_cache import cache_stats
 from openjev.engines.worker_inbox import deliverer, post_and_wait
 from openjev.errors import EngineError, OpenjevError, TokensExceeded
 
@@ -95,14 +96,8 @@ class LlamaCppEngine:
 
     def stats(self) -> dict[str, float]:
         """For metrics, read without locking (plain numbers written by the worker thread)."""
-        cache = self.cache
         return {
-            "prefix_cache_bytes": cache.nbytes,
-            "prefix_cache_max_bytes": cache.max_bytes,
-            "prefix_cache_entries": len(cache),
-            "prefix_cache_lookups": cache.lookups,
-            "prefix_cache_hits": cache.hits,
-            "prefix_cache_hit_ratio": cache.hits / cache.lookups if cache.lookups else 0.0,
+            **cache_stats(self.cache),
             "engine_forwards": self.decodes,
         }
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Sequence
 
-from openjev.engines.prefix_cache import common_prefix_len
+from openjev.engines.prefix_cache import longest_match
 
 
 class SeqCache:
@@ -47,12 +47,7 @@ class SeqCache:
         first m positions are usable); (0, None) if none."""
         self.lookups += 1
         tokens = tuple(tokens)
-        best_key, best = None, 0
-        for key in self._entries:
-            if key[0] == namespace:
-                m = common_prefix_len(key[1], tokens)
-                if m > best:
-                    best_key, best = key, m
+        best_key, best = longest_match(self._entries, tokens, namespace)
         if best_key is None:
             return 0, None
         self.hits += 1

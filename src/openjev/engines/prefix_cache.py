@@ -14,8 +14,8 @@ owns it.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Iterable, Sequence
+from typing import Any, Protocol
 
 
 def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
@@ -34,6 +34,48 @@ def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
         else:
             hi = mid - 1
     return lo
+
+
+def longest_match(
+    keys: Iterable[tuple[str, tuple[int, ...]]], tokens: tuple[int, ...], namespace: str
+) -> tuple[tuple[str, tuple[int, ...]] | None, int]:
+    """(key, m) of the `namespace` key sharing the longest prefix m with `tokens` (the first
+    such key on a tie); (None, 0) if none shares any."""
+    best_key, best = None, 0
+    for key in keys:
+        if key[0] != namespace:
+            continue
+        m = common_prefix_len(key[1], tokens)
+        if m > best:
+            best_key, best = key, m
+    return best_key, best
+
+
+class CacheCounters(Protocol):
+    """What `cache_stats` reads: both PrefixCache and llamacpp_cache.SeqCache have it."""
+
+    @property
+    def nbytes(self) -> int: ...
+    @property
+    def max_bytes(self) -> int: ...
+    @property
+    def lookups(self) -> int: ...
+    @property
+    def hits(self) -> int: ...
+
+    def __len__(self) -> int: ...
+
+
+def cache_stats(cache: CacheCounters) -> dict[str, float]:
+    """A prefix cache's metrics (prefix_cache_*), read without locking."""
+    return {
+        "prefix_cache_bytes": cache.nbytes,
+        "prefix_cache_max_bytes": cache.max_bytes,
+        "prefix_cache_entries": len(cache),
+        "prefix_cache_lookups": cache.lookups,
+        "prefix_cache_hits": cache.hits,
+        "prefix_cache_hit_ratio": cache.hits / cache.lookups if cache.lookups else 0.0,
+    }
 
 
 class PrefixCache:
@@ -56,13 +98,7 @@ class PrefixCache:
         `tokens`; (0, None) if none."""
         self.lookups += 1
         tokens = tuple(tokens)
-        best_key, best = None, 0
-        for key in self._entries:
-            if key[0] != namespace:
-                continue
-            m = common_prefix_len(key[1], tokens)
-            if m > best:
-                best_key, best = key, m
+        best_key, best = longest_match(self._entries, tokens, namespace)
         if best_key is None:
             return 0, None
         self.hits += 1
