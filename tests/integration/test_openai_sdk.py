@@ -37,7 +37,9 @@ QUESTIONS = [
         "instructions": [{"type": "input_text", "text": "Is the customer happy?"}],
         # two choices: read in two orders, at least one agrees with the answer, so the default
         # abstain rule (order agreement >= 0.5) never declines it; refusals have their own test
-        "choices": [{"value": True}, {"value": "true"}],
+        # typed values come back typed; they must read differently to the model (`true` and
+        # `"true"` would read the same: refused, 400, on every route)
+        "choices": [{"value": True}, {"value": "no"}],
     },
     {
         "type": "score",
@@ -97,7 +99,7 @@ def check_answers(decision: Decision) -> None:
     assert [p.value for p in department.probabilities] == ["billing", "technical"]
     assert department.choice in ("billing", "technical")
     values = [p.value for p in typed.probabilities]
-    assert values == [True, "true"] and [type(v) for v in values] == [bool, str]
+    assert values == [True, "no"] and [type(v) for v in values] == [bool, str]
     top = max(typed.probabilities, key=lambda p: p.probability)
     assert typed.choice == top.value and type(typed.choice) is type(top.value)
     for answer in (department, typed):

@@ -60,15 +60,33 @@ class TorchRunner:
     def read(
         self, hidden: torch.Tensor, picks: Sequence[tuple[int, int]], label_ids: Sequence[Sequence[int]]
     ) -> list[tuple[float, ...]]:
-        """Log-probs of each pick's labels under the full-vocabulary softmax, in float32."""
+        """Log-probs of each pick's labels under the full-vocabulary softmax, in float32.
+
+        In a 16-bit model the labels' own logits are recomputed in float32 from their head
+        rows: the head's 16-bit output rounds a logit of 20 to a multiple of 1/8, which would
+        quantize a two-label answer to steps of ~0.03 around 0.5. The normalizer (logsumexp
+        over the vocabulary) comes from the 16-bit logits: its rounding errors average out,
+        and it is common to every label of a read, so the answer does not depend on it."""
         with torch.inference_mode():
             rows = torch.tensor([r for r, _ in picks])
             cols = torch.tensor([c for _, c in picks])
-            logits = self._head(hidden[rows, cols]).float()
-            if self._softcap:
-                logits = torch.tanh(logits / self._softcap) * self._softcap
-            logp = torch.log_softmax(logits, dim=-1)
-            return [tuple(logp[i, list(ids)].tolist()) for i, ids in enumerate(label_ids)]
+            h = hidden[rows, cols]
+            logits = self._cap(self._head(h).float())
+            lse = torch.logsumexp(logits, dim=-1)
+            if h.dtype == torch.float32:
+                return [tuple((logits[i, list(ids)] - lse[i]).tolist()) for i, ids in enumerate(label_ids)]
+            weight, bias = self._head.weight, getattr(self._head, "bias", None)
+            out = []
+            for i, ids in enumerate(label_ids):
+                index = torch.tensor(list(ids))
+                exact = weight[index].float() @ h[i].float()
+                if bias is not None:
+                    exact = exact + bias[index].float()
+                out.append(tuple((self._cap(exact) - lse[i]).tolist()))
+            return out
+
+    def _cap(self, logits: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(logits / self._softcap) * self._softcap if self._softcap else logits
 
 
 class TransformersEngine:

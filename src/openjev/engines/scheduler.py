@@ -238,7 +238,9 @@ class Scheduler:
         root, ns = packed.tokens[: packed.root_len], job.plan.cache_namespace  # only its own namespace's cache
         m, chain = self._cache.lookup(root, ns) if packed.root_len else (0, None)
         m = min(m, packed.reads[0][1])  # a position that is read must be computed
-        if self._joins.park(job, self._jobs, root, m):
+        # A join waits for the leader's root to reach the cache: with the cache off there is
+        # nothing to wait for, and the request shares the leader's forwards instead.
+        if self._cache.max_bytes > 0 and self._joins.park(job, self._jobs, root, m):
             return  # admitted again once the running job's prefix is in the cache
         job.state, job.results = JobState.RUNNING, [None] * len(job.plan.branches)
         job.chain = chain.prefix(m) if chain is not None else KVChain()
