@@ -38,7 +38,12 @@ from openjev.core.types import ChoiceQuestion, Question
 from openjev.evals import readings
 from openjev.evals.dataset import Item, load_items
 from openjev.evals.domains import domain_of_id
-from openjev.evals.fit import fit_readout, fit_type_worst_group
+from openjev.evals.fit import (
+    fit_readout,
+    fit_type_held_out_uniform,
+    fit_type_worst_group,
+    fit_type_worst_group_uniform,
+)
 from openjev.evals.metrics import Scored, summarize
 
 TYPES = ("noul", "choice", "score")
@@ -193,18 +198,31 @@ def _apply(fits: dict[str, dict], s: Scored) -> Scored:
     fit = fits.get(s.qtype)
     if fit is None:
         return s
-    return Scored(s.qtype, calib.apply(calib.TypeFit(fit["temperature"], tuple(fit["bias"])), s.probs), s.correct)
+    probs = calib.apply(calib.TypeFit(fit["temperature"], tuple(fit["bias"])), s.probs)
+    # the uniform mix of the +U forms: measured here only (it did not pay: evals/results/transfer-*.md)
+    lam = fit.get("uniform_weight", 0.0)
+    return Scored(s.qtype, tuple((1 - lam) * p + lam / len(probs) for p in probs), s.correct)
+
+
+WORST_GROUP_FITS = {
+    "T-worst": fit_type_worst_group,
+    "T-worst+U": fit_type_worst_group_uniform,
+    "T+U-lgo": fit_type_held_out_uniform,
+}
 
 
 def _fit(train: Sequence[tuple[str, Scored]], name: str, form: str) -> dict[str, dict]:
-    """Per type, the fit of `form`: T (pooled NLL), T+prior (the shipped rule) or T-worst (the
-    T whose worst training group is best: fit_type_worst_group)."""
-    if form == "T-worst":
+    """Per type, the fit of `form`: T (pooled NLL), T+prior (the shipped rule), T-worst (the
+    T whose worst training group is best: fit_type_worst_group) or T-worst+U (T and the
+    uniform mix λ whose worst training group is best: fit_type_worst_group_uniform) or
+    T+U-lgo (λ chosen by leave-one-group-out within the training groups, T pooled:
+    fit_type_held_out_uniform)."""
+    if form in WORST_GROUP_FITS:
         out = {}
         for t in TYPES:
             part = [(g, s) for g, s in train if s.qtype == t]
             if len(part) >= 10:
-                out[t] = fit_type_worst_group([s for _, s in part], [g for g, _ in part])
+                out[t] = WORST_GROUP_FITS[form]([s for _, s in part], [g for g, _ in part])
         return out
     return fit_readout([s for _, s in train], order_free=CONFIGS[name][1], prior=form == "T+prior")
 
@@ -320,7 +338,8 @@ def markdown(results: list[dict], head: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-FORMS = ("T", "T+prior", "T-worst")
+FORMS = ("T", "T+prior", "T-worst", "T-worst+U", "T+U-lgo")
+SERVED_FORMS = FORMS[:3]  # what a calibration file can hold (core.calibration: no uniform mix)
 SERVED = {"letters R=1": ("letters", 1), "letters R=2": ("letters", 2), "letters R=4": ("letters", 4)}
 SERVED |= {
     "canonical": ("canonical", 1),
@@ -366,7 +385,7 @@ def main() -> int:
     ap.add_argument("--head", default="", help="a line naming the model, CPU and dtype of the recordings")
     ap.add_argument("--write-fits", help="comma-separated served readouts whose dev fit to merge into --into")
     ap.add_argument("--into", help="the calibration file to merge fits into")
-    ap.add_argument("--form", default="T", choices=FORMS, help="the fit form written (default T)")
+    ap.add_argument("--form", default="T", choices=SERVED_FORMS, help="the fit form written (default T)")
     ap.add_argument("--type-form", action="append", default=[], metavar="TYPE=FORM", help="another form for a type")
     ap.add_argument("--forms", default=",".join(FORMS), help="fit forms compared (default: all)")
     ap.add_argument("--id", help="the calibration's new id (with --write-fits)")
@@ -379,6 +398,8 @@ def main() -> int:
         note = f"dev fit ({args.form}) from the recorded readings in {args.readings}: {args.head}"
         names = [n.strip() for n in args.write_fits.split(",")]
         per_type = dict(entry.split("=", 1) for entry in args.type_form)
+        if not set(per_type.values()) <= set(SERVED_FORMS):
+            ap.error(f"--type-form: a served form is one of {', '.join(SERVED_FORMS)}")
         note += "".join(f"; {t}: {f}" for t, f in per_type.items())
         write_fits(Path(args.into), names, args.form, dev_qs, pool, cal_id=args.id, note=note, per_type=per_type)
         return 0

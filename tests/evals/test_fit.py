@@ -86,3 +86,55 @@ def test_the_worst_group_temperature_trades_the_pooled_optimum_for_the_group_it_
     assert nll(robust, bad) < nll(pooled, bad) and nll(pooled, bad) > math.log(4)
     assert robust["worst_group_nll"] == pytest.approx(max(nll(robust, good), nll(robust, bad)), abs=1e-6)
     assert nll(robust, good) < math.log(4)
+
+
+def _mixed_nll(fit, part):
+    lam = fit["uniform_weight"]
+    fitted = []
+    for s in part:
+        probs = calib.apply(calib.TypeFit(fit["temperature"]), s.probs)
+        fitted.append(Scored("choice", tuple((1 - lam) * p + lam / len(probs) for p in probs), s.correct))
+    return summarize(fitted)["nll"]
+
+
+def test_the_uniform_mix_bounds_a_confident_mistake_without_flattening_the_rest():
+    """A kind of text the model knows, and one where it is right with confidence except for
+    every third answer, wrong with the same confidence: a temperature can only pay for those
+    mistakes by flattening every answer; with the uniform mix the worst-group fit pays with
+    λ instead, keeps a sharper temperature, and its worst group costs clearly less than any
+    temperature alone can make it, at no real cost to the other group."""
+    from openjev.evals.fit import UNIFORM_WEIGHTS, fit_type_worst_group, fit_type_worst_group_uniform
+
+    def top(s):
+        return max(range(len(s.probs)), key=s.probs.__getitem__)
+
+    good = synthetic(300, sharpen=2.0, bias_a=0.0, seed=3)
+    wrong = synthetic(60, sharpen=2.0, bias_a=0.0, seed=4)
+    bad = [Scored("choice", s.probs, (top(s) + 1) % 4 if i % 3 == 0 else top(s)) for i, s in enumerate(wrong)]
+    samples, groups = good + bad, ["good"] * len(good) + ["bad"] * len(bad)
+    t_only, mixed = fit_type_worst_group(samples, groups), fit_type_worst_group_uniform(samples, groups)
+    t_only["uniform_weight"] = 0.0
+    assert 0.0 < mixed["uniform_weight"] < 1.0 and mixed["uniform_weight"] in UNIFORM_WEIGHTS
+    assert mixed["temperature"] < t_only["temperature"] / 2
+    worst = max(_mixed_nll(mixed, good), _mixed_nll(mixed, bad))
+    assert worst == pytest.approx(mixed["worst_group_nll"], abs=1e-6)
+    assert worst < max(_mixed_nll(t_only, good), _mixed_nll(t_only, bad)) - 0.05
+    assert _mixed_nll(mixed, good) < _mixed_nll(t_only, good) + 0.01
+
+
+def test_the_held_out_uniform_mix_is_judged_on_groups_its_temperature_never_saw():
+    """Three kinds of text the model reads well and one it reads wrong with confidence: the
+    leave-one-group-out choice of λ sees the wrong group held out, and mixes (λ > 0); with
+    every group read well it does not (λ = 0)."""
+    from openjev.evals.fit import fit_type_held_out_uniform
+
+    good = [synthetic(120, sharpen=1.0, bias_a=0.0, seed=s) for s in (5, 6, 7)]
+    wrong = synthetic(60, sharpen=1.0, bias_a=0.0, seed=8)
+    bad = [Scored("choice", s.probs, (s.top + 1 + i % 3) % 4) for i, s in enumerate(wrong)]
+    parts = [*good, bad]
+    samples = [s for part in parts for s in part]
+    groups = [f"g{k}" for k, part in enumerate(parts) for _ in part]
+    assert fit_type_held_out_uniform(samples, groups)["uniform_weight"] > 0.0
+    clean = [s for part in good for s in part]
+    clean_groups = [f"g{k}" for k, part in enumerate(good) for _ in part]
+    assert fit_type_held_out_uniform(clean, clean_groups)["uniform_weight"] == 0.0

@@ -131,3 +131,87 @@ def fit_type_worst_group(samples: Sequence[Scored], groups: Sequence[str], *, gr
         "worst_group_nll": best_worst,
         "form": "temperature (worst group)",
     }
+
+
+# λ, the weight of the uniform answer in the mix: 0 (none) .. 0.9. Never 1: the answer
+# would then be the uniform one whatever the model read, its pick a tie broken by position;
+# at 0.9 the model's ranking survives (its pick, ordered probabilities) at a bounded cost.
+UNIFORM_WEIGHTS = (0.0, 0.02, 0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)
+
+
+def _group_nlls(logp: np.ndarray, correct: np.ndarray, theta: float, member: list[np.ndarray]) -> np.ndarray:
+    """Per group (rows) and per λ of UNIFORM_WEIGHTS (columns): the mean NLL of the correct
+    option under (1 - λ) softmax(log p / T) + λ / n."""
+    z = np.where(np.isfinite(logp), logp / np.exp(theta), -np.inf)
+    p = np.exp(z - logsumexp(z, axis=1, keepdims=True))[np.arange(len(correct)), correct]
+    n = np.isfinite(logp).sum(axis=1)
+    lam = np.asarray(UNIFORM_WEIGHTS)
+    mixed = -np.log(np.maximum((1 - lam)[None, :] * p[:, None] + lam[None, :] / n[:, None], FLOOR))
+    return np.stack([mixed[m].mean(axis=0) for m in member])
+
+
+def fit_type_worst_group_uniform(samples: Sequence[Scored], groups: Sequence[str], *, grid: int = 121) -> dict:
+    """fit_type_worst_group with the uniform mix: the (T, λ) whose worst group is best, over
+    the T grid and UNIFORM_WEIGHTS. λ bounds the cost of a confident mistake, so a kind of
+    text that a model reads wrong with confidence need not flatten every other kind's answers
+    through T; where the model carries no information on any kind, the best is next to the
+    uniform answer (λ = 0.9)."""
+    logp, correct = _arrays(samples)
+    names = sorted(set(groups))
+    member = [m for m in (np.array([g == name for g in groups]) for name in names) if m.any()]
+    best = (0.0, 0.0, float("inf"))
+    for theta in np.linspace(np.log(0.05), np.log(50.0), grid):
+        worst = _group_nlls(logp, correct, float(theta), member).max(axis=0)
+        j = int(np.argmin(worst))
+        # ties (the uniform answer ties at every T): the smallest λ, then the smallest T
+        if worst[j] < best[2] - 1e-12:
+            best = (float(theta), UNIFORM_WEIGHTS[j], float(worst[j]))
+    theta, lam, worst_nll = best
+    return {
+        "temperature": float(np.exp(theta)),
+        "bias": [],
+        "uniform_weight": lam,
+        "n": len(samples),
+        "groups": len(names),
+        "nll_before": _nll(np.zeros(1), logp, correct, 0.0),
+        "nll_after": float(
+            _group_nlls(logp, correct, theta, [np.ones(len(correct), bool)])[0][UNIFORM_WEIGHTS.index(lam)]
+        ),
+        "worst_group_nll": worst_nll,
+        "form": "temperature and uniform mix (worst group)",
+    }
+
+
+def fit_type_held_out_uniform(samples: Sequence[Scored], groups: Sequence[str], *, grid: int = 121) -> dict:
+    """T and the uniform mix λ chosen for text the fit has not seen, by leave-one-group-out
+    on the training data itself: for each λ of UNIFORM_WEIGHTS and each group g, T is fitted
+    (pooled NLL, on the T grid) on the other groups and judged on g; the λ whose worst
+    held-out group is best is kept, and T is then refitted on all groups at that λ. Unlike
+    fit_type_worst_group_uniform, the λ is judged on groups its T never saw, as the text a
+    server meets will be."""
+    logp, correct = _arrays(samples)
+    names = sorted(set(groups))
+    member = [m for m in (np.array([g == name for g in groups]) for name in names) if m.any()]
+    sizes = np.array([m.sum() for m in member], dtype=float)
+    thetas = np.linspace(np.log(0.05), np.log(50.0), grid)
+    means = np.stack([_group_nlls(logp, correct, float(t), member) for t in thetas])  # [T, group, λ]
+    totals = means * sizes[None, :, None]
+    held = np.empty((len(member), len(UNIFORM_WEIGHTS)))
+    for g in range(len(member)):
+        rest = (totals.sum(axis=1) - totals[:, g, :]) / (sizes.sum() - sizes[g])  # [T, λ]
+        held[g] = means[rest.argmin(axis=0), g, np.arange(len(UNIFORM_WEIGHTS))]
+    worst = held.max(axis=0)
+    j = int(np.argmin(worst))  # ties: the smallest λ
+    pooled = totals.sum(axis=1) / sizes.sum()
+    t = int(pooled[:, j].argmin())
+    return {
+        "temperature": float(np.exp(thetas[t])),
+        "bias": [],
+        "uniform_weight": UNIFORM_WEIGHTS[j],
+        "n": len(samples),
+        "groups": len(names),
+        "nll_before": _nll(np.zeros(1), logp, correct, 0.0),
+        "nll_after": float(pooled[t, j]),
+        "worst_held_out_group_nll": float(worst[j]),
+        "form": "temperature and uniform mix (leave-one-group-out)",
+    }
