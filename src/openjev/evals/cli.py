@@ -75,9 +75,9 @@ def _target(args: argparse.Namespace, calibration: str | None = None) -> Iterato
 
     overrides = {"model": args.model, "prefix_cache_bytes": args.prefix_cache_bytes, "calibration": calibration}
     settings = load_settings(overrides)
-    print(f"serving {settings.model or 'the embedded model'} in this process ...", file=sys.stderr)
+    print(f"serving {settings.served.model or 'the embedded model'} in this process ...", file=sys.stderr)
     with local_server(settings) as url:
-        yield url, f"in-process:{settings.model or 'embedded'}:calibration={settings.calibration}"
+        yield url, f"in-process:{settings.served.model or 'embedded'}:calibration={settings.quality.calibration}"
 
 
 def _key(args: argparse.Namespace) -> str | None:
