@@ -285,3 +285,17 @@ def test_the_size_check_finds_a_long_function_and_a_long_module(tmp_path):
 def test_modules_and_functions_stay_small():
     found = [line for path in sorted(PACKAGE.rglob("*.py")) for line in too_long(path)]
     assert not found, "over the bounds (docs/architecture.md):\n" + "\n".join(found)
+
+
+def test_no_settings_are_built_outside_config_to_read_a_default():
+    # A default is read from its section (config/sections.py), never from a Settings() made for it.
+    wrong = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if part_of(module_name(path)) == "config":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", "")).endswith(
+                "Settings"
+            ):
+                wrong.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert not wrong, "Settings built outside config/:\n" + "\n".join(wrong)

@@ -149,3 +149,24 @@ def test_the_readouts_config_accepts_are_the_cores():
         assert load_settings({"readout": name}, environ={}).quality.readout == name
     with pytest.raises(ConfigError, match="readout must be one of"):
         load_settings({"readout": "tea-leaves"}, environ={})
+
+
+def test_flat_names_reach_their_sections_and_unknown_ones_are_refused():
+    from openjev.config import replace_settings, section_of, setting_fields
+
+    names = [f.name for _, f in setting_fields()]
+    assert len(names) == len(set(names)) == 68  # one flat name per flag and environment twin
+    s = load_settings({"dtype": "float32", "max_in_flight": 3, "rotations": 2}, environ={"OPENJEV_DOCS": "off"})
+    assert (s.served.dtype, s.limits.max_in_flight, s.quality.rotations, s.listen.docs) == ("float32", 3, 2, "off")
+    assert section_of("api_keys_file") == "keys" and section_of("slice_ms") == "inprocess"
+    moved = replace_settings(s, port=9100, sglang_args=("--tp", "2"))
+    assert (moved.listen.port, moved.remote.sglang_args, moved.served) == (9100, ("--tp", "2"), s.served)
+    with pytest.raises(TypeError, match="unknown setting 'no_such'"):
+        load_settings({"no_such": 1}, environ={})
+
+
+def test_left_at_default_is_told_from_set():
+    s = load_settings({}, environ={})
+    assert s.quality.readout_left() and s.quality.abstain_left() and not s.quality.rotations_moved()
+    moved = load_settings({"rotations": 2, "abstain_min_confidence": 0.2}, environ={})
+    assert not moved.quality.readout_left() and not moved.quality.abstain_left() and moved.quality.rotations_moved()
