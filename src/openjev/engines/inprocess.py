@@ -98,12 +98,12 @@ class TransformersEngine:
         self,
         model,
         *,
-        attention_budget: int = 1 << 24,
-        batch_tokens: int = 2048,
-        prefix_cache_bytes: int = 1 << 30,
-        batch_window_s: float = 0.002,
+        attention_budget: int = InProcessSettings.attention_budget,  # the settings' defaults (config/sections.py)
+        batch_tokens: int = InProcessSettings.batch_tokens,
+        prefix_cache_bytes: int = InProcessSettings.prefix_cache_bytes,
+        batch_window_s: float = InProcessSettings.batch_window_ms / 1000,
         pad_id: int = 0,
-        slice_s: float = 0.5,
+        slice_s: float = InProcessSettings.slice_ms / 1000,
     ) -> None:
         self.runner = TorchRunner(model, pad_id)
         self.cache = PrefixCache(prefix_cache_bytes)
