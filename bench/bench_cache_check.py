@@ -36,7 +36,7 @@ def main() -> None:
     import torch
 
     source = hf_model.resolve_source(None)
-    cache_dir = load_settings(environ={}).cache_dir
+    cache_dir = load_settings(environ={}).served.cache_dir
     folder = hf_model.gguf_cache_folder(source, cache_dir)
     if hf_model.cache_problem(folder) is not None:  # also warms the page cache for both
         sys.exit(f"no current cache at {folder}: start the server once first")

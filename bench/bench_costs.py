@@ -162,7 +162,7 @@ def prepare_part() -> list[dict]:
 
     settings = load_settings({}, environ={})
     loaded = load_engine(settings)
-    service = build_service(settings, loaded)
+    service = build_service(settings.quality, settings.limits, loaded)
     me = psutil.Process()
     digits = "1234567890"
 
@@ -180,22 +180,22 @@ def prepare_part() -> list[dict]:
             },
         }
 
-    s = settings
+    lim, qual = settings.limits, settings.quality
     cases = [
         (
             "letters, 64 questions, state near max_branch_tokens",
             ReadoutSpec("letters", 1),
-            body(s.max_branch_tokens - 400, 64, 4),
+            body(lim.max_branch_tokens - 400, 64, 4),
         ),
         (
-            f"letters, x-openjev-rotations {s.max_rotations}, 64 eight-option questions",
-            ReadoutSpec("letters", s.max_rotations),
-            body(s.max_prompt_tokens // (64 * s.max_rotations) - 200, 64, 8),
+            f"letters, x-openjev-rotations {qual.max_rotations}, 64 eight-option questions",
+            ReadoutSpec("letters", qual.max_rotations),
+            body(lim.max_prompt_tokens // (64 * qual.max_rotations) - 200, 64, 8),
         ),
         (
             "yesno, 16 questions of 255 options (max_branches)",
             ReadoutSpec("yesno"),
-            body(s.max_prompt_tokens // (16 * 255) - 200, 16, 255),
+            body(lim.max_prompt_tokens // (16 * 255) - 200, 16, 255),
         ),
     ]
     out = []

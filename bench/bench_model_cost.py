@@ -38,7 +38,7 @@ def main() -> None:
     t0 = time.perf_counter()
     settings = load_settings({"model": args.model, "dtype": args.dtype})
     loaded = load_engine(settings)
-    service = build_service(settings, loaded)
+    service = build_service(settings.quality, settings.limits, loaded)
     head = {
         "bench": "model_cost",
         "machine": machine(),

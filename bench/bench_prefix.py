@@ -30,17 +30,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch
 from common import core_request, machine, p50, payload
 
+from openjev.api.server.assembly import service_limits
 from openjev.config import MAX_CHOICE_OPTIONS, load_settings
 from openjev.core.plan import Plan
 from openjev.core.ports import BranchResult, PlanResult
 from openjev.core.prompts import PromptCompiler
-from openjev.core.service import DecisionService, ServiceLimits
+from openjev.core.service import DecisionService
 from openjev.engines import load_engine
 from openjev.engines.dtype import cpu_flags, native_bf16, pick_dtype
 from openjev.engines.hf_model import gguf_cache_folder, resolve_source
 from openjev.engines.inprocess import TransformersEngine
 
-LIMITS = ServiceLimits(32_768, 262_144, 64, 3600, 1)
+_SETTINGS = load_settings({"max_in_flight": 64, "engine_timeout_s": 3600}, environ={})
+LIMITS = service_limits(_SETTINGS.quality, _SETTINGS.limits)
 
 
 class NaiveEngine:
@@ -87,7 +89,7 @@ class Systems:
                 from llm2jev.engine import LLM2Jev
                 from transformers import AutoTokenizer
 
-                folder = str(gguf_cache_folder(resolve_source(None), settings.cache_dir))
+                folder = str(gguf_cache_folder(resolve_source(None), settings.served.cache_dir))
                 backend = HF(folder, device="cpu", dtype=dtype)
                 self.llm2jev[f"llm2jev@{dtype}"] = LLM2Jev(AutoTokenizer.from_pretrained(folder), backend)
 

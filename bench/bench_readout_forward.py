@@ -49,7 +49,7 @@ def main() -> int:
     args = ap.parse_args()
     settings = load_settings()
     loaded = load_engine(settings)
-    service = build_service(settings, loaded)
+    service = build_service(settings.quality, settings.limits, loaded)
     runner = loaded.engine.runner  # type: ignore[attr-defined]
     names = list(SPECS)
     rows = []

@@ -61,7 +61,7 @@ def _service(model: str):
 
     settings = load_settings({"model": _model(model), "calibration": "none"})
     loaded = load_engine(settings)
-    return build_service(settings, loaded), loaded
+    return build_service(settings.quality, settings.limits, loaded), loaded
 
 
 def _folder(args: argparse.Namespace) -> Path:
@@ -323,8 +323,8 @@ def _service_for_tables(model: str):
     from openjev.engines.hf_tokenizer import HFChatTokenizer
 
     settings = load_settings({"model": _model(model), "calibration": "none"})
-    source = resolve_source(settings.model, settings.cache_dir)
-    tok = AutoTokenizer.from_pretrained(gguf_cache_folder(source, settings.cache_dir), local_files_only=True)
+    source = resolve_source(settings.served.model, settings.served.cache_dir)
+    tok = AutoTokenizer.from_pretrained(gguf_cache_folder(source, settings.served.cache_dir), local_files_only=True)
 
     class NoEngine:
         parallel_layouts = True  # it stands for the in-process engine the readings were recorded on
@@ -335,7 +335,9 @@ def _service_for_tables(model: str):
         async def close(self) -> None:
             return None
 
-    return build_service(settings, LoadedEngine(NoEngine(), HFChatTokenizer(tok), ModelCard(model, "", ""), 0.0))
+    return build_service(
+        settings.quality, settings.limits, LoadedEngine(NoEngine(), HFChatTokenizer(tok), ModelCard(model, "", ""), 0.0)
+    )
 
 
 ABSTAIN_ROWS = ("letters, R=1", "letters, R=4", "parallel")  # the candidate defaults: the abstain curve is theirs

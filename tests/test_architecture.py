@@ -252,3 +252,50 @@ def test_no_tracked_file_refers_outside_the_repository():
             if OUTSIDE.search(line):
                 wrong.append(f"{path.relative_to(ROOT)}:{number}: {line.strip()[:120]}")
     assert not wrong, "references to documents outside the repository:\n" + "\n".join(wrong)
+
+
+MAX_MODULE_LINES = 400
+MAX_FUNCTION_LINES = 60
+
+
+def too_long(path: Path, root: Path = ROOT) -> list[str]:
+    """The module itself if over MAX_MODULE_LINES, and its functions over MAX_FUNCTION_LINES
+    (from `def` to their last line, decorators aside)."""
+    text = path.read_text()
+    rel = path.relative_to(root)
+    count = len(text.splitlines())
+    out = [f"{rel}: {count} lines"] if count > MAX_MODULE_LINES else []
+    for node in ast.walk(ast.parse(text, str(path))):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            lines = (node.end_lineno or node.lineno) - node.lineno + 1
+            if lines > MAX_FUNCTION_LINES:
+                out.append(f"{rel}:{node.lineno}: {node.name} is {lines} lines")
+    return out
+
+
+def test_the_size_check_finds_a_long_function_and_a_long_module(tmp_path):
+    # Guards the guard: a measure that never finds one would pass the test below.
+    body = "\n".join(f"    x{i} = {i}" for i in range(MAX_FUNCTION_LINES))
+    (tmp_path / "f.py").write_text(f"def f():\n{body}\n")
+    assert too_long(tmp_path / "f.py", tmp_path) == [f"f.py:1: f is {MAX_FUNCTION_LINES + 1} lines"]
+    (tmp_path / "m.py").write_text("x = 1\n" * (MAX_MODULE_LINES + 1))
+    assert too_long(tmp_path / "m.py", tmp_path) == [f"m.py: {MAX_MODULE_LINES + 1} lines"]
+
+
+def test_modules_and_functions_stay_small():
+    found = [line for path in sorted(PACKAGE.rglob("*.py")) for line in too_long(path)]
+    assert not found, "over the bounds (docs/architecture.md):\n" + "\n".join(found)
+
+
+def test_no_settings_are_built_outside_config_to_read_a_default():
+    # A default is read from its section (config/sections.py), never from a Settings() made for it.
+    wrong = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if part_of(module_name(path)) == "config":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", "")).endswith(
+                "Settings"
+            ):
+                wrong.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert not wrong, "Settings built outside config/:\n" + "\n".join(wrong)

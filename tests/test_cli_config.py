@@ -18,8 +18,9 @@ def test_env_twins_are_parsed_and_flags_win():
         "OPENJEV_MAX_IN_FLIGHT": "3",
     }
     s = load_settings({"port": 9002}, environ=env)
-    assert (s.port, s.api_keys, s.temperature, s.model, s.max_in_flight) == (9002, ("a", "b"), 0.5, "/m", 3)
-    assert load_settings({}, environ={}).api_keys == ()
+    got = (s.listen.port, s.keys.api_keys, s.quality.temperature, s.served.model, s.limits.max_in_flight)
+    assert got == (9002, ("a", "b"), 0.5, "/m", 3)
+    assert load_settings({}, environ={}).keys.api_keys == ()
 
 
 @pytest.mark.parametrize(
@@ -48,7 +49,12 @@ def test_cli_flags_map_onto_settings(monkeypatch):
         ]
     )
     s = _settings(args)
-    assert (s.port, s.api_keys, s.max_questions, s.engine_timeout_s) == (1234, ("k1", "k2"), 8, 2.5)
+    assert (s.listen.port, s.keys.api_keys, s.limits.max_questions, s.limits.engine_timeout_s) == (
+        1234,
+        ("k1", "k2"),
+        8,
+        2.5,
+    )
 
 
 def test_schema_prints_openapi_without_loading_ml_frameworks():
@@ -111,8 +117,8 @@ def test_non_finite_numbers_from_the_environment_are_refused(name, raw):
 
 def test_allowed_hosts_take_commas_and_repeats_and_the_environment():
     args = build_parser().parse_args(["serve", "--allowed-hosts", "a.example,b.example", "--allowed-hosts", "*.c"])
-    assert _settings(args).allowed_hosts == ("a.example", "b.example", "*.c")
-    assert load_settings({}, environ={"OPENJEV_ALLOWED_HOSTS": "x, y"}).allowed_hosts == ("x", "y")
+    assert _settings(args).listen.allowed_hosts == ("a.example", "b.example", "*.c")
+    assert load_settings({}, environ={"OPENJEV_ALLOWED_HOSTS": "x, y"}).listen.allowed_hosts == ("x", "y")
 
 
 def test_connection_limits_are_shown_in_limits():
@@ -128,8 +134,10 @@ def test_the_defaults_are_valid():
 
 def test_trusted_proxies_take_addresses_and_networks():
     args = build_parser().parse_args(["serve", "--trusted-proxies", "127.0.0.1,10.0.0.0/8", "--trusted-proxies", "::1"])
-    assert _settings(args).trusted_proxies == ("127.0.0.1", "10.0.0.0/8", "::1")
-    assert load_settings({}, environ={"OPENJEV_TRUSTED_PROXIES": "192.168.1.1"}).trusted_proxies == ("192.168.1.1",)
+    assert _settings(args).listen.trusted_proxies == ("127.0.0.1", "10.0.0.0/8", "::1")
+    assert load_settings({}, environ={"OPENJEV_TRUSTED_PROXIES": "192.168.1.1"}).listen.trusted_proxies == (
+        "192.168.1.1",
+    )
 
 
 def test_the_readouts_config_accepts_are_the_cores():
@@ -138,6 +146,27 @@ def test_the_readouts_config_accepts_are_the_cores():
 
     assert sorted(READOUTS) == sorted(READOUT_NAMES)
     for name in READOUT_NAMES:
-        assert load_settings({"readout": name}, environ={}).readout == name
+        assert load_settings({"readout": name}, environ={}).quality.readout == name
     with pytest.raises(ConfigError, match="readout must be one of"):
         load_settings({"readout": "tea-leaves"}, environ={})
+
+
+def test_flat_names_reach_their_sections_and_unknown_ones_are_refused():
+    from openjev.config import replace_settings, section_of, setting_fields
+
+    names = [f.name for _, f in setting_fields()]
+    assert len(names) == len(set(names)) == 68  # one flat name per flag and environment twin
+    s = load_settings({"dtype": "float32", "max_in_flight": 3, "rotations": 2}, environ={"OPENJEV_DOCS": "off"})
+    assert (s.served.dtype, s.limits.max_in_flight, s.quality.rotations, s.listen.docs) == ("float32", 3, 2, "off")
+    assert section_of("api_keys_file") == "keys" and section_of("slice_ms") == "inprocess"
+    moved = replace_settings(s, port=9100, sglang_args=("--tp", "2"))
+    assert (moved.listen.port, moved.remote.sglang_args, moved.served) == (9100, ("--tp", "2"), s.served)
+    with pytest.raises(TypeError, match="unknown setting 'no_such'"):
+        load_settings({"no_such": 1}, environ={})
+
+
+def test_left_at_default_is_told_from_set():
+    s = load_settings({}, environ={})
+    assert s.quality.readout_left() and s.quality.abstain_left() and not s.quality.rotations_moved()
+    moved = load_settings({"rotations": 2, "abstain_min_confidence": 0.2}, environ={})
+    assert not moved.quality.readout_left() and not moved.quality.abstain_left() and moved.quality.rotations_moved()

@@ -1,7 +1,6 @@
-import dataclasses
 from pathlib import Path
 
-from openjev.config import Settings, env_name, flag_name
+from openjev.config import env_name, flag_name, setting_fields
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
@@ -9,7 +8,7 @@ CONFIGURATION = (ROOT / "docs" / "configuration.md").read_text()
 
 
 def test_configuration_table_lists_every_setting():
-    for f in dataclasses.fields(Settings):
+    for _, f in setting_fields():
         assert f"| `{flag_name(f)}` | `{env_name(f)}` |" in CONFIGURATION, f.name
 
 

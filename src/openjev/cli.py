@@ -1,10 +1,9 @@
 """`openjev serve`, `openjev schema` and `openjev ask` (ask.py). Flags are generated from
-Settings, each with its OPENJEV_* environment twin (config.py holds every default)."""
+the settings' fields, each with its OPENJEV_* environment twin (config/sections.py holds every default)."""
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import logging
 import os
@@ -15,12 +14,12 @@ from collections.abc import Sequence
 from typing import Any
 
 from openjev import __version__, ask
-from openjev.config import Settings, env_name, flag_name, load_settings
+from openjev.config import Settings, env_name, flag_name, load_settings, replace_settings, setting_fields
 from openjev.errors import ConfigError
 
 
 def _add_setting_flags(parser: argparse.ArgumentParser) -> None:
-    for f in dataclasses.fields(Settings):
+    for _, f in setting_fields():
         help_text = f"{f.metadata['help']} [env {env_name(f)}; default {f.default!r}]"
         kind = str(f.type)
         if kind == "bool":
@@ -74,7 +73,7 @@ def model_install(args: argparse.Namespace) -> int:
     """`openjev model install NAME`: named_models.install, then the one conversion."""
     from openjev.engines import hf_model, named_models
 
-    cache_dir = args.cache_dir or load_settings({}).cache_dir
+    cache_dir = args.cache_dir or load_settings({}).served.cache_dir
     entry = named_models.NAMED_MODELS[args.name]
     path = named_models.install(entry, cache_dir, log=lambda m: print(m, file=sys.stderr))
     if not args.no_convert:
@@ -90,8 +89,8 @@ def model_install(args: argparse.Namespace) -> int:
 def _settings(args: argparse.Namespace, passthrough: Sequence[str] = ()) -> Settings:
     """Settings from flags (and the environment); `passthrough` is what followed `--`:
     flags for the engine server we start (appended to --sglang-arg, or --vllm-arg with --engine vllm)."""
-    overrides = {f.name: getattr(args, f.name, None) for f in dataclasses.fields(Settings)}
-    for f in dataclasses.fields(Settings):
+    overrides = {f.name: getattr(args, f.name, None) for _, f in setting_fields()}
+    for _, f in setting_fields():
         given = overrides.get(f.name)
         if str(f.type).startswith("tuple") and given is not None:
             if f.metadata.get("comma"):  # `--allowed-hosts a,b` as well as repeated flags
@@ -99,8 +98,8 @@ def _settings(args: argparse.Namespace, passthrough: Sequence[str] = ()) -> Sett
             overrides[f.name] = tuple(given)
     settings = load_settings(overrides)
     if passthrough:  # to the child of whichever engine starts one
-        name = "vllm_args" if settings.engine == "vllm" else "sglang_args"
-        settings = dataclasses.replace(settings, **{name: getattr(settings, name) + tuple(passthrough)})
+        name = "vllm_args" if settings.served.engine == "vllm" else "sglang_args"
+        settings = replace_settings(settings, **{name: getattr(settings.remote, name) + tuple(passthrough)})
     return settings
 
 
@@ -113,15 +112,16 @@ def serve(settings: Settings) -> int:
     from openjev.engines import preflight_engine
 
     preflight_engine(settings)  # ConfigError -> exit 2 before listening
-    calibrations.preflight(settings.calibration)
+    calibrations.preflight(settings.quality.calibration)
     # Bound before anything loads: a busy port is exit 2 at once, not after the model loaded
     # (uvicorn binds only after the lifespan has started the load).
-    listener = bind_listener(settings.host, settings.port)
+    listener = bind_listener(settings.listen.host, settings.listen.port)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)  # until the loop's handler reloads the keys (DrainingServer)
-    logs.configure(settings.log_level, settings.log_format, with_messages=settings.log_request_bodies)
-    if settings.log_format == "json":  # progress bars on stderr would break one-object-per-line
+    log = settings.logging
+    logs.configure(log.log_level, log.log_format, with_messages=log.log_request_bodies)
+    if log.log_format == "json":  # progress bars on stderr would break one-object-per-line
         os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-    fit_open_files(settings.max_connections)
+    fit_open_files(settings.connections.max_connections)
     failed: list[BaseException] = []
     server: DrainingServer | None = None
 
@@ -141,9 +141,10 @@ def serve(settings: Settings) -> int:
     # shutdown starts; what is left for it is closing idle keep-alive connections.
     config = uvicorn_config(  # with the connection limits (api/operations/connections.py)
         app,
-        settings,
+        settings.listen,
+        settings.connections,
         connection_stats_to=ops.watch_connections,
-        log_level=settings.log_level,
+        log_level=log.log_level,
         log_config=None,
         access_log=False,
         timeout_graceful_shutdown=5,

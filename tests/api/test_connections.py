@@ -36,7 +36,8 @@ def serving(engine: FakeEngine | None = None, **overrides) -> Iterator[tuple[str
     server = uvicorn.Server(
         uvicorn_config(
             app,
-            settings,
+            settings.listen,
+            settings.connections,
             connection_stats_to=app.state.ops.watch_connections,
             host="127.0.0.1",
             port=port,

@@ -13,7 +13,15 @@ from tests.core.test_prompts import QUESTIONS, STATE
 from tests.support.fakes import FakeEngine, FakeTokenizer, fake_logprobs
 
 LIMITS = ServiceLimits(
-    max_branch_tokens=10_000, max_request_tokens=100_000, max_in_flight=2, engine_timeout_s=5, retry_after_s=3
+    max_branch_tokens=10_000,
+    max_request_tokens=100_000,
+    max_in_flight=2,
+    engine_timeout_s=5,
+    retry_after_s=3,
+    temperature=1.0,
+    rotation_max_options=26,
+    max_branches=4096,
+    max_prompt_tokens=4_194_304,
 )
 
 

@@ -97,5 +97,5 @@ def test_preflight_refuses_a_cache_dir_that_is_a_file(tmp_path):
     blocker.write_text("")
     for cache_dir in (blocker, blocker / "below"):
         with pytest.raises(ConfigError, match="is not a folder") as info:
-            preflight(load_settings({"cache_dir": str(cache_dir)}, environ={}))
+            preflight(load_settings({"cache_dir": str(cache_dir)}, environ={}).served)
         assert str(blocker) in str(info.value)

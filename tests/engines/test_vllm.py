@@ -208,7 +208,7 @@ async def test_auto_sends_everything_at_once_since_vllm_shares_prefixes_within_a
 
 def test_flags_after_double_dash_go_to_the_vllm_child(monkeypatch, tmp_path):
     from openjev.cli import _settings, build_parser
-    from openjev.engines.vllm import preflight
+    from openjev.engines import preflight_engine as preflight  # the sections of --engine vllm
 
     for name in ("OPENJEV_ENGINE", "OPENJEV_VLLM_ARGS", "OPENJEV_SGLANG_ARGS"):
         monkeypatch.delenv(name, raising=False)
@@ -225,10 +225,10 @@ def test_flags_after_double_dash_go_to_the_vllm_child(monkeypatch, tmp_path):
         ]
     )
     s = _settings(args, ["--block-size", "32"])
-    assert s.vllm_args == ("--dtype=float32", "--block-size", "32") and s.sglang_args == ()
+    assert s.remote.vllm_args == ("--dtype=float32", "--block-size", "32") and s.remote.sglang_args == ()
     preflight(s)  # a consistent set
     s = _settings(build_parser().parse_args(["serve", "--engine", "sglang"]), ["--tp", "2"])
-    assert s.sglang_args == ("--tp", "2") and s.vllm_args == ()
+    assert s.remote.sglang_args == ("--tp", "2") and s.remote.vllm_args == ()
 
 
 @pytest.mark.parametrize(
@@ -244,7 +244,7 @@ def test_flags_after_double_dash_go_to_the_vllm_child(monkeypatch, tmp_path):
 )
 def test_preflight_refuses_settings_that_cannot_work(flags, why, tmp_path, monkeypatch):
     from openjev.cli import _settings, build_parser
-    from openjev.engines.vllm import preflight
+    from openjev.engines import preflight_engine as preflight  # the sections of --engine vllm
 
     for name in ("OPENJEV_CONNECT", "OPENJEV_MODEL", "OPENJEV_VLLM_PYTHON", "OPENJEV_STRATEGY"):
         monkeypatch.delenv(name, raising=False)

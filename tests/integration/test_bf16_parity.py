@@ -14,7 +14,7 @@ import asyncio
 import pytest
 
 from openjev.core.prompts import PromptCompiler
-from openjev.core.service import DecisionService, ServiceLimits
+from openjev.core.service import DecisionService
 from openjev.core.types import (
     ChoiceAnswer,
     ChoiceQuestion,
@@ -27,6 +27,7 @@ from openjev.core.types import (
     Turn,
 )
 from openjev.engines.dtype import cpu_flags, native_bf16
+from tests.support.limits import limits_of
 from tests.support.tickets import QUESTIONS as TICKET_QUESTIONS
 
 pytestmark = pytest.mark.model
@@ -88,7 +89,7 @@ def _distribution(answer) -> list[float]:
 
 def _answers(loaded) -> list[list[float]]:
     service = DecisionService(
-        PromptCompiler(loaded.tokenizer, max_labels=255), loaded.engine, ServiceLimits(32_768, 262_144, 16, 600, 1)
+        PromptCompiler(loaded.tokenizer, max_labels=255), loaded.engine, limits_of(engine_timeout_s=600)
     )
 
     async def go():

@@ -57,7 +57,9 @@ def hf():
     from openjev.engines.hf_model import ensure_converted, resolve_source
 
     settings = load_settings({}, environ={})
-    folder, _ = ensure_converted(resolve_source(settings.model, settings.cache_dir), settings.cache_dir)
+    folder, _ = ensure_converted(
+        resolve_source(settings.served.model, settings.served.cache_dir), settings.served.cache_dir
+    )
     return AutoTokenizer.from_pretrained(folder, local_files_only=True)
 
 

@@ -8,9 +8,10 @@ import torch
 
 from openjev.core.plan import Plan
 from openjev.core.prompts import PromptCompiler
-from openjev.core.service import DecisionService, ServiceLimits
+from openjev.core.service import DecisionService
 from openjev.core.types import ChoiceQuestion, DecisionRequest, Option, State, Turn
 from openjev.engines.inprocess import TransformersEngine
+from tests.support.limits import limits_of
 from tests.support.tickets import QUESTIONS as TICKET_QUESTIONS
 from tests.support.tickets import TEXT
 
@@ -172,7 +173,7 @@ def test_cancelled_request_stops_its_work(embedded, compiler):
 
 
 def test_answers_are_well_formed_distributions(embedded, compiler):
-    service = DecisionService(compiler, embedded.engine, ServiceLimits(32_768, 262_144, 4, 120, 1))
+    service = DecisionService(compiler, embedded.engine, limits_of(max_in_flight=4))
     result = asyncio.run(service.decide(DecisionRequest(STATE, QUESTIONS)))
     refund, team, anger, lang, _ = (a for _, a in result.answers)
     assert 0 <= refund.p_true <= 1

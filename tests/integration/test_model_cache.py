@@ -42,7 +42,7 @@ def test_a_cache_edited_in_place_is_not_served(tmp_path, monkeypatch, caplog):
 
     source = resolve_source(None)
     folder = gguf_cache_folder(source, str(tmp_path / "cache"))
-    user_cache = gguf_cache_folder(source, load_settings(environ={}).cache_dir)
+    user_cache = gguf_cache_folder(source, load_settings(environ={}).served.cache_dir)
     if cache_problem(user_cache) is None:
         shutil.copytree(user_cache, folder)
     else:

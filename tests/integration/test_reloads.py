@@ -137,7 +137,7 @@ def test_a_truncated_weights_cache_is_converted_again(tmp_path):
 
     source = resolve_source(None)
     cache = tmp_path / "cache"
-    user_cache = gguf_cache_folder(source, load_settings(environ={}).cache_dir)
+    user_cache = gguf_cache_folder(source, load_settings(environ={}).served.cache_dir)
     folder = gguf_cache_folder(source, str(cache))
     if (user_cache / ".openjev-complete").exists() and cache_problem(user_cache) is None:
         shutil.copytree(user_cache, folder)  # a verified conversion: saves one

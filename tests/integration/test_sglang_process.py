@@ -15,7 +15,8 @@ import pytest
 
 from openjev.config import load_settings
 from openjev.core.plan import Branch, Plan
-from openjev.engines.sglang import load, preflight
+from openjev.engines import load_engine as load  # --engine sglang: the sglang loader, given its sections
+from openjev.engines import preflight_engine as preflight
 from openjev.errors import ConfigError
 from tests.integration.conftest import start_server, stop_server
 from tests.support.fakes import fake_logprobs

@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 
 from openjev.config import load_settings
-from openjev.engines.vllm import load
+from openjev.engines import load_engine as load  # --engine vllm: the vllm loader, given its sections
 from tests.integration.conftest import start_server, stop_server
 from tests.integration.test_sglang_process import tokenizer_folder  # noqa: F401 (a fixture)
 from tests.support.net import free_port

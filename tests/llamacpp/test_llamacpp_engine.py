@@ -30,8 +30,9 @@ pytestmark = [
 from openjev.config import MAX_CHOICE_OPTIONS, load_settings  # noqa: E402
 from openjev.core.prompts import PromptCompiler  # noqa: E402
 from openjev.core.scoring import softmax  # noqa: E402
-from openjev.core.service import DecisionService, ServiceLimits  # noqa: E402
+from openjev.core.service import DecisionService  # noqa: E402
 from openjev.core.types import ChoiceAnswer, ChoiceQuestion, DecisionRequest, NoulAnswer, Option, State, Turn  # noqa: E402
+from tests.support.limits import limits_of  # noqa: E402
 from tests.support.tickets import QUESTIONS, TEXT  # noqa: E402
 
 BOUND = 0.05  # largest label-probability difference against the PyTorch engine in float32
@@ -113,7 +114,7 @@ async def test_every_distinct_token_is_computed_once_and_matches_the_pytorch_eng
 
 
 async def test_answers_through_the_service_agree_with_the_pytorch_engine(llama, torch32, compiler):
-    limits = ServiceLimits(32_768, 262_144, 16, 600, 1)
+    limits = limits_of(engine_timeout_s=600)
     request = DecisionRequest(state(2), (*QUESTIONS, *MORE, ("line", MANY)))
     got = await DecisionService(compiler, llama.engine, limits).decide(request)
     want = await DecisionService(compiler, torch32.engine, limits).decide(request)

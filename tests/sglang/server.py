@@ -133,7 +133,7 @@ def embedded_model_folder() -> Path:
     from openjev.engines.hf_model import gguf_cache_folder, load_model_and_tokenizer, resolve_source
 
     source = resolve_source(None)
-    cache_dir = load_settings({}, environ={}).cache_dir
+    cache_dir = load_settings({}, environ={}).served.cache_dir
     folder = gguf_cache_folder(source, cache_dir)
     if not (folder / "model.safetensors").exists():
         load_model_and_tokenizer(source, cache_dir=cache_dir, dtype=torch.float32, device="cpu")

@@ -31,7 +31,7 @@ pytestmark = [
 from openjev.config import MAX_CHOICE_OPTIONS, load_settings  # noqa: E402
 from openjev.core.prompts import PromptCompiler  # noqa: E402
 from openjev.core.scoring import softmax  # noqa: E402
-from openjev.core.service import DecisionService, ServiceLimits  # noqa: E402
+from openjev.core.service import DecisionService  # noqa: E402
 from openjev.core.types import (  # noqa: E402
     ChoiceAnswer,
     ChoiceQuestion,
@@ -46,6 +46,7 @@ from openjev.core.types import (  # noqa: E402
 from openjev.engines.http_engine import HTTPEngine  # noqa: E402
 from openjev.engines.vllm import MAX_IDS_PER_CALL, VLLM, check_server, verify_tokenizer  # noqa: E402
 from openjev.errors import ModelUnsuitable  # noqa: E402
+from tests.support.limits import limits_of  # noqa: E402
 from tests.support.tickets import QUESTIONS, TEXT  # noqa: E402
 
 STRATEGIES = ("all", "warmup", "staged", "auto")
@@ -150,7 +151,7 @@ async def test_every_strategy_gives_the_in_process_probabilities(loaded, compile
 
 
 async def test_every_answer_type_through_the_service_matches_the_in_process_answers(loaded, compiler, server):
-    limits = ServiceLimits(32_768, 262_144, 16, 600, 1)
+    limits = limits_of(engine_timeout_s=600)
     request = DecisionRequest(state(150), (*QUESTIONS, *MORE_QUESTIONS, ("line", MANY)))
     ours = DecisionService(compiler, remote(server, "auto"), limits)
     ref = DecisionService(compiler, reference_engine(loaded), limits)

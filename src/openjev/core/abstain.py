@@ -15,7 +15,7 @@ trust. Three signals the core already measures say so:
   honest (a fit on labelled dev data for the served model).
 
 The rule refuses a question when any falls below its floor. A floor of 0 turns that
-signal off; the default (config.py) was chosen on the dev split and reported on the test
+signal off; the default (config/sections.py) was chosen on the dev split and reported on the test
 split (evals/abstain_table.py). Each face decides how to show it: OpenAI's /v1/decisions
 answers `{"type": "refusal"}`, Jev's /v1/systemone (whose contract has no refusal) keeps
 the answer and marks it `x_abstain`.

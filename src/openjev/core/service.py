@@ -86,15 +86,17 @@ def compiles_inline(request: DecisionRequest, readout: Readout, limit: int = INL
 
 @dataclass(frozen=True)
 class ServiceLimits:
+    """Every value required: their defaults are the settings' (built at the edge, api/server/assembly.py)."""
+
     max_branch_tokens: int
     max_request_tokens: int
     max_in_flight: int
     engine_timeout_s: float
     retry_after_s: int
-    temperature: float = 1.0
-    rotation_max_options: int = 26
-    max_branches: int = 4096
-    max_prompt_tokens: int = 4_194_304
+    temperature: float
+    rotation_max_options: int
+    max_branches: int
+    max_prompt_tokens: int
 
     def compile_limits(self) -> CompileLimits:
         return CompileLimits(

@@ -22,6 +22,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from openjev.config import ServedSettings
 from openjev.engines import named_models
 from openjev.errors import ConfigError
 
@@ -68,9 +69,7 @@ def resolve_source(model: str | None, cache_dir: str | None = None) -> ModelSour
         return ModelSource(path.parent, path.name, EMBEDDED_NAME, EMBEDDED_DESCRIPTION, EMBEDDED_RELEASE_DATE)
     entry = named_models.named(model)
     if entry is not None:
-        from openjev.config import Settings
-
-        path = named_models.installed_gguf(entry, cache_dir if cache_dir is not None else Settings().cache_dir)
+        path = named_models.installed_gguf(entry, cache_dir if cache_dir is not None else ServedSettings.cache_dir)
         return ModelSource(path.parent, path.name, entry.name, entry.description, entry.release_date)
     path = Path(model).expanduser()
     if not path.exists():
@@ -124,15 +123,15 @@ def source_fingerprint(source: ModelSource) -> str:
     return weights_fingerprint(source.folder / source.gguf_file if source.gguf_file else source.folder)
 
 
-def preflight(settings) -> None:
+def preflight(served: ServedSettings) -> None:
     """Fail fast on a model setting that cannot load (missing path, wrong kind of file) and,
     for a GGUF, on a cache folder that could never hold its conversion (found before the
     conversion's seconds are spent, not after)."""
-    source = resolve_source(settings.model, settings.cache_dir)
+    source = resolve_source(served.model, served.cache_dir)
     if source.gguf_file is not None:
-        check_cache_dir(settings.cache_dir)
-        if not (gguf_cache_folder(source, settings.cache_dir) / _COMPLETE).exists():
-            check_writable(settings.cache_dir)  # a read-only cache serves what it already holds
+        check_cache_dir(served.cache_dir)
+        if not (gguf_cache_folder(source, served.cache_dir) / _COMPLETE).exists():
+            check_writable(served.cache_dir)  # a read-only cache serves what it already holds
 
 
 def check_cache_dir(cache_dir: str) -> None:

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 
 import httpx
 
+from openjev.config import LimitSettings, RemoteSettings
 from openjev.core.plan import Plan
 from openjev.core.ports import BranchResult, PlanResult
 from openjev.engines.http_protocol import HTTPProtocol, Reply
@@ -49,12 +50,12 @@ class HTTPEngine:
         *,
         max_prompt_tokens: int | None = None,
         step_tokens: int | None = None,
-        strategy: str = "auto",
-        max_calls: int = 64,
-        call_timeout_s: float = 120.0,
-        warmup_min_tokens: int = 256,
+        strategy: str = RemoteSettings.strategy,  # the defaults are the settings' (config/sections.py)
+        max_calls: int = RemoteSettings.max_engine_calls,
+        call_timeout_s: float = LimitSettings.engine_timeout_s,
+        warmup_min_tokens: int = RemoteSettings.warmup_min_tokens,
         stage_min_tokens: int = 32,
-        retry_after_s: int = 1,
+        retry_after_s: int = LimitSettings.retry_after_s,
         probe_timeout_s: float = 5.0,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:

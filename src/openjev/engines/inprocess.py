@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 import torch
 
-from openjev.config import Settings
+from openjev.config import InProcessSettings, ServedSettings
 from openjev.core.plan import Plan
 from openjev.core.ports import PlanResult
 from openjev.engines import LoadedEngine, ModelCard
@@ -98,12 +98,12 @@ class TransformersEngine:
         self,
         model,
         *,
-        attention_budget: int = 1 << 24,
-        batch_tokens: int = 2048,
-        prefix_cache_bytes: int = 1 << 30,
-        batch_window_s: float = 0.002,
+        attention_budget: int = InProcessSettings.attention_budget,  # the settings' defaults (config/sections.py)
+        batch_tokens: int = InProcessSettings.batch_tokens,
+        prefix_cache_bytes: int = InProcessSettings.prefix_cache_bytes,
+        batch_window_s: float = InProcessSettings.batch_window_ms / 1000,
         pad_id: int = 0,
-        slice_s: float = 0.5,
+        slice_s: float = InProcessSettings.slice_ms / 1000,
     ) -> None:
         self.runner = TorchRunner(model, pad_id)
         self.cache = PrefixCache(prefix_cache_bytes)
@@ -149,26 +149,26 @@ def _pick_device(setting: str) -> str:
     return setting
 
 
-def load(settings: Settings) -> LoadedEngine:
-    """Load the model named by settings (blocking) and wrap it as an engine."""
+def load(served: ServedSettings, tuning: InProcessSettings) -> LoadedEngine:
+    """Load the model `served` names (blocking) and wrap it as an engine tuned by `tuning`."""
     t0 = time.perf_counter()
-    source = resolve_source(settings.model, settings.cache_dir)
-    device = _pick_device(settings.device)
-    choice = pick_dtype(settings.dtype, device)
+    source = resolve_source(served.model, served.cache_dir)
+    device = _pick_device(served.device)
+    choice = pick_dtype(served.dtype, device)
     log.info("dtype %s", choice.reason)
     dtype = choice.dtype
     model, hf_tokenizer, from_cache = load_model_and_tokenizer(
-        source, cache_dir=settings.cache_dir, dtype=dtype, device=device
+        source, cache_dir=served.cache_dir, dtype=dtype, device=device
     )
     pad_id = hf_tokenizer.pad_token_id if hf_tokenizer.pad_token_id is not None else 0
     engine = TransformersEngine(
         model,
-        attention_budget=settings.attention_budget,
-        batch_tokens=settings.batch_tokens,
-        prefix_cache_bytes=settings.prefix_cache_bytes,
-        batch_window_s=settings.batch_window_ms / 1000,
+        attention_budget=tuning.attention_budget,
+        batch_tokens=tuning.batch_tokens,
+        prefix_cache_bytes=tuning.prefix_cache_bytes,
+        batch_window_s=tuning.batch_window_ms / 1000,
         pad_id=pad_id,
-        slice_s=settings.slice_ms / 1000,
+        slice_s=tuning.slice_ms / 1000,
     )
     seconds = time.perf_counter() - t0
     log.info(
@@ -180,7 +180,7 @@ def load(settings: Settings) -> LoadedEngine:
         "converted weights from cache" if from_cache else "from source",
     )
     card = ModelCard(
-        name=settings.served_name or source.name,
+        name=served.served_name or source.name,
         description=source.description,
         release_date=source.release_date,
         fingerprint=source_fingerprint(source),

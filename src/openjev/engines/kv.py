@@ -124,43 +124,8 @@ def ragged_forward(
 ) -> tuple[torch.Tensor, list[Chunk]]:
     """(hidden states (B, S, H) of the new tokens, each row's new KV chunk)."""
     device = next(base_model.parameters()).device
-    b = len(rows)
-    s_max = max(len(r.tokens) for r in rows)
-    p_max = max(r.past.length for r in rows)
-
-    ids = torch.full((b, s_max), pad_id, dtype=torch.long)
-    positions = torch.zeros((b, s_max), dtype=torch.long)
-    mask = torch.zeros((b, 1, s_max, p_max + s_max), dtype=torch.bool)
-    # Padding queries see themselves, so no attention row is empty (an empty row gives NaN
-    # values that would reach real tokens through 0 * NaN).
-    diag = torch.arange(s_max)
-    mask[:, 0, diag, p_max + diag] = True
-    for i, r in enumerate(rows):
-        n, p = len(r.tokens), r.past.length
-        ids[i, :n] = torch.as_tensor(list(r.tokens), dtype=torch.long)
-        positions[i, :n] = torch.as_tensor(list(r.positions), dtype=torch.long)
-        positions[i, n:] = positions[i, n - 1] + 1 + torch.arange(s_max - n)
-        mask[i, 0, :n, :p] = r.visible[:, :p]
-        mask[i, 0, :n, p_max : p_max + n] = r.visible[:, p:]
-
-    layers = []
-    for li in range(base_model.config.num_hidden_layers):
-        if p_max == 0:
-            layers.append(_RaggedLayer(None, None))
-        elif b == 1:
-            k, v = rows[0].past.layer(li)
-            layers.append(_RaggedLayer(k, v))
-        else:
-            k0, v0 = next(r.past.layer(li) for r in rows if r.past.length)
-            keys = k0.new_zeros((b, k0.shape[1], p_max, k0.shape[3]))
-            values = v0.new_zeros((b, v0.shape[1], p_max, v0.shape[3]))
-            for i, r in enumerate(rows):
-                if r.past.length:
-                    k, v = r.past.layer(li)
-                    keys[i, :, : r.past.length] = k[0]
-                    values[i, :, : r.past.length] = v[0]
-            layers.append(_RaggedLayer(keys, values))
-
+    ids, positions, mask = _ragged_inputs(rows, pad_id)
+    layers = _past_layers(base_model.config.num_hidden_layers, rows)
     dtype = next(base_model.parameters()).dtype
     mask = mask.to(device)
     attn_mask = (
@@ -183,3 +148,50 @@ def ragged_forward(
         for i, r in enumerate(rows)
     ]
     return out.last_hidden_state, chunks
+
+
+def _ragged_inputs(rows: Sequence[Row], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(ids (B, S), positions (B, S), boolean mask (B, 1, S, P + S)) of the rows, padded to
+    the longest row's new tokens S and the longest past P."""
+    b = len(rows)
+    s_max = max(len(r.tokens) for r in rows)
+    p_max = max(r.past.length for r in rows)
+    ids = torch.full((b, s_max), pad_id, dtype=torch.long)
+    positions = torch.zeros((b, s_max), dtype=torch.long)
+    mask = torch.zeros((b, 1, s_max, p_max + s_max), dtype=torch.bool)
+    # Padding queries see themselves, so no attention row is empty (an empty row gives NaN
+    # values that would reach real tokens through 0 * NaN).
+    diag = torch.arange(s_max)
+    mask[:, 0, diag, p_max + diag] = True
+    for i, r in enumerate(rows):
+        n, p = len(r.tokens), r.past.length
+        ids[i, :n] = torch.as_tensor(list(r.tokens), dtype=torch.long)
+        positions[i, :n] = torch.as_tensor(list(r.positions), dtype=torch.long)
+        positions[i, n:] = positions[i, n - 1] + 1 + torch.arange(s_max - n)
+        mask[i, 0, :n, :p] = r.visible[:, :p]
+        mask[i, 0, :n, p_max : p_max + n] = r.visible[:, p:]
+    return ids, positions, mask
+
+
+def _past_layers(num_layers: int, rows: Sequence[Row]) -> list[_RaggedLayer]:
+    """Each layer's past keys and values of the rows, padded to the longest past."""
+    b = len(rows)
+    p_max = max(r.past.length for r in rows)
+    layers = []
+    for li in range(num_layers):
+        if p_max == 0:
+            layers.append(_RaggedLayer(None, None))
+        elif b == 1:
+            k, v = rows[0].past.layer(li)
+            layers.append(_RaggedLayer(k, v))
+        else:
+            k0, v0 = next(r.past.layer(li) for r in rows if r.past.length)
+            keys = k0.new_zeros((b, k0.shape[1], p_max, k0.shape[3]))
+            values = v0.new_zeros((b, v0.shape[1], p_max, v0.shape[3]))
+            for i, r in enumerate(rows):
+                if r.past.length:
+                    k, v = r.past.layer(li)
+                    keys[i, :, : r.past.length] = k[0]
+                    values[i, :, : r.past.length] = v[0]
+            layers.append(_RaggedLayer(keys, values))
+    return layers

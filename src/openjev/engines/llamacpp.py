@@ -23,6 +23,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from openjev.config import InProcessSettings, ServedSettings
 from openjev.core.plan import Plan
 from openjev.core.ports import BranchResult, PlanResult
 from openjev.engines.llamacpp_cache import SeqCache
@@ -233,7 +234,7 @@ WORK_CELLS = 8192
 N_BATCH = 512  # tokens per decode call: a cancellation boundary (about 1 s on 2 cores, 1.5B model)
 
 
-def preflight(settings) -> None:
+def preflight(served: ServedSettings) -> None:
     """Cheap checks, llama.cpp not imported: the binding is installed, the model is a GGUF."""
     import importlib.util
 
@@ -244,14 +245,14 @@ def preflight(settings) -> None:
         raise ConfigError(
             "--engine llamacpp needs llama-cpp-python: run scripts/setup_llamacpp.sh (or `make test-llamacpp`)"
         )
-    if settings.device not in ("auto", "cpu"):
-        raise ConfigError(f"--engine llamacpp runs on the CPU; --device {settings.device} is not served")
-    source = resolve_source(settings.model, settings.cache_dir)
+    if served.device not in ("auto", "cpu"):
+        raise ConfigError(f"--engine llamacpp runs on the CPU; --device {served.device} is not served")
+    source = resolve_source(served.model, served.cache_dir)
     if source.gguf_file is None:
         raise ConfigError("--engine llamacpp serves GGUF files: --model must be a .gguf file or a named model")
 
 
-def load(settings):
+def load(served: ServedSettings, tuning: InProcessSettings):
     """Load the GGUF with llama.cpp and its Hugging Face tokenizer side by side (blocking)."""
     import concurrent.futures
 
@@ -261,7 +262,7 @@ def load(settings):
     from openjev.engines.llamacpp_lib import LlamaCppBackend, cpu_threads
 
     t0 = time.perf_counter()
-    source = resolve_source(settings.model, settings.cache_dir)
+    source = resolve_source(served.model, served.cache_dir)
     path = str(source.folder / (source.gguf_file or ""))
     with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="openjev-llamacpp-load") as pool:
         # llama.cpp releases the GIL while it loads: the tokenizer (transformers' import
@@ -270,14 +271,14 @@ def load(settings):
             LlamaCppBackend,
             path,
             work_cells=WORK_CELLS,
-            cache_bytes=settings.prefix_cache_bytes,
+            cache_bytes=tuning.prefix_cache_bytes,
             n_seq_max=N_SEQ_MAX,
             n_batch=N_BATCH,
             n_threads=cpu_threads(),
         )
-        tokenizer = _hf_tokenizer(source, settings.cache_dir)
+        tokenizer = _hf_tokenizer(source, served.cache_dir)
         backend = backend_f.result()
-    engine = LlamaCppEngine(backend, prefix_cache_bytes=settings.prefix_cache_bytes)
+    engine = LlamaCppEngine(backend, prefix_cache_bytes=tuning.prefix_cache_bytes)
     seconds = time.perf_counter() - t0
     log.info(
         "loaded %s with llama.cpp in %.1f s (%d KV cells, %d B each)",
@@ -287,7 +288,7 @@ def load(settings):
         backend.bytes_per_cell,
     )
     card = ModelCard(
-        name=settings.served_name or source.name,
+        name=served.served_name or source.name,
         # the embedded model's description says how transformers serves it; here the GGUF runs as shipped
         description=source.description.replace(", dequantised", ", as shipped"),
         release_date=source.release_date,

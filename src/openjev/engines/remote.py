@@ -18,13 +18,13 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 
-from openjev.config import Settings
+from openjev.config import LimitSettings, RemoteSettings, ServedSettings
 from openjev.core.ports import ChatTokenizer
 from openjev.core.types import Turn
 from openjev.errors import ConfigError, ModelUnsuitable
 
 if TYPE_CHECKING:
-    from openjev.engines import LoadedEngine
+    from openjev.engines import LoadedEngine, ModelCard
     from openjev.engines.http_engine import HTTPEngine
     from openjev.engines.server_process import ServerProcess
 
@@ -46,21 +46,21 @@ class ServerKind:
     namespaces: str  # how API keys' cache namespaces reach the server, for the log
 
 
-def preflight(settings: Settings, kind: ServerKind) -> None:
+def preflight(served: ServedSettings, http: RemoteSettings, kind: ServerKind) -> None:
     """What every HTTP engine refuses before the server listens."""
     from openjev.engines.submission import STRATEGIES
 
-    if settings.strategy not in STRATEGIES:
-        raise ConfigError(f"--strategy {settings.strategy!r}: expected one of {', '.join(STRATEGIES)}")
-    if bool(settings.connect) == bool(kind.python):
+    if http.strategy not in STRATEGIES:
+        raise ConfigError(f"--strategy {http.strategy!r}: expected one of {', '.join(STRATEGIES)}")
+    if bool(http.connect) == bool(kind.python):
         raise ConfigError(f"--engine {kind.engine} needs exactly one of --connect URL or {kind.python_flag} PATH")
-    if kind.python and not settings.model:
+    if kind.python and not served.model:
         raise ConfigError(f"{kind.python_flag} needs --model (the model the child server loads)")
-    tokenizer_folder(settings, kind)
+    tokenizer_folder(served, kind)
 
 
-def tokenizer_folder(settings: Settings, kind: ServerKind) -> str:
-    folder = settings.tokenizer or settings.model
+def tokenizer_folder(served: ServedSettings, kind: ServerKind) -> str:
+    folder = served.tokenizer or served.model
     if not folder or not Path(folder).is_dir():
         raise ConfigError(
             f"the {kind.engine} engine tokenizes here: pass --model (or --tokenizer) as a local model folder "
@@ -103,7 +103,8 @@ def verify_tokenizer(tokenizer: ChatTokenizer, server_ids: Callable[[str], Seque
 
 
 def load(
-    settings: Settings,
+    served: ServedSettings,
+    http: RemoteSettings,
     kind: ServerKind,
     *,
     check: Callable[[str, ChatTokenizer], dict[str, Any]],
@@ -115,32 +116,16 @@ def load(
     served model."""
     from transformers import AutoTokenizer
 
-    from openjev.engines import LoadedEngine, ModelCard
-    from openjev.engines.hf_model import file_date, weights_fingerprint
+    from openjev.engines import LoadedEngine
     from openjev.engines.hf_tokenizer import HFChatTokenizer
-    from openjev.engines.server_process import ServerProcess, wait_healthy
+    from openjev.engines.server_process import wait_healthy
 
     t0 = time.perf_counter()
-    folder = tokenizer_folder(settings, kind)
+    folder = tokenizer_folder(served, kind)
     tokenizer = HFChatTokenizer(AutoTokenizer.from_pretrained(folder, local_files_only=True))
-    process: ServerProcess | None = None
-    if kind.python:
-        process = ServerProcess(
-            python=kind.python,
-            model=str(settings.model),  # set: preflight refuses a child without --model
-            port=kind.port,
-            module=kind.module,
-            model_flag=kind.model_flag,
-            name=kind.name,
-            python_flag=kind.python_flag,
-            extra_args=kind.child_args,
-        )
-        process.start()
-        url = process.url
-    else:
-        url = str(settings.connect).rstrip("/")  # set: preflight wants --connect without a child
+    url, process = _reach(served, http, kind)
     try:
-        wait_healthy(url, settings.startup_timeout_s, process.process if process else None, name=kind.name)
+        wait_healthy(url, http.startup_timeout_s, process.process if process else None, name=kind.name)
         info = check(url, tokenizer)
     except BaseException:
         if process is not None:
@@ -148,31 +133,57 @@ def load(
         raise
     engine = make(url, info)
     engine.process = process
-    model_path = str(info.get("model") or settings.model)
+    model_path = str(info.get("model") or served.model)
     log.info("%s at %s serves %s; %s", kind.name, url, model_path, kind.namespaces)
-    local = Path(settings.model) if settings.model and Path(settings.model).exists() else None
-    card = ModelCard(
-        name=settings.served_name or Path(model_path.rstrip("/")).name.lower(),
-        description=f"{Path(model_path.rstrip('/')).name} served by {kind.name}",  # no paths, no URL
-        release_date=file_date(local) if local else time.strftime("%Y-%m-%d"),
-        fingerprint=weights_fingerprint(local) if local else "",
-    )
     return LoadedEngine(
         engine=engine,
         tokenizer=tokenizer,
-        card=card,
+        card=_card(served, kind, model_path),
         load_seconds=time.perf_counter() - t0,
         supervise=process.watch if process is not None else None,
         probe=engine.probe,
     )
 
 
-def engine_options(settings: Settings) -> dict[str, Any]:
+def _reach(served: ServedSettings, http: RemoteSettings, kind: ServerKind) -> tuple[str, ServerProcess | None]:
+    """(the server's URL, the child started for it or None where --connect names one)."""
+    from openjev.engines.server_process import ServerProcess
+
+    if not kind.python:
+        return str(http.connect).rstrip("/"), None  # set: preflight wants --connect without a child
+    process = ServerProcess(
+        python=kind.python,
+        model=str(served.model),  # set: preflight refuses a child without --model
+        port=kind.port,
+        module=kind.module,
+        model_flag=kind.model_flag,
+        name=kind.name,
+        python_flag=kind.python_flag,
+        extra_args=kind.child_args,
+    )
+    process.start()
+    return process.url, process
+
+
+def _card(served: ServedSettings, kind: ServerKind, model_path: str) -> ModelCard:
+    from openjev.engines import ModelCard
+    from openjev.engines.hf_model import file_date, weights_fingerprint
+
+    local = Path(served.model) if served.model and Path(served.model).exists() else None
+    return ModelCard(
+        name=served.served_name or Path(model_path.rstrip("/")).name.lower(),
+        description=f"{Path(model_path.rstrip('/')).name} served by {kind.name}",  # no paths, no URL
+        release_date=file_date(local) if local else time.strftime("%Y-%m-%d"),
+        fingerprint=weights_fingerprint(local) if local else "",
+    )
+
+
+def engine_options(http: RemoteSettings, limits: LimitSettings) -> dict[str, Any]:
     """The engine's settings every HTTP engine takes (keyword arguments of HTTPEngine)."""
     return {
-        "strategy": settings.strategy,
-        "max_calls": settings.max_engine_calls,
-        "call_timeout_s": settings.engine_timeout_s,
-        "warmup_min_tokens": settings.warmup_min_tokens,
-        "retry_after_s": settings.retry_after_s,
+        "strategy": http.strategy,
+        "max_calls": http.max_engine_calls,
+        "call_timeout_s": limits.engine_timeout_s,
+        "warmup_min_tokens": http.warmup_min_tokens,
+        "retry_after_s": limits.retry_after_s,
     }

@@ -78,7 +78,7 @@ class SchedulerLimits:
     batch_tokens: int  # real tokens per round
     attention_budget: int  # padded query x key positions per forward
     window_s: float  # gathering window after idle
-    slice_s: float = 0.5  # target duration of one request's slice
+    slice_s: float  # target duration of one request's slice
 
 
 # Before any forward was measured, a round takes at most this many tokens; and however slow

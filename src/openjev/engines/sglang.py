@@ -16,7 +16,7 @@ from typing import Any
 
 import httpx
 
-from openjev.config import Settings
+from openjev.config import LimitSettings, RemoteSettings, ServedSettings
 from openjev.core.ports import ChatTokenizer
 from openjev.engines import LoadedEngine, http_protocol, remote
 from openjev.engines.http_engine import HTTPEngine
@@ -28,26 +28,26 @@ __all__ = ["load", "preflight", "verify_tokenizer"]
 log = logging.getLogger(__name__)
 
 
-def kind(settings: Settings) -> remote.ServerKind:
+def kind(http: RemoteSettings) -> remote.ServerKind:
     return remote.ServerKind(
         engine="sglang",
         name="SGLang",
-        python=settings.sglang_python,
+        python=http.sglang_python,
         python_flag="--sglang-python",
-        port=settings.sglang_port,
-        module=settings.sglang_module,
+        port=http.sglang_port,
+        module=http.sglang_module,
         model_flag="--model-path",
-        child_args=tuple(settings.sglang_args),
+        child_args=tuple(http.sglang_args),
         namespaces="API keys' cache namespaces go to its radix cache as extra_key",
     )
 
 
-def preflight(settings: Settings) -> None:
+def preflight(served: ServedSettings, http: RemoteSettings) -> None:
     """Settings that cannot work are refused before the server listens."""
     from openjev.engines.server_process import check_args
 
-    remote.preflight(settings, kind(settings))
-    check_args(settings.sglang_args, settings.strategy)
+    remote.preflight(served, http, kind(http))
+    check_args(http.sglang_args, http.strategy)
 
 
 def verify_tokenizer(
@@ -67,15 +67,15 @@ def verify_tokenizer(
     return remote.verify_tokenizer(tokenizer, server_ids)
 
 
-def check(url: str, tokenizer: ChatTokenizer, settings: Settings) -> dict[str, Any]:
+def check(url: str, tokenizer: ChatTokenizer, strategy: str) -> dict[str, Any]:
     """Refuse a server with its radix cache off (unless --strategy all) or another
     tokenizer; returns {"model": the server's model path, if it says, "max_prompt_tokens",
     "protocol": what the server takes (capabilities)}."""
     from openjev.engines.server_process import check_args
 
     info = server_info(url)
-    if info.get("disable_radix_cache") and settings.strategy != "all":
-        check_args(("--disable-radix-cache",), settings.strategy)
+    if info.get("disable_radix_cache") and strategy != "all":
+        check_args(("--disable-radix-cache",), strategy)
     verify_tokenizer(url, tokenizer)
     protocol = capabilities(url, tokenizer.encode(remote.PROBE_TEXT)[:8])
     log.info(
@@ -194,19 +194,20 @@ def max_prompt_tokens(info: dict[str, Any]) -> int | None:
     return None
 
 
-def load(settings: Settings) -> LoadedEngine:
+def load(served: ServedSettings, http: RemoteSettings, limits: LimitSettings) -> LoadedEngine:
     """Start or reach the server, check it, and return the engine (blocking)."""
-    preflight(settings)
+    preflight(served, http)
     return remote.load(
-        settings,
-        kind(settings),
-        check=lambda url, tokenizer: check(url, tokenizer, settings),
+        served,
+        http,
+        kind(http),
+        check=lambda url, tokenizer: check(url, tokenizer, http.strategy),
         make=lambda url, info: HTTPEngine(
             url,
             info["protocol"],
             max_prompt_tokens=info.get("max_prompt_tokens"),
             step_tokens=info.get("step_tokens"),
-            **remote.engine_options(settings),
+            **remote.engine_options(http, limits),
         ),
     )
 

@@ -31,7 +31,7 @@ from typing import Any
 
 import httpx
 
-from openjev.config import Settings
+from openjev.config import LimitSettings, RemoteSettings, ServedSettings
 from openjev.core.ports import ChatTokenizer
 from openjev.engines import LoadedEngine, remote
 from openjev.engines.http_engine import HTTPEngine
@@ -230,26 +230,26 @@ def child_args(extra: Sequence[str]) -> tuple[str, ...]:
 # ---- wiring: settings -> a ready engine
 
 
-def kind(settings: Settings) -> remote.ServerKind:
+def kind(http: RemoteSettings) -> remote.ServerKind:
     return remote.ServerKind(
         engine="vllm",
         name="vLLM",
-        python=settings.vllm_python,
+        python=http.vllm_python,
         python_flag="--vllm-python",
-        port=settings.vllm_port,
-        module=settings.vllm_module,
+        port=http.vllm_port,
+        module=http.vllm_module,
         model_flag="--model",
-        child_args=child_args(settings.vllm_args),
+        child_args=child_args(http.vllm_args),
         namespaces="API keys' cache namespaces go to its prefix cache as cache_salt",
     )
 
 
-def preflight(settings: Settings) -> None:
+def preflight(served: ServedSettings, http: RemoteSettings) -> None:
     """Settings that cannot work are refused before the server listens."""
-    remote.preflight(settings, kind(settings))
-    if "--no-enable-prefix-caching" in settings.vllm_args and settings.strategy != "all":
+    remote.preflight(served, http, kind(http))
+    if "--no-enable-prefix-caching" in http.vllm_args and http.strategy != "all":
         raise ConfigError(
-            f"--no-enable-prefix-caching turns off the prefix cache that the {settings.strategy!r} "
+            f"--no-enable-prefix-caching turns off the prefix cache that the {http.strategy!r} "
             "strategy relies on; remove it or use --strategy all"
         )
 
@@ -265,14 +265,14 @@ def check(url: str, tokenizer: ChatTokenizer) -> dict[str, Any]:
     return info
 
 
-def load(settings: Settings) -> LoadedEngine:
+def load(served: ServedSettings, http: RemoteSettings, limits: LimitSettings) -> LoadedEngine:
     """Start or reach the server, check it, and return the engine (blocking)."""
-    preflight(settings)
+    preflight(served, http)
 
     def make(url: str, info: dict[str, Any]) -> HTTPEngine:
         max_len = info.get("max_model_len")
         return HTTPEngine(
-            url, VLLM, max_prompt_tokens=int(max_len) - 1 if max_len else None, **remote.engine_options(settings)
+            url, VLLM, max_prompt_tokens=int(max_len) - 1 if max_len else None, **remote.engine_options(http, limits)
         )
 
-    return remote.load(settings, kind(settings), check=check, make=make)
+    return remote.load(served, http, kind(http), check=check, make=make)

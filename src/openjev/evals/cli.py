@@ -75,9 +75,9 @@ def _target(args: argparse.Namespace, calibration: str | None = None) -> Iterato
 
     overrides = {"model": args.model, "prefix_cache_bytes": args.prefix_cache_bytes, "calibration": calibration}
     settings = load_settings(overrides)
-    print(f"serving {settings.model or 'the embedded model'} in this process ...", file=sys.stderr)
+    print(f"serving {settings.served.model or 'the embedded model'} in this process ...", file=sys.stderr)
     with local_server(settings) as url:
-        yield url, f"in-process:{settings.model or 'embedded'}:calibration={settings.calibration}"
+        yield url, f"in-process:{settings.served.model or 'embedded'}:calibration={settings.quality.calibration}"
 
 
 def _key(args: argparse.Namespace) -> str | None:
@@ -141,7 +141,6 @@ def _parse_config(text: str) -> RunConfig:
 
 def calibrate(args: argparse.Namespace) -> int:
     from openjev.core import calibration as calib
-    from openjev.evals.fit import fit_readout
 
     items = _items(args)
     configs = [_parse_config(c) for c in args.config] if args.config else [None]
@@ -154,55 +153,62 @@ def calibrate(args: argparse.Namespace) -> int:
             if config is None:  # the server's default readout
                 readout, _, rot = str(model["x_readout"]).partition(";rotations=")
                 config = RunConfig(readout=readout, rotations=int(rot) if rot else 1, calibrated=False, flips=False)
-            name = f"{config.readout}" + (f":{config.rotations}" if config.readout == "letters" else "")
-            store = ResultStore(
-                base / name.replace(":", "-r"), run_meta(args.data, target, config), restart=args.restart
-            )
-            print(f"reading {len(items)} items with readout {name} (uncalibrated) ...", file=sys.stderr)
-            asyncio.run(
-                run_items(
-                    url,
-                    items,
-                    config,
-                    store,
-                    concurrency=args.concurrency,
-                    key=_key(args),
-                    progress=not args.no_progress,
-                )
-            )
-            scored, facts = score(items, store)
-            if facts["items_failed"]:
-                print(
-                    f"openjev calibrate: {facts['items_failed']} requests failed: {facts['failures'][:3]}",
-                    file=sys.stderr,
-                )
+            fit = _fit_readout(args, url, target, items, config, base)
+            if fit is None:
                 return 1
-            # parallel and canonical read choice options in a canonical order: a correction by
-            # request position would bring the caller's order back into their answers
-            order_free = ("choice",) if config.readout in CANONICAL_ORDER else ()
-            types = fit_readout(scored, order_free=order_free)
-            fits.append({"readout": config.readout, "rotations": config.rotations, "types": types})
-            for qtype, fit in types.items():
-                print(
-                    f"  {name:10s} {qtype:6s} n={fit['n']:3d} T={fit['temperature']:.3f} {fit['form']:17s} "
-                    f"NLL {fit['nll_before']:.3f} -> {fit['nll_after']:.3f}",
-                    file=sys.stderr,
-                )
+            fits.append(fit)
+    doc = _calibration_doc(args, model, len(items), fits)
+    calib.from_dict(doc)  # what we write must load
+    Path(args.output).write_text(json.dumps(doc, indent=2) + "\n")
+    print(f"wrote {args.output}", file=sys.stderr)
+    return 0
+
+
+def _fit_readout(
+    args: argparse.Namespace, url: str, target: str, items: list, config: RunConfig, base: Path
+) -> dict | None:
+    """Read `items` uncalibrated under `config` and fit its calibration (None: requests failed)."""
+    from openjev.evals.fit import fit_readout
+
+    name = f"{config.readout}" + (f":{config.rotations}" if config.readout == "letters" else "")
+    store = ResultStore(base / name.replace(":", "-r"), run_meta(args.data, target, config), restart=args.restart)
+    print(f"reading {len(items)} items with readout {name} (uncalibrated) ...", file=sys.stderr)
+    asyncio.run(
+        run_items(
+            url, items, config, store, concurrency=args.concurrency, key=_key(args), progress=not args.no_progress
+        )
+    )
+    scored, facts = score(items, store)
+    if facts["items_failed"]:
+        print(f"openjev calibrate: {facts['items_failed']} requests failed: {facts['failures'][:3]}", file=sys.stderr)
+        return None
+    # parallel and canonical read choice options in a canonical order: a correction by
+    # request position would bring the caller's order back into their answers
+    order_free = ("choice",) if config.readout in CANONICAL_ORDER else ()
+    types = fit_readout(scored, order_free=order_free)
+    for qtype, fit in types.items():
+        print(
+            f"  {name:10s} {qtype:6s} n={fit['n']:3d} T={fit['temperature']:.3f} {fit['form']:17s} "
+            f"NLL {fit['nll_before']:.3f} -> {fit['nll_after']:.3f}",
+            file=sys.stderr,
+        )
+    return {"readout": config.readout, "rotations": config.rotations, "types": types}
+
+
+def _calibration_doc(args: argparse.Namespace, model: dict, n_items: int, fits: list[dict]) -> dict:
+    from openjev.core import calibration as calib
+
     today = datetime.date.today().isoformat()
-    doc = {
+    return {
         "format": calib.FORMAT,
         "id": args.id or f"{model['name']}-{_stem(args.data)}-{today}",
         "model": {"name": model["name"], "fingerprint": model["x_fingerprint"]},
         "prompt_version": model["x_prompt_version"],
         "base_temperature": model.get("x_temperature", 1.0),
         "created": today,
-        "data": {"files": [Path(p).name for p in args.data], "items": len(items)},
+        "data": {"files": [Path(p).name for p in args.data], "items": n_items},
         "fits": fits,
     }
-    calib.from_dict(doc)  # what we write must load
-    Path(args.output).write_text(json.dumps(doc, indent=2) + "\n")
-    print(f"wrote {args.output}", file=sys.stderr)
-    return 0
 
 
 def run(args: argparse.Namespace) -> int:

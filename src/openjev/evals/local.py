@@ -38,7 +38,8 @@ def local_server(settings: Settings, *, timeout_s: float = 600.0, loader=None) -
     server = uvicorn.Server(
         uvicorn_config(
             app,
-            settings,
+            settings.listen,
+            settings.connections,
             connection_stats_to=app.state.ops.watch_connections,
             host="127.0.0.1",
             port=port,

@@ -200,23 +200,7 @@ def score(items: Sequence[Item], store: ResultStore) -> tuple[list[Scored], dict
             mass.append(a.get("x_label_mass", float("nan")))
             declined = bool(a.get("x_abstain", False))  # the server's abstain rule (core/abstain.py)
             abstained.append(declined)
-            if q["type"] == "noul":
-                scored.append(Scored("noul", (a["noul"], 1.0 - a["noul"]), 0 if expected else 1, abstained=declined))
-            elif q["type"] == "choice":
-                names = list(q["criteria"])
-                flipped = None if flip_answers is None else flip_answers[qid]["choice"] != a["choice"]
-                scored.append(
-                    Scored(
-                        "choice",
-                        tuple(a["probabilities"][n] for n in names),
-                        names.index(expected),
-                        flipped,
-                        abstained=declined,
-                    )
-                )
-            else:
-                probs = tuple(a["probabilities"][str(i)] for i in range(len(q["criteria"])))
-                scored.append(Scored("score", probs, int(expected), abstained=declined))
+            scored.append(_scored(q, a, expected, None if flip_answers is None else (flip_answers, qid), declined))
     facts = {
         "items": len(items),
         "items_failed": len(failed),
@@ -232,6 +216,20 @@ def score(items: Sequence[Item], store: ResultStore) -> tuple[list[Scored], dict
         "abstained_share": _mean([float(x) for x in abstained]),
     }
     return scored, facts
+
+
+def _scored(q: dict, a: dict, expected: Any, flip: tuple[dict, str] | None, declined: bool) -> Scored:
+    """One answered question against its expected answer (`flip`: the flipped run's answers
+    and the question's id, read for a choice only)."""
+    if q["type"] == "noul":
+        return Scored("noul", (a["noul"], 1.0 - a["noul"]), 0 if expected else 1, abstained=declined)
+    if q["type"] == "choice":
+        names = list(q["criteria"])
+        flipped = None if flip is None else flip[0][flip[1]]["choice"] != a["choice"]
+        probs = tuple(a["probabilities"][n] for n in names)
+        return Scored("choice", probs, names.index(expected), flipped, abstained=declined)
+    probs = tuple(a["probabilities"][str(i)] for i in range(len(q["criteria"])))
+    return Scored("score", probs, int(expected), abstained=declined)
 
 
 def _mean(xs: Sequence[float]) -> float | None:

@@ -22,7 +22,7 @@ from collections.abc import Mapping
 
 from fastapi.exceptions import RequestValidationError
 
-from openjev.config import Settings
+from openjev.config import QualitySettings
 from openjev.core.readouts import CANONICAL_ORDER, READOUT_NAMES, ReadoutSpec
 from openjev.errors import RequestError
 
@@ -48,15 +48,15 @@ def _invalid(header: str, value: str, msg: str) -> RequestValidationError:
     return RequestValidationError([{"loc": ("header", header), "type": "value_error", "msg": msg, "input": value}])
 
 
-def default_spec(settings: Settings) -> ReadoutSpec:
+def default_spec(quality: QualitySettings) -> ReadoutSpec:
     """--readout/--rotations as a spec. --rotations set away from its default under a readout
     that reads one order (parallel, canonical) asks for letters, as the rotations header does."""
-    if settings.readout in CANONICAL_ORDER and settings.rotations != Settings().rotations:
-        return ReadoutSpec("letters", settings.rotations)
-    return ReadoutSpec(settings.readout, settings.rotations)
+    if quality.readout in CANONICAL_ORDER and quality.rotations_moved():
+        return ReadoutSpec("letters", quality.rotations)
+    return ReadoutSpec(quality.readout, quality.rotations)
 
 
-def decide_options(headers: Mapping[str, str], settings: Settings) -> tuple[ReadoutSpec | None, bool]:
+def decide_options(headers: Mapping[str, str], quality: QualitySettings) -> tuple[ReadoutSpec | None, bool]:
     """(readout spec, whether to calibrate) for one request. The spec is None where neither
     readout header was sent: the service's default applies (which may be the served model's
     measured one, from its calibration file). A header sent alone takes the other part from
@@ -64,17 +64,17 @@ def decide_options(headers: Mapping[str, str], settings: Settings) -> tuple[Read
     _once(headers)
     if READOUT_HEADER not in headers and ROTATIONS_HEADER not in headers:
         return None, _calibrate(headers)
-    name = headers.get(READOUT_HEADER, settings.readout).strip(_OWS).lower()
+    name = headers.get(READOUT_HEADER, quality.readout).strip(_OWS).lower()
     if name not in READOUT_NAMES:
         raise _invalid(READOUT_HEADER, name, f"unknown readout; expected one of: {', '.join(READOUT_NAMES)}")
     raw = headers.get(ROTATIONS_HEADER)
-    rotations = settings.rotations
+    rotations = quality.rotations
     if raw is not None:
         if not _DIGITS.fullmatch(raw.strip(_OWS)):
             raise _invalid(ROTATIONS_HEADER, raw, "rotations must be a whole number in plain digits (e.g. 4)")
         rotations = int(raw.strip(_OWS))
-        if not 1 <= rotations <= settings.max_rotations:
-            raise _invalid(ROTATIONS_HEADER, raw, f"rotations must be between 1 and {settings.max_rotations}")
+        if not 1 <= rotations <= quality.max_rotations:
+            raise _invalid(ROTATIONS_HEADER, raw, f"rotations must be between 1 and {quality.max_rotations}")
     if raw is not None and READOUT_HEADER not in headers and name in CANONICAL_ORDER:
         name = "letters"  # rotations are a letters parameter: asking for them asks for letters
     return ReadoutSpec(name, rotations), _calibrate(headers)

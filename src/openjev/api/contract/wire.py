@@ -40,11 +40,12 @@ from fastapi.routing import APIRoute
 
 from openjev.api.contract.face import Problem
 from openjev.api.contract.responses import ErrorResponse
+from openjev.config import LimitSettings
 from openjev.errors import UnsupportedMediaType
 
 log = logging.getLogger(__name__)
 
-DEFAULT_MAX_DEPTH = 64
+DEFAULT_MAX_DEPTH = LimitSettings.max_json_depth  # the setting's default (config/sections.py)
 THREAD_FROM_BYTES = 64 * 1024  # larger bodies are parsed in a worker thread
 MAX_ERRORS = 10  # problems reported per body; the first ones say what to fix
 
@@ -299,8 +300,7 @@ class WireRoute(APIRoute):
             body = await request.body()
             if body:
                 check_media_type(request.headers.get("content-type"))
-                settings = getattr(request.app.state, "settings", None)
-                depth = getattr(settings, "max_json_depth", DEFAULT_MAX_DEPTH)
+                depth = getattr(request.app.state, "max_json_depth", DEFAULT_MAX_DEPTH)  # set by create_app
                 if len(body) <= THREAD_FROM_BYTES:
                     value = parse_json(body, max_depth=depth)
                 else:  # up to ~0.6 s for a body near the 2 MiB limit: off the event loop

@@ -14,7 +14,7 @@ from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from openjev.api.operations.middleware import error_response, request_id_of
-from openjev.config import Settings, is_loopback_name
+from openjev.config import ListenSettings, is_loopback_name
 from openjev.errors import RequestError
 
 log = logging.getLogger(__name__)
@@ -43,10 +43,10 @@ class HostPolicy:
         self.suffixes = tuple(h.lower().rstrip(".")[1:] for h in allowed if h.startswith("*."))  # ".example.com"
 
     @classmethod
-    def of(cls, settings: Settings) -> HostPolicy | None:
-        if "*" in settings.allowed_hosts or (not settings.loopback_bind and not settings.allowed_hosts):
+    def of(cls, listen: ListenSettings) -> HostPolicy | None:
+        if "*" in listen.allowed_hosts or (not listen.loopback_bind and not listen.allowed_hosts):
             return None
-        return cls(settings.allowed_hosts)
+        return cls(listen.allowed_hosts)
 
     def allows(self, name: str) -> bool:
         return is_loopback_name(name) or name in self.exact or name.endswith(self.suffixes)

@@ -32,7 +32,7 @@ def _address(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
 
 class TrustedProxies:
     def __init__(self, entries: Iterable[str]) -> None:
-        """`entries`: addresses or networks (`10.0.0.0/8`); validated by config.Settings."""
+        """`entries`: addresses or networks (`10.0.0.0/8`); validated by config (its checks)."""
         self.networks: tuple[Network, ...] = tuple(ipaddress.ip_network(e, strict=False) for e in entries)
 
     def trusts(self, address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:

@@ -39,6 +39,7 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from openjev.api.operations.framing import FramingError
 from openjev.api.operations.h11_parts import THROTTLE, WARN_EVERY_S, LingeringTransport, StrictConnection, raw_response
+from openjev.config import ConnectionSettings, ListenSettings
 
 log = logging.getLogger(__name__)
 
@@ -53,12 +54,12 @@ class ConnectionLimits:
     max_connections: int
     head_timeout_s: float
     max_head_bytes: int
-    send_timeout_s: float = 10.0
-    max_body_chunks: int = 8192
+    send_timeout_s: float
+    max_body_chunks: int
     linger_s: float = LINGER_S
 
     @classmethod
-    def of(cls, settings: Any) -> ConnectionLimits:
+    def of(cls, settings: ConnectionSettings) -> ConnectionLimits:
         return cls(
             settings.max_connections,
             settings.head_timeout_s,
@@ -328,13 +329,18 @@ StatsSource = Callable[[], dict[str, float]]
 
 
 def uvicorn_config(
-    app: Any, settings: Any, *, connection_stats_to: Callable[[StatsSource], None] | None = None, **options: Any
+    app: Any,
+    listen: ListenSettings,
+    connections: ConnectionSettings,
+    *,
+    connection_stats_to: Callable[[StatsSource], None] | None = None,
+    **options: Any,
 ) -> uvicorn.Config:
-    """uvicorn's Config for `app` under `settings`' connection limits (the CLI's server, the
+    """uvicorn's Config for `app` on `listen`'s address under the `connections` limits (the CLI's server, the
     in-process one of `openjev eval`, and the tests' all go through here). The protocol's
     connection counts are handed to `connection_stats_to` (the app's operations, for
     /metrics to read at scrape time)."""
-    protocol = http_protocol(ConnectionLimits.of(settings))
+    protocol = http_protocol(ConnectionLimits.of(connections))
     uvicorn_log = logging.getLogger("uvicorn.error")
     if THROTTLE not in uvicorn_log.filters:
         uvicorn_log.addFilter(THROTTLE)
@@ -342,8 +348,8 @@ def uvicorn_config(
         connection_stats_to(protocol.stats)
     return uvicorn.Config(
         app,
-        host=options.pop("host", settings.host),
-        port=options.pop("port", settings.port),
+        host=options.pop("host", listen.host),
+        port=options.pop("port", listen.port),
         http=protocol,
         ws="none",  # WebSocket upgrades are refused by the protocol (api/operations/framing.py), never taken over
         proxy_headers=False,  # X-Forwarded-For only from --trusted-proxies (api/identity/proxies.py)

@@ -45,18 +45,26 @@ def create_app(
     """The ASGI app. `loader` loads the engine (off the event loop, at startup); a failure is
     kept for /health and passed to `on_fatal` (the CLI exits non-zero on it)."""
     runtime = Runtime(settings)
-    ops = Operations(settings, runtime)  # keys, limits, metrics, drain (api/server/ops.py)
+    ops = Operations(  # keys, limits, metrics, drain (api/server/ops.py)
+        settings.keys,
+        settings.limits,
+        runtime,
+        trusted_proxies=settings.listen.trusted_proxies,
+        log_bodies=settings.logging.log_request_bodies,
+    )
     meta: dict[str, Any] = {"title": "openjev", "version": __version__, "description": DESCRIPTION}
     run = lifespan(runtime, ops.gated, loader, on_fatal)
-    if settings.docs == "off":  # `openjev schema` (app.openapi()) works either way
+    if settings.listen.docs == "off":  # `openjev schema` (app.openapi()) works either way
         app = FastAPI(**meta, lifespan=run, openapi_url=None, docs_url=None, redoc_url=None)
     else:  # docs with their assets served from the package; `auth` is checked in api/identity/admission.py
         app = FastAPIOffline(**meta, lifespan=run)
-    app.state.settings = settings
+    app.state.max_json_depth = settings.limits.max_json_depth  # read by every JSON route (api/contract/wire.py)
     app.state.runtime = runtime
     app.state.ops = ops
     app.add_middleware(HeadMiddleware)  # innermost: HEAD routed as GET
-    app.add_middleware(BodyMiddleware, max_bytes=settings.max_body_bytes, timeout_s=settings.body_timeout_s)
+    app.add_middleware(
+        BodyMiddleware, max_bytes=settings.limits.max_body_bytes, timeout_s=settings.connections.body_timeout_s
+    )
     # What operators need around the routes, one job per middleware (api/server/ops.py):
     app.add_middleware(DrainMiddleware, drain=ops.drain)  # /health 503 and decisions refused once draining
     app.add_middleware(MetricsEndpoint, metrics=ops.metrics)  # GET /metrics, behind the key off this machine
@@ -65,13 +73,13 @@ def create_app(
         keys=ops.keys,
         key_limits=ops.key_limits,
         proxies=ops.proxies,
-        docs_auth=settings.docs == "auth",
+        docs_auth=settings.listen.docs == "auth",
     )
     app.add_middleware(ErrorMiddleware)  # what those raise, and bugs, in the contract's error shape
     # Outside ErrorMiddleware, so a 429 or 401 answered at the door carries them too.
     app.add_middleware(ConventionsMiddleware, key_limits=ops.key_limits)  # x-request-id, x-ratelimit-* (OpenAI)
     app.add_middleware(AccessLogMiddleware, access=ops.access)  # one log line and the metrics per request
-    hosts = HostPolicy.of(settings)
+    hosts = HostPolicy.of(settings.listen)
     if hosts is not None:  # DNS rebinding: before the key and the body
         app.add_middleware(HostMiddleware, policy=hosts)
     app.add_middleware(RequestIdMiddleware)  # outermost of ours: ids on 413/415 too

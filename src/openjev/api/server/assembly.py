@@ -15,7 +15,7 @@ from typing import Any
 from openjev import calibrations
 from openjev.api.contract.overrides import default_spec
 from openjev.api.operations import disclosure
-from openjev.config import MAX_CHOICE_OPTIONS, Settings
+from openjev.config import MAX_CHOICE_OPTIONS, LimitSettings, QualitySettings, Settings
 from openjev.core.abstain import AbstainRule
 from openjev.core.calibration import Calibration
 from openjev.core.ports import Engine
@@ -48,22 +48,35 @@ class Runtime:
         raise NotReady("the model is still loading")
 
 
-def build_service(settings: Settings, loaded: LoadedEngine) -> DecisionService:
+def service_limits(quality: QualitySettings, limits: LimitSettings) -> ServiceLimits:
+    """The core's limits, from the settings that define their defaults (the core has none of its own)."""
+    return ServiceLimits(
+        max_branch_tokens=limits.max_branch_tokens,
+        max_request_tokens=limits.max_request_tokens,
+        max_in_flight=limits.max_in_flight,
+        engine_timeout_s=limits.engine_timeout_s,
+        retry_after_s=limits.retry_after_s,
+        temperature=quality.temperature,
+        rotation_max_options=quality.rotation_max_options,
+        max_branches=limits.max_branches,
+        max_prompt_tokens=limits.max_prompt_tokens,
+    )
+
+
+def build_service(quality: QualitySettings, limits: LimitSettings, loaded: LoadedEngine) -> DecisionService:
     """Blocking (label verification encodes a few hundred short texts). Raises ConfigError
     for a calibration made for another model, prompt or temperature, Unsupported for a
     default readout this model cannot do."""
     calibration = calibrations.select(
-        settings.calibration,
+        quality.calibration,
         fingerprint=loaded.card.fingerprint,
         prompt_version=PROMPT_VERSION,
-        base_temperature=settings.temperature,
+        base_temperature=quality.temperature,
     )
-    spec = default_spec(settings)
-    abstain = AbstainRule(
-        settings.abstain_min_label_mass, settings.abstain_min_order_agreement, settings.abstain_min_confidence
-    )
+    spec = default_spec(quality)
+    abstain = AbstainRule(*quality.abstain_floors())
     if calibration is not None:
-        spec, abstain = model_defaults(settings, calibration, spec, abstain)
+        spec, abstain = model_defaults(quality, calibration, spec, abstain)
         log.info(
             "calibration %s (%s) applied to %s",
             calibration.id,
@@ -77,21 +90,10 @@ def build_service(settings: Settings, loaded: LoadedEngine) -> DecisionService:
                 spec.describe(),
             )
     compiler = PromptCompiler(loaded.tokenizer, max_labels=MAX_CHOICE_OPTIONS)
-    limits = ServiceLimits(
-        max_branch_tokens=settings.max_branch_tokens,
-        max_request_tokens=settings.max_request_tokens,
-        max_in_flight=settings.max_in_flight,
-        engine_timeout_s=settings.engine_timeout_s,
-        retry_after_s=settings.retry_after_s,
-        temperature=settings.temperature,
-        rotation_max_options=settings.rotation_max_options,
-        max_branches=settings.max_branches,
-        max_prompt_tokens=settings.max_prompt_tokens,
-    )
     return DecisionService(
         compiler,
         loaded.engine,
-        limits,
+        service_limits(quality, limits),
         readout=spec,
         calibration=calibration,
         abstain=abstain,
@@ -100,25 +102,19 @@ def build_service(settings: Settings, loaded: LoadedEngine) -> DecisionService:
 
 
 def model_defaults(
-    settings: Settings, calibration: Calibration, spec: ReadoutSpec, abstain: AbstainRule
+    quality: QualitySettings, calibration: Calibration, spec: ReadoutSpec, abstain: AbstainRule
 ) -> tuple[ReadoutSpec, AbstainRule]:
     """The served model's measured defaults, from its calibration file, where the operator
     left the global ones: --readout/--rotations at their defaults take the file's readout, the
     three --abstain-* floors at their defaults take the file's floors unless
     --ignore-model-abstain. A flag set to anything else wins (a flag set to the global default
     itself cannot be told from none: hence --ignore-model-abstain)."""
-    glob = Settings()
-    if calibration.default_readout is not None and (settings.readout, settings.rotations) == (
-        glob.readout,
-        glob.rotations,
-    ):
+    if calibration.default_readout is not None and quality.readout_left():
         spec = calibration.default_readout
         log.info(
             "default readout %s: the one measured for this model (calibration %s)", spec.describe(), calibration.id
         )
-    floors = (settings.abstain_min_label_mass, settings.abstain_min_order_agreement, settings.abstain_min_confidence)
-    left = floors == (glob.abstain_min_label_mass, glob.abstain_min_order_agreement, glob.abstain_min_confidence)
-    if calibration.default_abstain is not None and left and not settings.ignore_model_abstain:
+    if calibration.default_abstain is not None and quality.abstain_left() and not quality.ignore_model_abstain:
         abstain = calibration.default_abstain
         log.info(
             "abstain floors %s: the ones measured for this model (calibration %s)", abstain.describe(), calibration.id
@@ -148,7 +144,7 @@ def lifespan(
             loaded = await asyncio.to_thread(loader, settings)
             loaded = dataclasses.replace(loaded, engine=gate(loaded.engine))
             runtime.loaded = loaded
-            runtime.service = await asyncio.to_thread(build_service, settings, loaded)
+            runtime.service = await asyncio.to_thread(build_service, settings.quality, settings.limits, loaded)
             if loaded.supervise is not None:
                 loaded.supervise(fatal)
             log.info("serving %s", loaded.card.name)

@@ -47,7 +47,7 @@ from openjev.api.operations.middleware import request_id_of
 from openjev.api.server import pipeline
 from openjev.api.server.batch_items import Item, collect, error_line, ndjson, run
 from openjev.api.server.pipeline import unless_disconnected
-from openjev.config import Settings
+from openjev.config import LimitSettings, QualitySettings
 from openjev.core.readouts import ReadoutSpec
 from openjev.core.service import DecisionService
 from openjev.core.types import DecisionRequest, Question
@@ -93,7 +93,8 @@ class ItemInvalid(RequestError):
 
 def install(
     app: FastAPI,
-    settings: Settings,
+    quality: QualitySettings,
+    limits: LimitSettings,
     ready: Callable[[], tuple[DecisionService, ModelCard]],
 ) -> None:
     """Add the batch route to `app`; `ready` is the runtime's (service, card) or raises NotReady."""
@@ -113,16 +114,16 @@ def install(
         },
     )
     async def batch(body: BatchRequest, request: Request):
-        count = _count(body, settings)
-        spec, calibrate = decide_options(request.headers, settings)  # one readout for every item
+        count = _count(body, limits)
+        spec, calibrate = decide_options(request.headers, quality)  # one readout for every item
         ops = request.app.state.ops
         entry = current_key.get()
         if entry is not None and count > 1:  # the request itself took one at the door
             ops.key_limits.take_batch_items(entry, count - 1)
         service, card = ready()
         t0 = time.perf_counter()
-        items = await _prepared(request, body, settings, service, card.name, spec or service.default_readout, calibrate)
-        slots = max(1, settings.max_in_flight // 2)
+        items = await _prepared(request, body, limits, service, card.name, spec or service.default_readout, calibrate)
+        slots = max(1, limits.max_in_flight // 2)
         state = request.state
         state.batch = {"items": len(items), "succeeded": 0, "failed": 0}  # for the batch's access line
 
@@ -143,7 +144,7 @@ def install(
 async def _prepared(
     request: Request,
     body: BatchRequest,
-    settings: Settings,
+    limits: LimitSettings,
     service: DecisionService,
     served: str,
     spec: ReadoutSpec,
@@ -160,7 +161,7 @@ async def _prepared(
             asyncio.to_thread(
                 _prepare_all,
                 body,
-                settings,
+                limits,
                 service,
                 served,
                 spec,
@@ -173,36 +174,36 @@ async def _prepared(
         gone.set()
 
 
-def _count(body: BatchRequest, settings: Settings) -> int:
+def _count(body: BatchRequest, limits: LimitSettings) -> int:
     """How many items the batch has; a 422 beyond --max-batch-items."""
     count = len(body.requests if body.requests is not None else body.states or ())
-    if count > settings.max_batch_items:
+    if count > limits.max_batch_items:
         raise RequestValidationError(
             [
                 {
                     "loc": ("body", "requests" if body.requests is not None else "states"),
                     "type": "too_long",
                     "input": None,
-                    "msg": f"at most {settings.max_batch_items} items per batch, got {count}",
+                    "msg": f"at most {limits.max_batch_items} items per batch, got {count}",
                 }
             ]
         )
     return count
 
 
-def _shared_questions(body: BatchRequest, settings: Settings) -> tuple[tuple[str, Question], ...] | OpenjevError:
+def _shared_questions(body: BatchRequest, limits: LimitSettings) -> tuple[tuple[str, Question], ...] | OpenjevError:
     """The states form's questions, converted once for every item (or the error every
     item then carries)."""
     questions = body.questions or {}
-    if len(questions) > settings.max_questions:
-        return ItemInvalid(f"at most {settings.max_questions} questions per request, got {len(questions)}")
+    if len(questions) > limits.max_questions:
+        return ItemInvalid(f"at most {limits.max_questions} questions per request, got {len(questions)}")
     try:
         return tuple((qid, convert.question_of(q)) for qid, q in questions.items())
     except OpenjevError as exc:
         return exc
 
 
-def _request_of(raw: Any, body: BatchRequest, shared: Any, settings: Settings) -> tuple[DecisionRequest, str]:
+def _request_of(raw: Any, body: BatchRequest, shared: Any, limits: LimitSettings) -> tuple[DecisionRequest, str]:
     """One item as a core request and the model it asks for."""
     if body.requests is None:  # the states form
         if isinstance(shared, OpenjevError):
@@ -214,7 +215,7 @@ def _request_of(raw: Any, body: BatchRequest, shared: Any, settings: Settings) -
         return tenancy.scoped(DecisionRequest(state=convert.state_of(state), questions=shared)), body.model
     try:
         parsed = schemas.SystemOneRequest.model_validate(raw)
-        return pipeline.admitted(JEV, parsed, settings.max_questions), parsed.model
+        return pipeline.admitted(JEV, parsed, limits.max_questions), parsed.model
     except ValidationError as e:
         raise ItemInvalid(_validation_message(e)) from None
     except RequestValidationError as e:  # the format's own count check
@@ -223,7 +224,7 @@ def _request_of(raw: Any, body: BatchRequest, shared: Any, settings: Settings) -
 
 def _prepare_all(
     body: BatchRequest,
-    settings: Settings,
+    limits: LimitSettings,
     service: DecisionService,
     served: str,
     spec: ReadoutSpec,
@@ -237,7 +238,7 @@ def _prepare_all(
     the loop stops once `gone` is set (the client left)."""
     key_limits, gone = charge
     states_form = body.requests is None
-    shared = _shared_questions(body, settings) if states_form else None
+    shared = _shared_questions(body, limits) if states_form else None
     part_cache: dict[str, tuple[int, ...]] | None = {} if states_form else None
     items: list[Item] = []
     total = charged = 0
@@ -249,7 +250,7 @@ def _prepare_all(
         work = 0
         try:
             with pipeline.charging(key_limits):
-                item.request, model = _request_of(raw, body, shared, settings)  # in the key's namespace
+                item.request, model = _request_of(raw, body, shared, limits)  # in the key's namespace
                 item.model = convert.resolve_model(model, served)
                 item.compiled = service.prepare_now(item.request, service.readout(spec), part_cache)
             work = item.compiled.plan.unique_tokens
@@ -262,10 +263,10 @@ def _prepare_all(
         items.append(item)
         if work:
             total += work
-            if total > settings.max_batch_tokens:
+            if total > limits.max_batch_tokens:
                 over = TokensExceeded(
                     f"the batch takes more than {total} distinct tokens by item {index}, its items' added up "
-                    f"(limit {settings.max_batch_tokens} per batch)"
+                    f"(limit {limits.max_batch_tokens} per batch)"
                 )
                 over.work_tokens = total - charged  # the refused items' work was charged already
                 charge_refused(key_limits, over)

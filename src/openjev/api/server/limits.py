@@ -8,10 +8,18 @@ from __future__ import annotations
 from typing import Any
 
 from openjev.api.identity.keys import KeyEntry
-from openjev.config import MAX_CHOICE_OPTIONS, MAX_SCORE_LEVELS, MIN_CHOICE_OPTIONS, MIN_SCORE_LEVELS, Settings
+from openjev.config import (
+    MAX_CHOICE_OPTIONS,
+    MAX_SCORE_LEVELS,
+    MIN_CHOICE_OPTIONS,
+    MIN_SCORE_LEVELS,
+    KeySettings,
+    Settings,
+    flat_values,
+)
 from openjev.core.service import DecisionService
 
-# The settings a client may rely on, served under their own names.
+# The settings a client may rely on (of several sections), served under their own names.
 _SETTINGS = (
     "max_questions",
     "max_body_bytes",
@@ -36,21 +44,22 @@ _SETTINGS = (
 )
 
 
-def key_limits_of(settings: Settings, entry: KeyEntry | None) -> dict[str, int]:
+def key_limits_of(keys: KeySettings, entry: KeyEntry | None) -> dict[str, int]:
     """The calling key's own limits (0: none); the server's defaults without a key."""
 
     def own(value: int | None, default: int) -> int:
         return default if value is None else value
 
     return {
-        "key_requests_per_min": own(entry.requests_per_min if entry else None, settings.key_requests_per_min),
-        "key_tokens_per_min": own(entry.tokens_per_min if entry else None, settings.key_tokens_per_min),
+        "key_requests_per_min": own(entry.requests_per_min if entry else None, keys.key_requests_per_min),
+        "key_tokens_per_min": own(entry.tokens_per_min if entry else None, keys.key_tokens_per_min),
     }
 
 
 def limits_body(settings: Settings, entry: KeyEntry | None, service: DecisionService | None) -> dict[str, Any]:
     """The body of GET /v1/limits for the caller `entry` (None: no keys in use)."""
-    out: dict[str, Any] = {name: getattr(settings, name) for name in _SETTINGS}
+    flat = flat_values(settings)
+    out: dict[str, Any] = {name: flat[name] for name in _SETTINGS}
     out.update(
         {
             "max_choice_options": MAX_CHOICE_OPTIONS,
@@ -58,11 +67,11 @@ def limits_body(settings: Settings, entry: KeyEntry | None, service: DecisionSer
             "max_score_levels": MAX_SCORE_LEVELS,
             "min_score_levels": MIN_SCORE_LEVELS,
             "abstain": {
-                "min_label_mass": settings.abstain_min_label_mass,
-                "min_order_agreement": settings.abstain_min_order_agreement,
-                "min_confidence": settings.abstain_min_confidence,
+                "min_label_mass": settings.quality.abstain_min_label_mass,
+                "min_order_agreement": settings.quality.abstain_min_order_agreement,
+                "min_confidence": settings.quality.abstain_min_confidence,
             },
-            **key_limits_of(settings, entry),
+            **key_limits_of(settings.keys, entry),
         }
     )
     if entry is not None:

@@ -16,23 +16,31 @@ from openjev.api.operations.access import AccessLog
 from openjev.api.operations.metrics import Metrics
 from openjev.api.server.assembly import Runtime
 from openjev.api.server.drain import Drain
-from openjev.config import Settings
+from openjev.config import KeySettings, LimitSettings
 from openjev.core.ports import Engine
 
 
 class Operations:
     """The operators' state of one app: keys, per-key buckets, metrics, drain, token gate."""
 
-    def __init__(self, settings: Settings, runtime: Runtime) -> None:
-        self.settings = settings
+    def __init__(
+        self,
+        keys: KeySettings,
+        limits: LimitSettings,
+        runtime: Runtime,
+        *,
+        trusted_proxies: tuple[str, ...],
+        log_bodies: bool,
+    ) -> None:
+        self.limits = limits
         self.runtime = runtime
-        self.keys = KeyRing(settings.api_keys, settings.api_keys_file)
-        self.key_limits = KeyLimits(settings.key_requests_per_min, settings.key_tokens_per_min)
-        self.drain = Drain(settings.drain_timeout)
+        self.keys = KeyRing(keys.api_keys, keys.api_keys_file)
+        self.key_limits = KeyLimits(keys.key_requests_per_min, keys.key_tokens_per_min)
+        self.drain = Drain(limits.drain_timeout)
         self.metrics = Metrics(self._probe)
-        self.access = AccessLog(self.metrics, log_bodies=settings.log_request_bodies)
+        self.access = AccessLog(self.metrics, log_bodies=log_bodies)
         self.gate: GatedEngine | None = None
-        self.proxies = TrustedProxies(settings.trusted_proxies)
+        self.proxies = TrustedProxies(trusted_proxies)
         # The counts of the server's protocol (api/operations/connections.py), once it serves this app.
         self.connection_stats: Callable[[], dict[str, float]] | None = None
 
@@ -44,14 +52,14 @@ class Operations:
         """The engine the service calls: gated by tokens in flight and per-key tokens/min."""
         self.gate = GatedEngine(
             engine,
-            max_tokens_in_flight=self.settings.max_tokens_in_flight,
-            max_wait_s=self.settings.max_queue_wait,
+            max_tokens_in_flight=self.limits.max_tokens_in_flight,
+            max_wait_s=self.limits.max_queue_wait,
             key_limits=self.key_limits,
             metrics=self.metrics,
-            retry_after_s=self.settings.retry_after_s,
-            deadline_s=self.settings.engine_timeout_s,
+            retry_after_s=self.limits.retry_after_s,
+            deadline_s=self.limits.engine_timeout_s,
             # half the slots: what a batch may take, and what a flooding key may, so another is served
-            key_share=max(1, self.settings.max_in_flight // 2),
+            key_share=max(1, self.limits.max_in_flight // 2),
         )
         return self.gate
 

@@ -39,7 +39,7 @@ from openjev.api.identity.auth import require_key
 from openjev.api.identity.keys import KeyLimits
 from openjev.api.operations.middleware import request_id_of
 from openjev.api.server.assembly import Runtime
-from openjev.config import Settings
+from openjev.config import LimitSettings, QualitySettings
 from openjev.core.types import DecisionRequest
 from openjev.errors import ClientDisconnected, TokensExceeded
 
@@ -89,11 +89,13 @@ async def unless_disconnected(request: Request, work: Awaitable[T]) -> T:
             task.cancel()
 
 
-async def decide(fmt: WireFormat, body: Any, request: Request, settings: Settings, runtime: Runtime) -> Response:
+async def decide(
+    fmt: WireFormat, body: Any, request: Request, quality: QualitySettings, max_questions: int, runtime: Runtime
+) -> Response:
     """One decision request on `fmt`, through every step of the module doc."""
     key_limits = request.app.state.ops.key_limits
-    decision = await convert_off_loop(request, fmt, body, settings.max_questions)
-    spec, calibrate = decide_options(request.headers, settings)
+    decision = await convert_off_loop(request, fmt, body, max_questions)
+    spec, calibrate = decide_options(request.headers, quality)
     service, card = runtime.ready()
     model = convert.resolve_model(fmt.model_of(body), card.name)
     audit = fmt.audit(body)
@@ -105,11 +107,11 @@ async def decide(fmt: WireFormat, body: Any, request: Request, settings: Setting
     return FastJSONResponse(fmt.render(body, result, model), headers=convert.result_headers(result))
 
 
-def install(app: FastAPI, fmt: WireFormat, settings: Settings, runtime: Runtime) -> None:
+def install(app: FastAPI, fmt: WireFormat, quality: QualitySettings, limits: LimitSettings, runtime: Runtime) -> None:
     """`fmt`'s routes: one handler, under each of its paths (the first its own name)."""
 
     async def endpoint(body: Any, request: Request) -> Response:
-        return await decide(fmt, body, request, settings, runtime)
+        return await decide(fmt, body, request, quality, limits.max_questions, runtime)
 
     # FastAPI reads the body model from the signature: the format's own.
     endpoint.__signature__ = inspect.Signature(  # type: ignore[attr-defined]

@@ -18,7 +18,7 @@ from openjev.api.operations import disclosure
 from openjev.api.server import batch, pipeline, playground
 from openjev.api.server.assembly import Runtime
 from openjev.api.server.limits import limits_body
-from openjev.config import Settings
+from openjev.config import QualitySettings, Settings
 from openjev.core.wording import PROMPT_VERSION
 
 # POST routes with the /v1/systemone contract: the vendor's name first, then the aliases.
@@ -28,14 +28,15 @@ SYSTEMONE_ROUTES = JEV.paths
 def install(app: FastAPI, settings: Settings, runtime: Runtime) -> None:
     """Every route of the API (the playground's page included)."""
     for fmt in FORMATS:
-        pipeline.install(app, fmt, settings, runtime)
-    batch.install(app, settings, runtime.ready)
+        pipeline.install(app, fmt, settings.quality, settings.limits, runtime)
+    batch.install(app, settings.quality, settings.limits, runtime.ready)
     playground.install(app)
-    install_models(app, settings, runtime)
+    install_models(app, settings.quality, runtime)
+    install_limits(app, settings, runtime)
     install_health(app, runtime)
 
 
-def install_models(app: FastAPI, settings: Settings, runtime: Runtime) -> None:
+def install_models(app: FastAPI, quality: QualitySettings, runtime: Runtime) -> None:
     @app.get(
         paths.MODELS,
         response_model=schemas.ModelsResponse,
@@ -53,9 +54,9 @@ def install_models(app: FastAPI, settings: Settings, runtime: Runtime) -> None:
                     "release_date": card.release_date,
                     "x_fingerprint": card.fingerprint,
                     "x_prompt_version": PROMPT_VERSION,
-                    "x_temperature": settings.temperature,
+                    "x_temperature": quality.temperature,
                     "x_readout": service.default_readout.describe(),
-                    "x_readouts": service.readouts_offered(settings.rotations),
+                    "x_readouts": service.readouts_offered(quality.rotations),
                     "x_abstain": service.abstain.describe(),
                     "x_calibration": None
                     if cal is None
@@ -68,6 +69,10 @@ def install_models(app: FastAPI, settings: Settings, runtime: Runtime) -> None:
             ],
             "data": [{"id": card.name, "object": "model", "owned_by": "openjev"}],
         }
+
+
+def install_limits(app: FastAPI, settings: Settings, runtime: Runtime) -> None:
+    """GET /v1/limits: its body reports settings of several sections (api/server/limits.py)."""
 
     @app.get(
         paths.LIMITS,
