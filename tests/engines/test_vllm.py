@@ -368,3 +368,15 @@ async def test_a_namespaced_stage_is_batched_under_its_cache_salt():
     fake = FakeVLLM()
     await _run(_batched(fake, strategy="all"), Plan.from_branches(_plan().branches, cache_namespace="salt-a"))
     assert [c["body"].get("cache_salt") for c in fake.calls] == ["salt-a"]
+
+
+async def test_a_branch_of_over_128_labels_goes_alone_and_the_others_stay_batched():
+    fake = FakeVLLM()
+    plan = Plan.from_branches(
+        [Branch((*STATE, 7), LABELS), Branch((*STATE, 8), tuple(range(1, 201))), Branch((*STATE, 9), LABELS)]
+    )
+    got = await _run(_batched(fake, strategy="all"), plan)
+    shapes = sorted(len(c["body"]["prompt"]) if "prompt" in c["body"] else 0 for c in fake.calls)
+    assert shapes == [0, 0, 2]  # the 200-label branch in two token-route calls, the others in one batch
+    assert got.branches[0].logprobs == fake_logprobs(plan.branches[0].input_ids, len(LABELS))
+    assert len(got.branches[1].logprobs) == 200

@@ -143,16 +143,17 @@ class HTTPEngine:
             results[i] = BranchResult(values)
             account(prompt, cached)
 
-        async def branches(indices: Sequence[int]) -> None:
-            if len(indices) == 1 or not self._batches(plan, indices):
-                await together([branch(i) for i in indices])
-                return
+        async def batch(indices: Sequence[int]) -> None:
             items = [(plan.branches[i].input_ids, plan.branches[i].label_ids) for i in indices]
             for i, (values, prompt, cached) in zip(
                 indices, await self._call_batch(items, plan.cache_namespace), strict=True
             ):
                 results[i] = BranchResult(values)
                 account(prompt, cached)
+
+        async def branches(indices: Sequence[int]) -> None:
+            groups = self._groups(plan, indices)
+            await together([batch(g) if len(g) > 1 else branch(g[0]) for g in groups])
 
         async def prefix(tokens: Sequence[int]) -> None:
             # Any label id will do: the point is a selected-logprob request (sglang#34719).
@@ -211,17 +212,29 @@ class HTTPEngine:
             cached = None if cached is None or c is None else cached + c
         return tuple(values), prompt, cached
 
-    def _batches(self, plan: Plan, indices: Sequence[int]) -> bool:
-        """Whether these branches go in one call: the protocol batches (keeping the plan's
-        cache namespace, if it has one), and no branch needs its labels split over calls."""
-        per_call = self.protocol.max_ids_per_call
-        if plan.cache_namespace and not self.protocol.batch_keeps_namespace:
-            return False
-        if self.protocol.batch_body is None or per_call is None:
-            return self.protocol.batch_body is not None
-        if self.protocol.batch_shares_labels:  # one label list for the call: their union
-            return len({t for i in indices for t in plan.branches[i].label_ids}) <= per_call
-        return all(len(plan.branches[i].label_ids) <= per_call for i in indices)
+    def _groups(self, plan: Plan, indices: Sequence[int]) -> list[list[int]]:
+        """The calls these branches (sent together) go in, as lists of branch indices: all
+        in one where the protocol batches (keeping the plan's cache namespace, if it has
+        one), else one each. A branch whose labels need splitting over calls goes alone;
+        where a call asks every item for the union of labels, a new call starts before
+        that union would pass max_ids_per_call."""
+        p, per_call = self.protocol, self.protocol.max_ids_per_call
+        if p.batch_body is None or (plan.cache_namespace and not p.batch_keeps_namespace):
+            return [[i] for i in indices]
+        if per_call is None:
+            return [list(indices)]
+        labels = {i: plan.branches[i].label_ids for i in indices}
+        groups = [[i] for i in indices if len(labels[i]) > per_call]
+        current: list[int] = []
+        union: set[int] = set()
+        for i in (i for i in indices if len(labels[i]) <= per_call):
+            wider = union | set(labels[i]) if p.batch_shares_labels else union
+            if current and len(wider) > per_call:
+                groups.append(current)
+                current, wider = [], set(labels[i])
+            current.append(i)
+            union = wider
+        return [*groups, current] if current else groups
 
     async def _call(self, input_ids: Sequence[int], label_ids: Sequence[int], salt: str = "") -> Reply:
         """One branch in one call, its reply validated."""
