@@ -82,9 +82,13 @@ class System:
 
 
 async def latency(systems: list[System], repeats: int, n: int) -> dict:
-    """Cold and warm p50 of an n-question request, systems alternating."""
+    """Cold and warm p50 of an n-question request, systems alternating; for openjev's
+    systems, the p50 of each phase of its Server-Timing header too (prepare: compile and
+    encode; engine: the engine calls, the hop included; the rest of total: the edge, JSON
+    both ways and HTTP)."""
     cold = {s.name: [] for s in systems}
     warm = {s.name: [] for s in systems}
+    phases: dict[str, list[dict]] = {f"{s.name}_{w}": [] for s in systems for w in ("cold", "warm")}
     async with httpx.AsyncClient(timeout=1800) as client:
         for s in systems:  # warm-up: kernels, compile caches
             with s.alone():
@@ -94,12 +98,20 @@ async def latency(systems: list[System], repeats: int, n: int) -> dict:
                 # a state no earlier row sent (the rows share the servers' prefix caches)
                 tag = 100_000 + 1000 * n + 100 * systems.index(s) + rep
                 with s.alone():
+                    seen = len(s.timings)
                     cold[s.name].append(await s.ask(client, payload(n, tag=tag)))
+                    phases[f"{s.name}_cold"] += s.timings[seen:]
+                    seen = len(s.timings)
                     warm[s.name].append(await s.ask(client, payload(n, tag=tag, qtag=tag + 5000)))
-    row = {"questions": n}
+                    phases[f"{s.name}_warm"] += s.timings[seen:]
+    row: dict = {"questions": n}
     for s in systems:
         row[f"{s.name}_cold_p50_ms"] = round(p50(cold[s.name]))
         row[f"{s.name}_warm_p50_ms"] = round(p50(warm[s.name]))
+    for name, seen_phases in phases.items():
+        if seen_phases:
+            keys = sorted({k for t in seen_phases for k in t})
+            row[f"{name}_phases_p50_ms"] = {k: round(p50([t[k] for t in seen_phases if k in t]), 1) for k in keys}
     return {"section": "latency", "repeats": repeats, "results": [row]}
 
 
