@@ -247,6 +247,29 @@ async def test_the_server_keeps_each_cache_namespace_to_itself(compiler, server)
     assert o.cached_tokens < w.cached_tokens
 
 
+def test_the_items_of_a_batched_call_are_aborted_by_their_ids(compiler, server):
+    """vllm_batch.batch_abort_bodies names a call's items as vLLM does (`cmpl-{request_id}-{i}`):
+    aborting them by those ids, the connection still open, ends every item as aborted."""
+    from openjev.engines.vllm_batch import COMPLETIONS, batch_abort_bodies, batch_body
+
+    plan = compiler.compile(DecisionRequest(State((Turn("user", TEXT.format(n=230) * 60),)), QUESTIONS)).plan
+    rids = [f"abort-probe-{i}-{time.time_ns()}" for i in range(len(plan.branches))]
+    body = batch_body(rids, [(b.input_ids, b.label_ids) for b in plan.branches])
+    replies: list[httpx.Response] = []
+    caller = threading.Thread(
+        target=lambda: replies.append(httpx.post(server.url + COMPLETIONS, json=body, timeout=600))
+    )
+    caller.start()
+    time.sleep(0.5)  # in vLLM now: ~3,500 tokens a branch take seconds to prefill here
+    for abort in batch_abort_bodies(rids):
+        httpx.post(server.url + "/inference/v1/abort_requests", json=abort, timeout=30).raise_for_status()
+    caller.join(120)
+    reply = replies[0]
+    print("aborted batch:", reply.status_code, reply.text[:300])
+    finished = [c.get("finish_reason") for c in reply.json().get("choices", [])] if reply.status_code == 200 else []
+    assert reply.status_code != 200 or finished == ["abort"] * len(rids), (reply.status_code, reply.text[:300])
+
+
 def test_tokenizer_agreement_probe_passes(loaded, server, caplog):
     # True: the server's own ids of the probe were read and equal ours (False: not compared)
     assert verify_tokenizer(server.url, loaded.tokenizer) is True, caplog.text
@@ -351,18 +374,18 @@ def _ask(url: str, n: int, timeout_s: float, paragraphs: int = 4) -> tuple[int, 
 
 @pytest.mark.skipif(bool(os.environ.get("OPENJEV_VLLM_URL")), reason="reads the log of a server it started")
 def test_a_client_that_leaves_has_its_batched_call_aborted_on_the_server(openjev_short, server):
-    """The client gives up 2 s into a request whose one /v1/completions call is still being
+    """The client gives up 1 s into a request whose one /v1/completions call is still being
     prefilled: openjev cancels it and aborts every item of the call by id (one
     /inference/v1/abort_requests naming them all), which the server's log shows."""
     since = len(server.log_tail(10**9))
-    status, _ = _ask(openjev_short.url, 500, timeout_s=2.0, paragraphs=30)
-    assert status == 0, "answered within 2 s: nothing was in flight"
+    status, _ = _ask(openjev_short.url, 500, timeout_s=1.0, paragraphs=60)  # ~3,500 tokens: seconds of prefill
+    assert status == 0, "answered within 1 s: nothing was in flight"
     deadline = time.monotonic() + 10
     while log_count(server, "POST /inference/v1/abort_requests", since) < 1:
         assert time.monotonic() < deadline, "no abort logged"
         time.sleep(0.2)
-    assert log_count(server, "POST /v1/completions", since) == 1
-    assert log_count(server, "POST /inference/v1/abort_requests", since) == 1  # one, naming every item
+    # one abort, naming every item of the call (a cancelled call is not in the access log)
+    assert log_count(server, "POST /inference/v1/abort_requests", since) == 1
     status, _ = _ask(openjev_short.url, 501, timeout_s=120)
     assert status == 200, status
 
@@ -391,12 +414,12 @@ def test_a_server_killed_mid_request_gives_retryable_errors(openjev_over_vllm, s
 
     def call():
         results.append(
-            httpx.post(openjev_over_vllm.url + "/v1/systemone", json=_request(400, paragraphs=30), timeout=600)
+            httpx.post(openjev_over_vllm.url + "/v1/systemone", json=_request(400, paragraphs=60), timeout=600)
         )
 
     caller = threading.Thread(target=call)
     caller.start()
-    time.sleep(1.5)  # the request is in vLLM now (a ~1,700-token prefill takes seconds here)
+    time.sleep(1.0)  # the request is in vLLM now (a ~3,500-token prefill takes seconds here)
     server.stop()
     caller.join(120)
     assert results, "no answer after the engine died"

@@ -1,13 +1,16 @@
-"""The vLLM engine: vLLM's token-in route `POST /inference/v1/generate`.
+"""The vLLM engine: vLLM's token-in route `POST /inference/v1/generate`, and a submission
+stage's branches in one `POST /v1/completions` where the server takes it (vllm_batch.py).
 
-Each branch is one call with its token ids, one new token (`max_tokens: 1`), and the raw
-log-probabilities of the label ids at the last prompt position (`logprob_token_ids`, at
-most 128 per call; more labels take a second call on the then cached prefix). Replies are
-read by token id, never by position, and validated.
-
-vLLM's `/v1/completions` has no `logprob_token_ids` (only chat completions does, over
-text), and top-k log-probs would silently lose labels outside the top k, so this engine
-needs the token route and refuses a server that does not offer it. Server flags:
+A call on the token route is one branch: its token ids, one new token (`max_tokens: 1`),
+and the raw log-probabilities of the label ids at the last prompt position
+(`logprob_token_ids`, at most 128 per call; more labels take a second call on the then
+cached prefix). vLLM 0.32's completions route takes many token-id prompts with one
+`logprob_token_ids` list and hands its engine every prompt at once, as vLLM's own
+`/v1/systemone` does; `check_server` probes it at start-up against the token route
+(`VLLM_BATCHED` if it answers the same, else `VLLM`, one call per branch). Replies are read
+by token id, never by position, and validated. Top-k log-probs would silently lose labels
+outside the top k, so this engine never falls back to them, and it needs the token route
+(lone branches, labels over 128, the probe) and refuses a server without it. Server flags:
 `--enable-scale-out` (the route answers 403 without it), `--max-logprobs 128` (a reply
 only carries log-probs when `logprobs` is set, and that is capped at 20 by default) and
 `--enable-prompt-tokens-details` (cached-token accounting; without it the usage is
@@ -163,7 +166,8 @@ def check_server(
     url: str, label_ids: Sequence[int], client: httpx.Client | None = None, timeout_s: float = 120.0
 ) -> dict:
     """Refuse a server that cannot give what the engine needs; returns what was learned:
-    {"model": served name, "max_model_len": int | None, "cached_tokens": bool}.
+    {"model": served name, "max_model_len": int | None, "cached_tokens": bool, "protocol":
+    VLLM_BATCHED if a stage goes in one /v1/completions call (`batches`), else VLLM}.
 
     One probe call asks for MAX_IDS_PER_CALL label log-probs, the most a call ever asks:
     a 403 means no `--enable-scale-out`, a 404 a vLLM without the token route, a cap below
