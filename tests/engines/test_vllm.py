@@ -12,12 +12,14 @@ from openjev.engines.http_engine import HTTPEngine
 from openjev.engines.vllm import (
     MAX_IDS_PER_CALL,
     VLLM,
+    VLLM_BATCHED,
     check_server,
     child_args,
     parse_reply,
     request_body,
     verify_tokenizer,
 )
+from openjev.engines.vllm_batch import batch_abort_bodies, batch_body, parse_batch_reply
 from openjev.errors import ConfigError, EngineError, ModelUnsuitable, TokensExceeded
 from tests.support.fakes import FakeVLLM, fake_logprobs
 
@@ -150,7 +152,25 @@ def _client(fake: FakeVLLM) -> httpx.Client:
 
 def test_check_server_learns_the_model_and_its_context():
     info = check_server("http://vllm.test", range(300, 555), client=_client(FakeVLLM(max_model_len=4096)))
-    assert info == {"model": "/models/fake", "max_model_len": 4096, "cached_tokens": True}
+    assert info == {"model": "/models/fake", "max_model_len": 4096, "cached_tokens": True, "protocol": VLLM_BATCHED}
+
+
+def test_check_server_falls_back_to_a_call_per_branch_where_completions_does_not_batch():
+    info = check_server("http://vllm.test", range(300, 555), client=_client(FakeVLLM(batch=False)))
+    assert info["protocol"] is VLLM
+
+
+def test_check_server_does_not_batch_a_server_whose_completions_read_otherwise():
+    class Skewed(FakeVLLM):  # a completions route that answers, with other values than the token route
+        async def _completions(self, body):
+            response = await super()._completions(body)
+            reply = response.json()
+            for choice in reply["choices"]:
+                top = choice["logprobs"]["top_logprobs"][0]
+                choice["logprobs"]["top_logprobs"][0] = {k: v - 0.5 for k, v in top.items()}
+            return httpx.Response(200, json=reply)
+
+    assert check_server("http://vllm.test", LABELS, client=_client(Skewed()))["protocol"] is VLLM
 
 
 @pytest.mark.parametrize(
@@ -270,3 +290,93 @@ async def test_the_namespace_goes_to_the_prefix_cache_as_cache_salt():
     assert [body.get("cache_salt") for body in bodies] == ["salt-a"] * 4 + ["salt-b"] * 4 + ["salt-a"] * 4 + [None] * 4
     assert b.cached_tokens == a.cached_tokens  # b finds nothing of a's state
     assert a_again.cached_tokens > a.cached_tokens and keyless.cached_tokens == a.cached_tokens
+
+
+# ---- batched: a stage in one /v1/completions (VLLM_BATCHED)
+
+
+def _batched(fake: FakeVLLM, **kw) -> HTTPEngine:
+    return HTTPEngine("http://vllm.test", VLLM_BATCHED, transport=fake.transport(), **kw)
+
+
+def test_batch_body_asks_every_item_for_the_union_of_labels_as_token_ids():
+    body = batch_body(["r1", "r2"], [((1, 2, 3), (10, 11)), ((1, 2), (11, 12))], "salt")
+    assert body["prompt"] == [[1, 2, 3], [1, 2]] and body["request_id"] == "r1" and body["cache_salt"] == "salt"
+    assert body["logprob_token_ids"] == body["allowed_token_ids"] == [10, 11, 12] and body["logprobs"] == 3
+    assert body["max_tokens"] == 1 and body["return_tokens_as_token_ids"] and not body["stream"]
+    assert batch_abort_bodies(["r1", "r2"]) == [{"request_ids": ["cmpl-r1-0", "cmpl-r1-1"]}]
+
+
+async def test_a_stage_is_one_completions_call_and_each_branch_reads_its_own_labels():
+    fake = FakeVLLM()
+    plan = _plan()
+    got = await _run(_batched(fake, strategy="all"), plan)
+    assert [c["body"].get("prompt") is not None for c in fake.calls] == [True]  # one call, every branch
+    for branch, result in zip(plan.branches, got.branches, strict=True):
+        assert result.logprobs == fake_logprobs(branch.input_ids, len(LABELS))
+    assert got.computed_tokens is None and got.cached_tokens is None  # vLLM reports one item's cached tokens
+
+
+async def test_branches_with_other_labels_are_read_by_token_id_from_the_union():
+    fake = FakeVLLM()
+    plan = Plan.from_branches([Branch((*STATE, 7, 8), (10, 11)), Branch((*STATE, 9), (12, 10))])
+    got = await _run(_batched(fake, strategy="all"), plan)
+    assert len(fake.calls) == 1 and fake.calls[0]["body"]["logprob_token_ids"] == [10, 11, 12]
+    for branch, result in zip(plan.branches, got.branches, strict=True):
+        union = fake_logprobs(branch.input_ids, 3)
+        assert result.logprobs == tuple(union[[10, 11, 12].index(t)] for t in branch.label_ids)
+
+
+async def test_a_lone_branch_and_a_union_over_128_labels_take_the_token_route():
+    fake = FakeVLLM()
+    lone = await _run(_batched(fake), Plan.from_branches([Branch((*STATE, 7), LABELS)]))
+    assert "token_ids" in fake.calls[0]["body"] and lone.cached_tokens is not None  # accounting known
+    wide = Plan.from_branches([Branch((*STATE, 7), tuple(range(1, 100))), Branch((*STATE, 8), tuple(range(100, 200)))])
+    fake = FakeVLLM()
+    await _run(_batched(fake, strategy="all"), wide)
+    assert ["token_ids" in c["body"] for c in fake.calls] == [True, True]
+
+
+@pytest.mark.parametrize(
+    ("mutate", "why"),
+    [
+        (lambda r: r["choices"].pop(), "choices for a batch"),
+        (lambda r: r["choices"][0].update(index=5), "indices"),
+        (lambda r: r["choices"][1]["logprobs"]["top_logprobs"][0].pop("token_id:11"), "no log-probs for label"),
+        (lambda r: r["choices"][0].update(finish_reason="abort"), "aborted"),
+        (lambda r: r["choices"][0]["logprobs"].update(top_logprobs=[]), "1 token"),
+    ],
+)
+def test_unusable_batch_replies_are_engine_errors(mutate, why):
+    reply = {
+        "choices": [
+            {
+                "index": i,
+                "finish_reason": "length",
+                "logprobs": {"top_logprobs": [{"token_id:10": -1.0, "token_id:11": -2.0}]},
+            }
+            for i in range(2)
+        ]
+    }
+    assert [r[0] for r in parse_batch_reply(reply, ["a", "b"], [(11, 10), (10,)])] == [(-2.0, -1.0), (-1.0,)]
+    mutate(reply)
+    with pytest.raises(EngineError, match=why):
+        parse_batch_reply(reply, ["a", "b"], [(11, 10), (10, 11)])
+
+
+async def test_a_namespaced_stage_is_batched_under_its_cache_salt():
+    fake = FakeVLLM()
+    await _run(_batched(fake, strategy="all"), Plan.from_branches(_plan().branches, cache_namespace="salt-a"))
+    assert [c["body"].get("cache_salt") for c in fake.calls] == ["salt-a"]
+
+
+async def test_a_branch_of_over_128_labels_goes_alone_and_the_others_stay_batched():
+    fake = FakeVLLM()
+    plan = Plan.from_branches(
+        [Branch((*STATE, 7), LABELS), Branch((*STATE, 8), tuple(range(1, 201))), Branch((*STATE, 9), LABELS)]
+    )
+    got = await _run(_batched(fake, strategy="all"), plan)
+    shapes = sorted(len(c["body"]["prompt"]) if "prompt" in c["body"] else 0 for c in fake.calls)
+    assert shapes == [0, 0, 2]  # the 200-label branch in two token-route calls, the others in one batch
+    assert got.branches[0].logprobs == fake_logprobs(plan.branches[0].input_ids, len(LABELS))
+    assert len(got.branches[1].logprobs) == 200

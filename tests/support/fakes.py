@@ -277,7 +277,12 @@ class FakeVLLM(_FakeServer):
     in whole blocks of `block` tokens; `cached_tokens` (usage.prompt_tokens_details) is the
     cached part of the prompt, never its last token. Knobs: refuse the route (403, as
     without --enable-scale-out), cap log-probs (400, as without --max-logprobs 128), no
-    prompt_tokens_details (no --enable-prompt-tokens-details), error statuses, slowness.
+    prompt_tokens_details (no --enable-prompt-tokens-details), error statuses, slowness,
+    no batched /v1/completions (`batch=False`, as a server without it).
+
+    /v1/completions takes a list of token-id prompts with one `logprob_token_ids` list,
+    answers one choice per prompt ("token_id:N" keys with return_tokens_as_token_ids) and,
+    as vLLM 0.32 does, reports the LAST prompt's cached tokens only.
     """
 
     def __init__(
@@ -293,6 +298,7 @@ class FakeVLLM(_FakeServer):
         null_token: int | None = None,
         max_model_len: int = 8192,
         tokenize=None,
+        batch: bool = True,
     ) -> None:
         # null_token: a label whose log-prob comes back clamped (-9999.0, i.e. -inf)
         self._start_recording(delay_s=delay_s, fail_status=fail_status, fail_when=fail_when, null_token=null_token)
@@ -302,6 +308,7 @@ class FakeVLLM(_FakeServer):
         self.max_logprobs = max_logprobs
         self.max_model_len = max_model_len
         self.tokenize = tokenize  # text -> ids for /tokenize (None: 404)
+        self.batch = batch
 
     def _cached(self, ids: tuple[int, ...], namespace: str = "") -> int:
         return self._longest_cached(ids, namespace) // self.block * self.block  # whole blocks only
@@ -330,6 +337,8 @@ class FakeVLLM(_FakeServer):
         if path == "/inference/v1/abort_requests":
             self.aborted += json.loads(request.content)["request_ids"]
             return httpx.Response(200)
+        if path == "/v1/completions" and self.batch:
+            return await self._completions(json.loads(request.content))
         if path != "/inference/v1/generate":
             return httpx.Response(404, json={"detail": "Not Found"})
         if self.route_status:
@@ -378,3 +387,23 @@ class FakeVLLM(_FakeServer):
                 ],
             },
         )
+
+    async def _completions(self, body: dict):
+        import httpx
+
+        labels = body["logprob_token_ids"]
+        if body.get("logprobs") is None or len(labels) > 128 or body["logprobs"] > self.max_logprobs:
+            return httpx.Response(400, json={"error": {"message": "bad logprobs"}})
+        seqs = [tuple(p) for p in body["prompt"]]
+        cached, failure = await self._compute_all(body, seqs, body.get("cache_salt") or "")
+        if failure is not None:
+            return failure
+        choices = []
+        for i, ids in enumerate(seqs):
+            values = fake_logprobs(ids, len(labels))
+            top = {f"token_id:{t}": -9999.0 if t == self.null_token else v for v, t in zip(values, labels, strict=True)}
+            choices.append({"index": i, "text": "", "finish_reason": "length", "logprobs": {"top_logprobs": [top]}})
+        usage: dict = {"prompt_tokens": sum(map(len, seqs)), "completion_tokens": len(seqs)}
+        if self.report_cached:
+            usage["prompt_tokens_details"] = {"cached_tokens": cached[-1]}
+        return httpx.Response(200, json={"id": "cmpl-" + body["request_id"], "choices": choices, "usage": usage})

@@ -144,16 +144,17 @@ class HTTPEngine:
             results[i] = BranchResult(values)
             account(prompt, cached)
 
-        async def branches(indices: Sequence[int]) -> None:
-            if len(indices) == 1 or not self._batches(plan, indices):
-                await together([branch(i) for i in indices])
-                return
+        async def batch(indices: Sequence[int]) -> None:
             items = [(plan.branches[i].input_ids, plan.branches[i].label_ids) for i in indices]
             for i, (values, prompt, cached) in zip(
                 indices, await self._call_batch(items, plan.cache_namespace), strict=True
             ):
                 results[i] = BranchResult(values)
                 account(prompt, cached)
+
+        async def branches(indices: Sequence[int]) -> None:
+            groups = self._groups(plan, indices)
+            await together([batch(g) if len(g) > 1 else branch(g[0]) for g in groups])
 
         async def prefix(tokens: Sequence[int]) -> None:
             # Any label id will do: the point is a selected-logprob request (sglang#34719).
@@ -212,20 +213,35 @@ class HTTPEngine:
             cached = None if cached is None or c is None else cached + c
         return tuple(values), prompt, cached
 
-    def _batches(self, plan: Plan, indices: Sequence[int]) -> bool:
-        """Whether these branches go in one call: the protocol batches (keeping the plan's
-        cache namespace, if it has one), and no branch needs its labels split over calls."""
-        per_call = self.protocol.max_ids_per_call
-        if plan.cache_namespace and not self.protocol.batch_keeps_namespace:
-            return False
-        return self.protocol.batch_body is not None and (
-            per_call is None or all(len(plan.branches[i].label_ids) <= per_call for i in indices)
-        )
+    def _groups(self, plan: Plan, indices: Sequence[int]) -> list[list[int]]:
+        """The calls these branches (sent together) go in, as lists of branch indices: all
+        in one where the protocol batches (keeping the plan's cache namespace, if it has
+        one), else one each. A branch whose labels need splitting over calls goes alone;
+        where a call asks every item for the union of labels, a new call starts before
+        that union would pass max_ids_per_call."""
+        p, per_call = self.protocol, self.protocol.max_ids_per_call
+        if p.batch_body is None or (plan.cache_namespace and not p.batch_keeps_namespace):
+            return [[i] for i in indices]
+        if per_call is None:
+            return [list(indices)]
+        labels = {i: plan.branches[i].label_ids for i in indices}
+        groups = [[i] for i in indices if len(labels[i]) > per_call]
+        current: list[int] = []
+        union: set[int] = set()
+        for i in (i for i in indices if len(labels[i]) <= per_call):
+            wider = union | set(labels[i]) if p.batch_shares_labels else union
+            if current and len(wider) > per_call:
+                groups.append(current)
+                current, wider = [], set(labels[i])
+            current.append(i)
+            union = wider
+        return [*groups, current] if current else groups
 
     async def _call(self, input_ids: Sequence[int], label_ids: Sequence[int], salt: str = "") -> Reply:
         """One branch in one call, its reply validated."""
         rid = uuid.uuid4().hex
-        payload = await self._post(self.protocol.request_body(rid, input_ids, label_ids, salt), [rid])
+        body = self.protocol.request_body(rid, input_ids, label_ids, salt)
+        payload = await self._post(self.protocol.generate_path, body, [self.protocol.abort_body(rid)])
         return self.protocol.parse_reply(payload, label_ids)
 
     async def _call_batch(self, items: Sequence[tuple[Sequence[int], Sequence[int]]], salt: str) -> list[Reply]:
@@ -237,22 +253,24 @@ class HTTPEngine:
             if self.max_prompt_tokens is not None and len(ids) > self.max_prompt_tokens:
                 raise self._too_long(len(ids))
         rids = [uuid.uuid4().hex for _ in items]
-        payload = await self._post(batch_body(rids, items, salt), rids)
+        p = self.protocol
+        aborts = p.batch_abort_bodies(rids) if p.batch_abort_bodies else [p.abort_body(rid) for rid in rids]
+        payload = await self._post(p.batch_path or p.generate_path, batch_body(rids, items, salt), aborts)
         return parse(payload, rids, [labels for _, labels in items])
 
-    async def _post(self, body: dict, rids: Sequence[str]) -> object:
-        """One call: capped by the server-wide slots, every rid in it aborted server-side
-        when cancelled or timed out, overload and outage mapped to retryable errors; the
-        reply's JSON."""
+    async def _post(self, path: str, body: dict, aborts: Sequence[dict]) -> object:
+        """One call: capped by the server-wide slots, aborted server-side (the `aborts`
+        bodies, which name every item in it) when cancelled or timed out, overload and
+        outage mapped to retryable errors; the reply's JSON."""
         client, slots = self._http()
         async with slots:
             try:
-                response = await client.post(self.protocol.generate_path, json=body)
+                response = await client.post(path, json=body)
             except asyncio.CancelledError:
-                self._abort(rids)
+                self._abort(aborts)
                 raise
             except httpx.TimeoutException:
-                self._abort(rids)
+                self._abort(aborts)
                 raise EngineTimeout(f"the engine did not answer within {self._timeout.read:g} s") from None
             except httpx.TransportError as e:
                 # Refused, reset, or closed mid-call (the server died): nothing to abort.
@@ -276,21 +294,22 @@ class HTTPEngine:
         except ValueError:
             raise EngineError("the engine's reply is not JSON") from None
 
-    def _abort(self, rids: Sequence[str]) -> None:
-        """Ask the server to drop every one of `rids` (fire and forget: the caller is
-        already leaving). One /abort_request per rid: SGLang's takes one."""
+    def _abort(self, bodies: Sequence[dict]) -> None:
+        """Post every abort body (fire and forget: the caller is already leaving): one per
+        rid for SGLang, whose /abort_request takes one; one per call for vLLM's, which takes
+        a list."""
         client = self._client
         if client is None:
             return
 
-        async def abort(rid: str) -> None:
+        async def abort(body: dict) -> None:
             try:
-                await client.post(self.protocol.abort_path, json=self.protocol.abort_body(rid), timeout=5.0)
+                await client.post(self.protocol.abort_path, json=body, timeout=5.0)
             except httpx.HTTPError as e:
-                log.warning("abort of %s failed: %s", rid, e)
+                log.warning("abort %s failed: %s", body, e)
 
         async def abort_all() -> None:
-            await asyncio.gather(*(abort(rid) for rid in rids))
+            await asyncio.gather(*(abort(body) for body in bodies))
 
         task = asyncio.get_running_loop().create_task(abort_all())
         self._aborts.add(task)

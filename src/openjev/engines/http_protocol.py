@@ -70,6 +70,14 @@ class HTTPProtocol:
     # Whether a batched call keeps the cache namespace for every item (SGLang-JAX 0.1.0rc0
     # drops `extra_key` when it splits a batch): a namespaced plan is batched only if so.
     batch_keeps_namespace: bool = False
+    # Where a batched call goes, if not to generate_path (vLLM: /v1/completions).
+    batch_path: str | None = None
+    # Whether a batched call asks every item for the same label ids (the union of the
+    # items', at most max_ids_per_call; vLLM's completions take one list per call).
+    batch_shares_labels: bool = False
+    # The bodies that abort every item of a batched call, given its rids (None: one
+    # abort_body per rid).
+    batch_abort_bodies: Callable[[Sequence[str]], list[dict]] | None = None
 
 
 def request_body(

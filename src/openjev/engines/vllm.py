@@ -1,13 +1,16 @@
-"""The vLLM engine: vLLM's token-in route `POST /inference/v1/generate`.
+"""The vLLM engine: vLLM's token-in route `POST /inference/v1/generate`, and a submission
+stage's branches in one `POST /v1/completions` where the server takes it (vllm_batch.py).
 
-Each branch is one call with its token ids, one new token (`max_tokens: 1`), and the raw
-log-probabilities of the label ids at the last prompt position (`logprob_token_ids`, at
-most 128 per call; more labels take a second call on the then cached prefix). Replies are
-read by token id, never by position, and validated.
-
-vLLM's `/v1/completions` has no `logprob_token_ids` (only chat completions does, over
-text), and top-k log-probs would silently lose labels outside the top k, so this engine
-needs the token route and refuses a server that does not offer it. Server flags:
+A call on the token route is one branch: its token ids, one new token (`max_tokens: 1`),
+and the raw log-probabilities of the label ids at the last prompt position
+(`logprob_token_ids`, at most 128 per call; more labels take a second call on the then
+cached prefix). vLLM 0.32's completions route takes many token-id prompts with one
+`logprob_token_ids` list and hands its engine every prompt at once, as vLLM's own
+`/v1/systemone` does; `check_server` probes it at start-up against the token route
+(`VLLM_BATCHED` if it answers the same, else `VLLM`, one call per branch). Replies are read
+by token id, never by position, and validated. Top-k log-probs would silently lose labels
+outside the top k, so this engine never falls back to them, and it needs the token route
+(lone branches, labels over 128, the probe) and refuses a server without it. Server flags:
 `--enable-scale-out` (the route answers 403 without it), `--max-logprobs 128` (a reply
 only carries log-probs when `logprobs` is set, and that is capped at 20 by default) and
 `--enable-prompt-tokens-details` (cached-token accounting; without it the usage is
@@ -27,13 +30,14 @@ import logging
 import math
 import uuid
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 import httpx
 
 from openjev.config import LimitSettings, RemoteSettings, ServedSettings
 from openjev.core.ports import ChatTokenizer
-from openjev.engines import LoadedEngine, remote
+from openjev.engines import LoadedEngine, remote, vllm_batch
 from openjev.engines.http_engine import HTTPEngine
 from openjev.engines.http_protocol import HEALTH, HTTPProtocol, Reply
 from openjev.errors import ConfigError, EngineError, EngineUnavailable
@@ -142,6 +146,17 @@ VLLM = HTTPProtocol(
     max_ids_per_call=MAX_IDS_PER_CALL,
     context_flag="--max-model-len",
 )
+# A stage's branches in one /v1/completions call (vllm_batch.py), where the server takes it
+# (check_server's probe); a lone branch, and labels over 128, still take the token route.
+VLLM_BATCHED = replace(
+    VLLM,
+    batch_body=vllm_batch.batch_body,
+    parse_batch_reply=vllm_batch.parse_batch_reply,
+    batch_keeps_namespace=True,
+    batch_path=vllm_batch.COMPLETIONS,
+    batch_shares_labels=True,
+    batch_abort_bodies=vllm_batch.batch_abort_bodies,
+)
 
 
 # ---- start-up checks (blocking; before the server listens)
@@ -151,7 +166,8 @@ def check_server(
     url: str, label_ids: Sequence[int], client: httpx.Client | None = None, timeout_s: float = 120.0
 ) -> dict:
     """Refuse a server that cannot give what the engine needs; returns what was learned:
-    {"model": served name, "max_model_len": int | None, "cached_tokens": bool}.
+    {"model": served name, "max_model_len": int | None, "cached_tokens": bool, "protocol":
+    VLLM_BATCHED if a stage goes in one /v1/completions call (`batches`), else VLLM}.
 
     One probe call asks for MAX_IDS_PER_CALL label log-probs, the most a call ever asks:
     a 403 means no `--enable-scale-out`, a 404 a vLLM without the token route, a cap below
@@ -191,16 +207,40 @@ def check_server(
         raise ConfigError(f"the vLLM server at {url} answered the probe with {r.status_code}: {r.text[:300]}")
     try:
         body = r.json()
-        _, _, cached = parse_reply(body, ids)
+        values, _, cached = parse_reply(body, ids)
     except (ValueError, EngineError) as e:
         raise ConfigError(f"the vLLM server at {url} does not return the label log-probs openjev needs: {e}") from None
     info["cached_tokens"] = cached is not None
+    info["protocol"] = VLLM_BATCHED if batches(http, url, ids, values) else VLLM
     if cached is None:
         log.warning(
             "the vLLM server reports no cached tokens: start it with --enable-prompt-tokens-details; "
             "computed and cached token counts are reported as unknown"
         )
     return info
+
+
+def batches(http: httpx.Client, url: str, ids: list[int], values: Sequence[float]) -> bool:
+    """Whether the server takes a stage in one /v1/completions call: a two-item probe (the
+    token-route probe's prompt and a shorter one) must parse, and its first item give the
+    token route's `values` (1e-4), so a server that reads the batch otherwise is not used so."""
+    prompt = [1, 2, 3, 4]
+    rids = [uuid.uuid4().hex, uuid.uuid4().hex]
+    try:
+        r = http.post(
+            url + vllm_batch.COMPLETIONS, json=vllm_batch.batch_body(rids, [(prompt, ids), (prompt[:3], ids)])
+        )
+        r.raise_for_status()
+        first, _ = vllm_batch.parse_batch_reply(r.json(), rids, [ids, ids])
+    except (httpx.HTTPError, ValueError, EngineError) as e:
+        log.info("the vLLM server does not take a stage in one %s call: %s", vllm_batch.COMPLETIONS, e)
+        return False
+    if any(not math.isclose(a, b, abs_tol=1e-4) for a, b in zip(first[0], values, strict=True)):
+        log.warning(
+            "the vLLM server's %s reads labels otherwise than its token route: not used", vllm_batch.COMPLETIONS
+        )
+        return False
+    return True
 
 
 def verify_tokenizer(
@@ -271,8 +311,17 @@ def load(served: ServedSettings, http: RemoteSettings, limits: LimitSettings) ->
 
     def make(url: str, info: dict[str, Any]) -> HTTPEngine:
         max_len = info.get("max_model_len")
+        protocol = info.get("protocol", VLLM)
+        log.info(
+            "vLLM at %s: %s",
+            url,
+            "a stage's branches in one /v1/completions" if protocol.batch_body else "one token-route call per branch",
+        )
         return HTTPEngine(
-            url, VLLM, max_prompt_tokens=int(max_len) - 1 if max_len else None, **remote.engine_options(http, limits)
+            url,
+            protocol,
+            max_prompt_tokens=int(max_len) - 1 if max_len else None,
+            **remote.engine_options(http, limits),
         )
 
     return remote.load(served, http, kind(http), check=check, make=make)
