@@ -82,14 +82,7 @@ def parse_reply(body: Any, label_ids: Sequence[int]) -> Reply:
         value = entry["logprob"]
         # vLLM clamps -inf (and NaN) to -9999.0 in this shape
         by_id[int(entry["token_id"])] = -math.inf if value is None or value <= -9999.0 else float(value)
-    missing = [t for t in label_ids if t not in by_id]
-    if missing:
-        raise EngineError("the engine's reply is unusable", detail=f"no log-probs for label tokens {missing}")
-    values = tuple(by_id[t] for t in label_ids)
-    if any(math.isnan(v) or v == math.inf or v > 1e-6 for v in values):
-        raise EngineError("the engine's reply is unusable", detail=f"invalid log-probs {values}")
-    if all(v == -math.inf for v in values):
-        raise EngineError("the engine gave every label probability zero")
+    values = vllm_batch.label_values(by_id, label_ids)
     usage = body.get("usage") or {}
     prompt = usage.get("prompt_tokens")
     cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")

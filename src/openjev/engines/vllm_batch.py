@@ -93,6 +93,12 @@ def read_choice(choice: dict, label_ids: Sequence[int]) -> tuple[float, ...]:
             raise EngineError("the engine's reply is unusable", detail=f"malformed log-prob entry {key!r}: {value!r}")
         # vLLM clamps -inf (and NaN) to -9999.0 in this shape
         by_id[int(key[len(TOKEN_KEY) :])] = -math.inf if value is None or value <= -9999.0 else float(value)
+    return label_values(by_id, label_ids)
+
+
+def label_values(by_id: dict[int, float], label_ids: Sequence[int]) -> tuple[float, ...]:
+    """The labels' log-probs from a reply's {token id: log-prob} (both vLLM routes), checked:
+    every label present, none positive, NaN or +inf, not all -inf."""
     missing = [t for t in label_ids if t not in by_id]
     if missing:
         raise EngineError("the engine's reply is unusable", detail=f"no log-probs for label tokens {missing}")
