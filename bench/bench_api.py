@@ -57,6 +57,8 @@ REQUEST = {  # the README's example: a short ticket, 3 questions (one of each ty
 class InstantEngine:
     """A fake engine: answers every plan at once with fixed log-probs (no model work)."""
 
+    parallel_layouts = False
+
     async def run(self, plan):
         from openjev.core.ports import BranchResult, PlanResult
 
@@ -68,6 +70,9 @@ class InstantEngine:
 
     async def close(self) -> None:
         pass
+
+    def stats(self) -> dict[str, float]:
+        return {}  # nothing kept between requests
 
 
 def _loaded_with_instant_engine():

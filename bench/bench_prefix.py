@@ -48,6 +48,8 @@ LIMITS = service_limits(_SETTINGS.quality, _SETTINGS.limits)
 class NaiveEngine:
     """Baseline: every branch prefilled independently through the full model (nothing shared)."""
 
+    parallel_layouts = False
+
     def __init__(self, model) -> None:
         self._model = model
         self._lock = threading.Lock()
@@ -65,6 +67,9 @@ class NaiveEngine:
 
     async def close(self) -> None:
         pass
+
+    def stats(self) -> dict[str, float]:
+        return {}  # nothing kept between requests
 
 
 class Systems:

@@ -101,6 +101,21 @@ async def test_calls_in_flight_are_capped(server):
     assert fake.max_in_flight == 2 and len(fake.calls) == (3 if server.protocol.batch_body else 24)
 
 
+async def test_stats_count_the_calls_made_and_in_flight(server):
+    fake = server.fake(delay_s=0.05)
+    engine = server.engine(fake, strategy="all", max_calls=2)
+    assert engine.parallel_layouts is False
+    assert engine.stats() == {"engine_http_calls": 0, "engine_http_calls_in_flight": 0}
+    try:
+        running = asyncio.gather(*(engine.run(_plan(8)) for _ in range(3)))
+        await asyncio.sleep(0.02)  # the first calls are out, the rest wait for a slot
+        assert engine.stats()["engine_http_calls_in_flight"] == 2
+        await running
+    finally:
+        await engine.close()
+    assert engine.stats() == {"engine_http_calls": len(fake.calls), "engine_http_calls_in_flight": 0}
+
+
 # ---- failures
 
 

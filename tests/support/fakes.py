@@ -88,6 +88,8 @@ def fake_logprobs(input_ids: Sequence[int], n: int) -> tuple[float, ...]:
 class FakeEngine:
     """Records every plan; answers with fake_logprobs after `delay_s`; raises `fail` if set."""
 
+    parallel_layouts = False  # a class attribute, not a field
+
     delay_s: float = 0.0
     fail: Exception | None = None
     plans: list[Plan] = field(default_factory=list)
@@ -113,6 +115,9 @@ class FakeEngine:
 
     async def close(self) -> None:
         self.closed = True
+
+    def stats(self) -> dict[str, float]:
+        return {"engine_forwards": len(self.plans)}  # one "forward" per plan it was given
 
 
 class _FakeServer:

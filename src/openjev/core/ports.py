@@ -3,7 +3,7 @@ never the reverse)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -44,9 +44,18 @@ class Engine(Protocol):
     EngineUnavailable, EngineTimeout) and honours cancellation of the awaiting task.
     """
 
+    # Whether it runs parallel layouts (core/plan.py: options read side by side under a tree
+    # mask); one that does not is never given such a branch (the service reads their twin).
+    parallel_layouts: bool
+
     async def run(self, plan: Plan) -> PlanResult: ...
 
     async def close(self) -> None: ...
+
+    def stats(self) -> Mapping[str, float]:
+        """Numbers for metrics and /health (api/operations/metrics.py names them), read from
+        any thread without waiting on the engine's work."""
+        ...
 
 
 # A text in pieces, each (text, template): a template piece is the chat template's own text

@@ -137,8 +137,8 @@ class DecisionService:
         self._compiler = compiler
         self._engine = engine
         # Entered by every decision before it takes an evaluation slot: the edge's per-caller
-        # share (api/identity/admission.py), which an engine wrapped by the gate offers.
-        self._admit = admit if admit is not None else getattr(engine, "admit", None)
+        # share (api/identity/admission.py `GatedEngine.admit`), handed over by the assembly.
+        self._admit = admit
         self._limits = limits
         self._clock = clock
         self._in_flight = 0

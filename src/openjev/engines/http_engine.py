@@ -43,6 +43,8 @@ log = logging.getLogger(__name__)
 class HTTPEngine:
     """Engine port over a running engine server at `url` that speaks `protocol`."""
 
+    parallel_layouts = False  # the servers read one sequence per branch
+
     def __init__(
         self,
         url: str,
@@ -73,6 +75,7 @@ class HTTPEngine:
         self._probe_timeout_s = probe_timeout_s
         self._last_reply = -math.inf  # time.monotonic() of the server's last answer to a call
         self._last_unreachable = -math.inf  # ... and of the last call that could not reach it
+        self._calls = self._calls_in_flight = 0
         self._client: httpx.AsyncClient | None = None
         self._slots: asyncio.Semaphore | None = None
         self.recent = RecentPrefixes()
@@ -264,6 +267,8 @@ class HTTPEngine:
         outage mapped to retryable errors; the reply's JSON."""
         client, slots = self._http()
         async with slots:
+            self._calls += 1
+            self._calls_in_flight += 1
             try:
                 response = await client.post(path, json=body)
             except asyncio.CancelledError:
@@ -278,6 +283,8 @@ class HTTPEngine:
                 raise EngineUnavailable(
                     "cannot reach the engine", detail=f"{self.url}: {e!r}", headers=self._retry_after
                 ) from None
+            finally:
+                self._calls_in_flight -= 1
         self._last_reply = time.monotonic()
         if response.status_code in (429, 503):
             retry = response.headers.get("retry-after", "").strip()
@@ -293,6 +300,11 @@ class HTTPEngine:
             return response.json()
         except ValueError:
             raise EngineError("the engine's reply is not JSON") from None
+
+    def stats(self) -> dict[str, float]:
+        """The HTTP calls made to the server (one per branch, or one per batched stage) and
+        those in flight now (at most --max-engine-calls)."""
+        return {"engine_http_calls": self._calls, "engine_http_calls_in_flight": self._calls_in_flight}
 
     def _abort(self, bodies: Sequence[dict]) -> None:
         """Post every abort body (fire and forget: the caller is already leaving): one per

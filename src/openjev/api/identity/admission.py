@@ -146,7 +146,7 @@ class GatedEngine:
         self.deadline_s = deadline_s
         # the service enters it before each evaluation takes a slot (core/service.py `admit`)
         self.admit = KeyShare(key_share, max_wait_s, retry_after_s)
-        self.parallel_layouts = bool(getattr(inner, "parallel_layouts", False))  # a capability passes the gate
+        self.parallel_layouts = inner.parallel_layouts  # a capability passes the gate
         self.max_tokens = max_tokens_in_flight
         self.max_wait_s = max_wait_s
         self.in_flight_tokens = 0
@@ -234,17 +234,11 @@ class GatedEngine:
         await self.inner.close()
 
     def stats(self) -> dict[str, float]:
-        out = dict(stats_of(self.inner))
+        out = dict(self.inner.stats())
         out["tokens_in_flight"] = self.in_flight_tokens
         out["tokens_in_flight_limit"] = self.max_tokens
         out["drain_rate_tokens_per_second"] = self.rate.per_second() or 0.0
         return out
-
-
-def stats_of(engine: object) -> dict[str, float]:
-    """An engine's optional `stats()` (the in-process engine has one), else nothing."""
-    stats = getattr(engine, "stats", None)
-    return dict(stats()) if callable(stats) else {}
 
 
 # The API docs: behind the API's key with --docs auth, their static assets too (the largest

@@ -48,6 +48,7 @@ class _Live:
             "draining": "1 after SIGTERM, while in-flight requests finish",
             "ready": "1 once the model is loaded and the server answers decisions",
             "connections_open": "HTTP connections open (--max-connections bounds them)",
+            "engine_http_calls_in_flight": "HTTP calls to the engine server in flight (--max-engine-calls bounds them)",
         }
         for name, help_text in gauges.items():
             if name in values:
@@ -56,6 +57,7 @@ class _Live:
             "prefix_cache_lookups": "prefix-cache lookups (one per request admitted to the in-process engine)",
             "prefix_cache_hits": "prefix-cache lookups that matched at least one token",
             "engine_forwards": "model forwards run by the in-process engine",
+            "engine_http_calls": "HTTP calls made to the engine server (sglang, vllm: one per branch or per batched stage)",
             "connections_refused": "connections refused with 503 at --max-connections, before any request",
             "connections_head_timeouts": "connections closed at --head-timeout-s (408 for a partial head)",
             "connections_heads_too_large": "requests refused with 431 (head over --max-head-bytes)",

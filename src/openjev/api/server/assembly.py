@@ -14,6 +14,7 @@ from typing import Any
 
 from openjev import calibrations
 from openjev.api.contract.overrides import default_spec
+from openjev.api.identity.admission import GatedEngine
 from openjev.api.operations import disclosure
 from openjev.config import MAX_CHOICE_OPTIONS, LimitSettings, QualitySettings, Settings
 from openjev.core.abstain import AbstainRule
@@ -97,7 +98,8 @@ def build_service(quality: QualitySettings, limits: LimitSettings, loaded: Loade
         readout=spec,
         calibration=calibration,
         abstain=abstain,
-        parallel_layouts=bool(getattr(loaded.engine, "parallel_layouts", False)),
+        parallel_layouts=loaded.engine.parallel_layouts,
+        admit=loaded.engine.admit if isinstance(loaded.engine, GatedEngine) else None,
     )
 
 

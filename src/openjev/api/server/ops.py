@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from openjev.api.identity.admission import GatedEngine, stats_of
+from openjev.api.identity.admission import GatedEngine
 from openjev.api.identity.keys import KeyLimits, KeyRing
 from openjev.api.identity.proxies import TrustedProxies
 from openjev.api.operations.access import AccessLog
@@ -73,5 +73,5 @@ class Operations:
         if self.gate is not None:
             out.update(self.gate.stats())
         elif self.runtime.loaded is not None:
-            out.update(stats_of(self.runtime.loaded.engine))
+            out.update(self.runtime.loaded.engine.stats())
         return out
