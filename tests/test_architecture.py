@@ -299,3 +299,23 @@ def test_no_settings_are_built_outside_config_to_read_a_default():
             ):
                 wrong.append(f"{path.relative_to(ROOT)}:{node.lineno}")
     assert not wrong, "Settings built outside config/:\n" + "\n".join(wrong)
+
+
+def test_the_engines_never_import_the_registry_back():
+    """The registry (engines/__init__.py) names the engines' loaders by string, so that
+    importing it costs no ML framework; an engine module that imported a name from it would
+    close a loop those strings hide. What a loader returns lives in engines/loaded.py."""
+    registry_names = {
+        node.name if isinstance(node, ast.ClassDef | ast.FunctionDef) else ""
+        for node in ast.parse((PACKAGE / "engines" / "__init__.py").read_text()).body
+    } - {""}
+    assert "load_engine" in registry_names  # guards the guard
+    back = []
+    for path in sorted((PACKAGE / "engines").rglob("*.py")):
+        if path.name == "__init__.py" and path.parent == PACKAGE / "engines":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module == "openjev.engines":
+                names = [a.name for a in node.names if not is_module(f"openjev.engines.{a.name}")]
+                back += [f"{path.relative_to(ROOT)}:{node.lineno}: {n}" for n in names]
+    assert not back, "engine modules importing from the registry:\n" + "\n".join(back)

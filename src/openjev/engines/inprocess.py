@@ -21,12 +21,12 @@ import torch
 from openjev.config import InProcessSettings, ServedSettings
 from openjev.core.plan import Plan
 from openjev.core.ports import PlanResult
-from openjev.engines import LoadedEngine, ModelCard
 from openjev.engines.cost_model import CostModel
 from openjev.engines.dtype import pick_dtype
 from openjev.engines.hf_model import load_model_and_tokenizer, resolve_source, source_fingerprint
 from openjev.engines.hf_tokenizer import HFChatTokenizer
 from openjev.engines.kv import Row, ragged_forward
+from openjev.engines.loaded import LoadedEngine, ModelCard
 from openjev.engines.prefix_cache import PrefixCache, cache_stats
 from openjev.engines.scheduler import Scheduler, SchedulerLimits
 from openjev.errors import ConfigError, EngineError

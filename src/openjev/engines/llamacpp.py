@@ -256,10 +256,10 @@ def load(served: ServedSettings, tuning: InProcessSettings):
     """Load the GGUF with llama.cpp and its Hugging Face tokenizer side by side (blocking)."""
     import concurrent.futures
 
-    from openjev.engines import LoadedEngine, ModelCard
     from openjev.engines.hf_model import resolve_source, source_fingerprint
     from openjev.engines.hf_tokenizer import HFChatTokenizer
     from openjev.engines.llamacpp_lib import LlamaCppBackend, cpu_threads
+    from openjev.engines.loaded import LoadedEngine, ModelCard
 
     t0 = time.perf_counter()
     source = resolve_source(served.model, served.cache_dir)

@@ -24,8 +24,8 @@ from openjev.core.types import Turn
 from openjev.errors import ConfigError, ModelUnsuitable
 
 if TYPE_CHECKING:
-    from openjev.engines import LoadedEngine, ModelCard
     from openjev.engines.http_engine import HTTPEngine
+    from openjev.engines.loaded import LoadedEngine, ModelCard
     from openjev.engines.server_process import ServerProcess
 
 log = logging.getLogger(__name__)
@@ -116,8 +116,8 @@ def load(
     served model."""
     from transformers import AutoTokenizer
 
-    from openjev.engines import LoadedEngine
     from openjev.engines.hf_tokenizer import HFChatTokenizer
+    from openjev.engines.loaded import LoadedEngine
     from openjev.engines.server_process import wait_healthy
 
     t0 = time.perf_counter()
@@ -166,8 +166,8 @@ def _reach(served: ServedSettings, http: RemoteSettings, kind: ServerKind) -> tu
 
 
 def _card(served: ServedSettings, kind: ServerKind, model_path: str) -> ModelCard:
-    from openjev.engines import ModelCard
     from openjev.engines.hf_model import file_date, weights_fingerprint
+    from openjev.engines.loaded import ModelCard
 
     local = Path(served.model) if served.model and Path(served.model).exists() else None
     return ModelCard(

@@ -18,9 +18,10 @@ import httpx
 
 from openjev.config import LimitSettings, RemoteSettings, ServedSettings
 from openjev.core.ports import ChatTokenizer
-from openjev.engines import LoadedEngine, http_protocol, remote
+from openjev.engines import http_protocol, remote
 from openjev.engines.http_engine import HTTPEngine
 from openjev.engines.http_protocol import HTTPProtocol
+from openjev.engines.loaded import LoadedEngine
 from openjev.errors import EngineError
 
 __all__ = ["load", "preflight", "verify_tokenizer"]

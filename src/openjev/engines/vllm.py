@@ -37,9 +37,10 @@ import httpx
 
 from openjev.config import LimitSettings, RemoteSettings, ServedSettings
 from openjev.core.ports import ChatTokenizer
-from openjev.engines import LoadedEngine, remote, vllm_batch
+from openjev.engines import remote, vllm_batch
 from openjev.engines.http_engine import HTTPEngine
 from openjev.engines.http_protocol import HEALTH, HTTPProtocol, Reply
+from openjev.engines.loaded import LoadedEngine
 from openjev.errors import ConfigError, EngineError, EngineUnavailable
 
 log = logging.getLogger(__name__)
