@@ -243,13 +243,15 @@ def split(n: int = 300) -> dict:
             def render(self, content):
                 return orjson.dumps(content)
 
-    from openjev.config import MAX_CHOICE_OPTIONS
+    from openjev.api.server.assembly import service_limits
+    from openjev.config import MAX_CHOICE_OPTIONS, load_settings
     from openjev.core.prompts import PromptCompiler
-    from openjev.core.service import DecisionService, ServiceLimits
+    from openjev.core.service import DecisionService
 
     loaded = _loaded_with_instant_engine()
     compiler = PromptCompiler(loaded.tokenizer, max_labels=MAX_CHOICE_OPTIONS)
-    service = DecisionService(compiler, loaded.engine, ServiceLimits(32768, 262144, 64, 120, 1))
+    settings = load_settings({"max_in_flight": 64}, environ={})
+    service = DecisionService(compiler, loaded.engine, service_limits(settings.quality, settings.limits))
     body = json.dumps(REQUEST).encode()
     steps = {}
 

@@ -41,9 +41,10 @@ def child(engine: str, model: str | None, repeats: int, prefix_cache_bytes: int 
 
     from common import core_request, p50, payload
 
+    from openjev.api.server.assembly import service_limits
     from openjev.config import MAX_CHOICE_OPTIONS, load_settings
     from openjev.core.prompts import PromptCompiler
-    from openjev.core.service import DecisionService, ServiceLimits
+    from openjev.core.service import DecisionService
     from openjev.engines import load_engine
 
     overrides: dict = {"engine": "llamacpp"} if engine == "llamacpp" else {"dtype": engine}
@@ -51,13 +52,14 @@ def child(engine: str, model: str | None, repeats: int, prefix_cache_bytes: int 
         overrides["model"] = model
     if prefix_cache_bytes is not None:
         overrides["prefix_cache_bytes"] = prefix_cache_bytes
-    loaded = load_engine(load_settings(overrides, environ={}))
+    settings = load_settings({**overrides, "max_in_flight": 16, "engine_timeout_s": 3600}, environ={})
+    loaded = load_engine(settings)
     start_s = time.perf_counter() - T0
     rss_loaded, _ = rss_mib()
     service = DecisionService(
         PromptCompiler(loaded.tokenizer, max_labels=MAX_CHOICE_OPTIONS),
         loaded.engine,
-        ServiceLimits(32_768, 262_144, 16, 3600, 1),
+        service_limits(settings.quality, settings.limits),
     )
 
     async def timed(wire) -> tuple[float, int]:

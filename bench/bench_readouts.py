@@ -184,7 +184,7 @@ def main() -> None:
         ap.error(f"--only: unknown readouts {sorted(unknown)}")
     readouts = {name: headers for name, headers in READOUTS.items() if name in chosen}
     settings = load_settings({"calibration": "none", "engine_timeout_s": 1800})
-    head = {"machine": machine(), "dtype": settings.dtype, "repeats": args.repeats}
+    head = {"machine": machine(), "dtype": settings.served.dtype, "repeats": args.repeats}
     sizes = [int(s) for s in args.sizes.split(",")]
     with local_server(settings) as url:
         rows = asyncio.run(measure(url, readouts, args.repeats, sizes))

@@ -25,12 +25,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import core_request, machine, p50, payload
 
+from openjev.api.server.assembly import service_limits
 from openjev.config import MAX_CHOICE_OPTIONS, load_settings
 from openjev.core.prompts import PromptCompiler
-from openjev.core.service import DecisionService, ServiceLimits
+from openjev.core.service import DecisionService
 from openjev.engines import load_engine
 
-LIMITS = ServiceLimits(32_768, 262_144, 64, 3600, 1)
+_SETTINGS = load_settings({"max_in_flight": 64, "engine_timeout_s": 3600}, environ={})
+LIMITS = service_limits(_SETTINGS.quality, _SETTINGS.limits)
 QUESTIONS = 4
 
 
