@@ -335,6 +335,9 @@ def _service_for_tables(model: str):
         async def close(self) -> None:
             return None
 
+        def stats(self) -> dict[str, float]:
+            return {}  # it runs nothing
+
     return build_service(
         settings.quality, settings.limits, LoadedEngine(NoEngine(), HFChatTokenizer(tok), ModelCard(model, "", ""), 0.0)
     )
