@@ -75,15 +75,16 @@ class TorchRunner:
             lse = torch.logsumexp(logits, dim=-1)
             if h.dtype == torch.float32:
                 return [tuple((logits[i, list(ids)] - lse[i]).tolist()) for i, ids in enumerate(label_ids)]
-            weight, bias = self._head.weight, getattr(self._head, "bias", None)
-            out = []
-            for i, ids in enumerate(label_ids):
-                index = torch.tensor(list(ids))
-                exact = weight[index].float() @ h[i].float()
-                if bias is not None:
-                    exact = exact + bias[index].float()
-                out.append(tuple((self._cap(exact) - lse[i]).tolist()))
-            return out
+            # every pick's labels in one float32 product over the union of their head rows
+            union = sorted({t for ids in label_ids for t in ids})
+            column = {t: j for j, t in enumerate(union)}
+            index = torch.tensor(union)
+            exact = h.float() @ self._head.weight[index].float().T
+            bias = getattr(self._head, "bias", None)
+            if bias is not None:
+                exact = exact + bias[index].float()
+            exact = self._cap(exact) - lse[:, None]
+            return [tuple(exact[i, [column[t] for t in ids]].tolist()) for i, ids in enumerate(label_ids)]
 
     def _cap(self, logits: torch.Tensor) -> torch.Tensor:
         return torch.tanh(logits / self._softcap) * self._softcap if self._softcap else logits
