@@ -302,25 +302,20 @@ def _request(n: int, paragraphs: int = 4) -> dict:
     }
 
 
-@pytest.fixture(scope="module")
-def openjev_over_vllm(server, tmp_path_factory):
+def _openjev_over(server, folder, *flags: str):
+    """A live openjev over the vLLM `server`, with `flags`; stopped when the generator ends."""
     from tests.integration.conftest import start_server, stop_server
 
-    live = start_server(
-        tmp_path_factory.mktemp("openjev-vllm"),
-        "--engine",
-        "vllm",
-        "--connect",
-        server.url,
-        "--model",
-        str(model_folder()),
-        "--engine-timeout-s",
-        "600",
-    )
+    live = start_server(folder, "--engine", "vllm", "--connect", server.url, "--model", str(model_folder()), *flags)
     try:
         yield live
     finally:
         stop_server(live)
+
+
+@pytest.fixture(scope="module")
+def openjev_over_vllm(server, tmp_path_factory):
+    yield from _openjev_over(server, tmp_path_factory.mktemp("openjev-vllm"), "--engine-timeout-s", "600")
 
 
 def test_openjev_serves_decisions_over_vllm(openjev_over_vllm):
@@ -341,27 +336,11 @@ DEADLINE_S = 10.0  # the faults' openjev: --engine-timeout-s
 def openjev_short(server, tmp_path_factory):
     """An openjev over the same vLLM with a short deadline, every request's branches in one
     batched call (--strategy all)."""
-    from tests.integration.conftest import start_server, stop_server
-
-    live = start_server(
+    yield from _openjev_over(
+        server,
         tmp_path_factory.mktemp("openjev-vllm-short"),
-        "--engine",
-        "vllm",
-        "--connect",
-        server.url,
-        "--model",
-        str(model_folder()),
-        "--engine-timeout-s",
-        str(DEADLINE_S),
-        "--strategy",
-        "all",
-        "--max-queue-wait-s",
-        "1000",
+        *("--engine-timeout-s", str(DEADLINE_S), "--strategy", "all", "--max-queue-wait-s", "1000"),
     )
-    try:
-        yield live
-    finally:
-        stop_server(live)
 
 
 def _ask(url: str, n: int, timeout_s: float, paragraphs: int = 4) -> tuple[int, float]:
