@@ -1,7 +1,7 @@
 """What checking the converted-weights cache costs at each start (issue 16, finding 10),
 measured alternately in one run (best and median of `--rounds`):
 
-- `check_s`: the size-and-SHA-256 check of every cached file alone (hf_model.cache_problem);
+- `check_s`: the size-and-SHA-256 check of every cached file alone (converted.cache_problem);
 - `plain_load_s`: loading the cached folder with no check (what a start did before);
 - `checked_load_s`: the warm start's load as it is now (load_model_and_tokenizer: sizes
   first, then the hashes on a thread beside the load);
@@ -26,7 +26,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import machine
 
 from openjev.config import load_settings
-from openjev.engines import hf_model
+from openjev.engines.models import converted
+from openjev.engines.models import source as model_source
 
 
 def main() -> None:
@@ -35,10 +36,10 @@ def main() -> None:
     args = parser.parse_args()
     import torch
 
-    source = hf_model.resolve_source(None)
+    source = model_source.resolve_source(None)
     cache_dir = load_settings(environ={}).served.cache_dir
-    folder = hf_model.gguf_cache_folder(source, cache_dir)
-    if hf_model.cache_problem(folder) is not None:  # also warms the page cache for both
+    folder = model_source.gguf_cache_folder(source, cache_dir)
+    if converted.cache_problem(folder) is not None:  # also warms the page cache for both
         sys.exit(f"no current cache at {folder}: start the server once first")
     check: list[float] = []
     plain: list[float] = []
@@ -46,19 +47,19 @@ def main() -> None:
     sequential: list[float] = []
     for _ in range(args.rounds):
         t0 = time.perf_counter()
-        assert hf_model.cache_problem(folder) is None
-        model, _tok = hf_model._load_folder(folder, torch.float32, "cpu")
+        assert converted.cache_problem(folder) is None
+        model, _tok = converted._load_folder(folder, torch.float32, "cpu")
         sequential.append(time.perf_counter() - t0)
         del model
         t0 = time.perf_counter()
-        assert hf_model.cache_problem(folder) is None
+        assert converted.cache_problem(folder) is None
         check.append(time.perf_counter() - t0)
         t0 = time.perf_counter()
-        model, _tok = hf_model._load_folder(folder, torch.float32, "cpu")
+        model, _tok = converted._load_folder(folder, torch.float32, "cpu")
         plain.append(time.perf_counter() - t0)
         del model
         t0 = time.perf_counter()
-        model, _tok, from_cache = hf_model.load_model_and_tokenizer(
+        model, _tok, from_cache = converted.load_model_and_tokenizer(
             source, cache_dir=cache_dir, dtype=torch.float32, device="cpu"
         )
         load.append(time.perf_counter() - t0)

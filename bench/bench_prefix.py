@@ -37,9 +37,9 @@ from openjev.core.ports import BranchResult, PlanResult
 from openjev.core.prompts import PromptCompiler
 from openjev.core.service import DecisionService
 from openjev.engines import load_engine
-from openjev.engines.dtype import cpu_flags, native_bf16, pick_dtype
-from openjev.engines.hf_model import gguf_cache_folder, resolve_source
-from openjev.engines.inprocess import TransformersEngine
+from openjev.engines.models.source import gguf_cache_folder, resolve_source
+from openjev.engines.torch.dtype import cpu_flags, native_bf16, pick_dtype
+from openjev.engines.torch.engine import TransformersEngine
 
 _SETTINGS = load_settings({"max_in_flight": 64, "engine_timeout_s": 3600}, environ={})
 LIMITS = service_limits(_SETTINGS.quality, _SETTINGS.limits)

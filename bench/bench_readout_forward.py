@@ -31,8 +31,8 @@ from openjev.api.server.assembly import build_service
 from openjev.config import load_settings
 from openjev.core.readouts import ReadoutSpec
 from openjev.engines import load_engine
-from openjev.engines.kv import KVChain, Row
-from openjev.engines.packing import PackedPlan, pack
+from openjev.engines.torch.kv import KVChain, Row
+from openjev.engines.torch.packing import PackedPlan, pack
 
 SPECS = {
     "letters R=1": ReadoutSpec("letters", 1),

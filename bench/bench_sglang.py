@@ -31,8 +31,8 @@ from tests.sglang import server as sgl
 
 from openjev.config import MAX_CHOICE_OPTIONS
 from openjev.core.prompts import PromptCompiler
-from openjev.engines.http_engine import HTTPEngine
-from openjev.engines.http_protocol import SGLANG
+from openjev.engines.http.engine import HTTPEngine
+from openjev.engines.http.sglang_protocol import SGLANG
 
 STRATEGIES = ("all", "warmup", "staged", "auto")
 
@@ -40,7 +40,7 @@ STRATEGIES = ("all", "warmup", "staged", "auto")
 def load_compiler(folder: Path) -> PromptCompiler:
     from transformers import AutoTokenizer
 
-    from openjev.engines.hf_tokenizer import HFChatTokenizer
+    from openjev.engines.models.tokenizer import HFChatTokenizer
 
     tokenizer = HFChatTokenizer(AutoTokenizer.from_pretrained(folder, local_files_only=True))
     return PromptCompiler(tokenizer, max_labels=MAX_CHOICE_OPTIONS)

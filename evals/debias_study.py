@@ -44,7 +44,7 @@ from openjev.core import scoring
 from openjev.core.prompts import PromptCompiler
 from openjev.core.readouts import LettersReadout, ParallelReadout, canonical_order
 from openjev.core.types import ChoiceQuestion, DecisionRequest
-from openjev.engines import inprocess
+from openjev.engines.torch import engine as inprocess
 from openjev.evals.dataset import load_items
 from openjev.evals.fit import fit_type
 from openjev.evals.metrics import Scored, summarize

@@ -226,7 +226,7 @@ def _policy(args: argparse.Namespace, service=None, items=None, fits_doc=None) -
 
 def table(args: argparse.Namespace) -> int:
     from openjev.core.wording import PROMPT_VERSION
-    from openjev.engines.hf_model import resolve_source, source_fingerprint
+    from openjev.engines.models.source import resolve_source, source_fingerprint
 
     folder = _folder(args)
     service = _service_for_tables(args.model)
@@ -319,8 +319,8 @@ def _service_for_tables(model: str):
     from openjev.api.server.assembly import build_service
     from openjev.config import load_settings
     from openjev.engines import LoadedEngine, ModelCard
-    from openjev.engines.hf_model import gguf_cache_folder, resolve_source
-    from openjev.engines.hf_tokenizer import HFChatTokenizer
+    from openjev.engines.models.source import gguf_cache_folder, resolve_source
+    from openjev.engines.models.tokenizer import HFChatTokenizer
 
     settings = load_settings({"model": _model(model), "calibration": "none"})
     source = resolve_source(settings.served.model, settings.served.cache_dir)

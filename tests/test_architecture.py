@@ -302,9 +302,10 @@ def test_no_settings_are_built_outside_config_to_read_a_default():
 
 
 def test_the_engines_never_import_the_registry_back():
-    """The registry (engines/__init__.py) names the engines' loaders by string, so that
-    importing it costs no ML framework; an engine module that imported a name from it would
-    close a loop those strings hide. What a loader returns lives in engines/loaded.py."""
+    """The registry (engines/__init__.py) imports each family only inside its entries'
+    functions, so that importing it costs no ML framework; an engine module that imported a
+    name from it would close a loop through those deferred imports. What a loader returns
+    lives in engines/loaded.py."""
     registry_names = {
         node.name if isinstance(node, ast.ClassDef | ast.FunctionDef) else ""
         for node in ast.parse((PACKAGE / "engines" / "__init__.py").read_text()).body
@@ -319,3 +320,34 @@ def test_the_engines_never_import_the_registry_back():
                 names = [a.name for a in node.names if not is_module(f"openjev.engines.{a.name}")]
                 back += [f"{path.relative_to(ROOT)}:{node.lineno}: {n}" for n in names]
     assert not back, "engine modules importing from the registry:\n" + "\n".join(back)
+
+
+ENGINE_FAMILIES = ("torch", "http", "llamacpp")
+
+
+def test_engine_families_stand_apart():
+    """engines/ by family: a family (torch/, http/, llamacpp/) imports no other family, and
+    models/ (where a model comes from) and the shared modules import none; what two
+    families share lives beside them (models/, prefix_cache.py, worker_inbox.py, loaded.py)."""
+    engines = PACKAGE / "engines"
+    assert all((engines / f / "__init__.py").exists() for f in ENGINE_FAMILIES)  # guards the guard
+    crossing = []
+    for path in sorted(engines.rglob("*.py")):
+        rel = path.relative_to(engines).parts
+        if rel == ("__init__.py",):
+            continue  # the registry: imports every family, lazily
+        own = rel[0] if len(rel) > 1 else None
+        for node in ast.walk(ast.parse(path.read_text())):
+            targets = []
+            if isinstance(node, ast.ImportFrom) and node.module:
+                targets = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+            elif isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            for target in targets:
+                parts = target.split(".")
+                if parts[:2] != ["openjev", "engines"] or len(parts) < 3:
+                    continue
+                family = parts[2]
+                if family in ENGINE_FAMILIES and family != own:
+                    crossing.append(f"{path.relative_to(ROOT)}:{node.lineno}: {target}")
+    assert not crossing, "engine modules importing another family:\n" + "\n".join(sorted(set(crossing)))

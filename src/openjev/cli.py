@@ -56,7 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _add_model_parser(sub: argparse._SubParsersAction) -> None:
-    from openjev.engines.named_models import NAMED_MODELS
+    from openjev.engines.models.named import NAMED_MODELS
 
     model = sub.add_parser("model", help="opt-in models served by name (make quality-model)")
     msub = model.add_subparsers(dest="model_command", required=True)
@@ -71,15 +71,16 @@ def _add_model_parser(sub: argparse._SubParsersAction) -> None:
 
 def model_install(args: argparse.Namespace) -> int:
     """`openjev model install NAME`: named_models.install, then the one conversion."""
-    from openjev.engines import hf_model, named_models
+    from openjev.engines.models import converted, source
+    from openjev.engines.models import named as named_models
 
     cache_dir = args.cache_dir or load_settings({}).served.cache_dir
     entry = named_models.NAMED_MODELS[args.name]
     path = named_models.install(entry, cache_dir, log=lambda m: print(m, file=sys.stderr))
     if not args.no_convert:
         print(f"converting {path.name} once (dequantised to float32 safetensors) ...", file=sys.stderr)
-        folder, converted = hf_model.ensure_converted(hf_model.resolve_source(entry.name, cache_dir), cache_dir)
-        print(f"{folder}: {'converted' if converted else 'already converted'}", file=sys.stderr)
+        folder, made = converted.ensure_converted(source.resolve_source(entry.name, cache_dir), cache_dir)
+        print(f"{folder}: {'converted' if made else 'already converted'}", file=sys.stderr)
     print(
         f"ready: openjev serve --model {entry.name}" + ("" if args.cache_dir is None else f" --cache-dir {cache_dir}")
     )

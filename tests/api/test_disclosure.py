@@ -4,8 +4,8 @@ the log sees (the backend's URL and reply, a foreign exception's text)."""
 import httpx
 
 from openjev.api.operations.logs import JsonFormatter
-from openjev.engines.http_engine import HTTPEngine
-from openjev.engines.http_protocol import SGLANG
+from openjev.engines.http.engine import HTTPEngine
+from openjev.engines.http.sglang_protocol import SGLANG
 from openjev.errors import EngineUnavailable
 from tests.api.conftest import running_app
 from tests.api.test_ops import Captured

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from openjev.engines.dtype import MIN_SPEEDUP, choose_cpu_dtype, cpu_flags, pick_dtype, probe_bf16_speedup
+from openjev.engines.torch.dtype import MIN_SPEEDUP, choose_cpu_dtype, cpu_flags, pick_dtype, probe_bf16_speedup
 from openjev.errors import ConfigError
 
 AMX = {"fpu", "avx512f", "amx_tile", "amx_bf16", "avx512_bf16"}

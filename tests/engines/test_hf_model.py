@@ -1,6 +1,6 @@
 import pytest
 
-from openjev.engines.hf_model import EMBEDDED_NAME, embedded_gguf, gguf_cache_folder, resolve_source
+from openjev.engines.models.source import EMBEDDED_NAME, embedded_gguf, gguf_cache_folder, resolve_source
 from openjev.errors import ConfigError
 
 
@@ -47,7 +47,7 @@ def _converted(folder):
     """A folder as a conversion leaves it: its files, then the record of their sizes and hashes."""
     import json
 
-    from openjev.engines.hf_model import files_record
+    from openjev.engines.models.converted import files_record
 
     folder.mkdir()
     (folder / "model.safetensors").write_bytes(bytes(range(256)) * 64)
@@ -57,7 +57,7 @@ def _converted(folder):
 
 
 def test_a_converted_cache_is_checked_against_the_sizes_and_hashes_written(tmp_path):
-    from openjev.engines.hf_model import cache_problem
+    from openjev.engines.models.converted import cache_problem
 
     intact = _converted(tmp_path / "intact")
     assert cache_problem(intact) is None
@@ -91,7 +91,7 @@ def test_a_converted_cache_is_checked_against_the_sizes_and_hashes_written(tmp_p
 
 def test_preflight_refuses_a_cache_dir_that_is_a_file(tmp_path):
     from openjev.config import load_settings
-    from openjev.engines.hf_model import preflight
+    from openjev.engines.models.converted import preflight
 
     blocker = tmp_path / "cache"
     blocker.write_text("")

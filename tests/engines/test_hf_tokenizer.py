@@ -10,7 +10,7 @@ from transformers import PreTrainedTokenizerFast
 
 from openjev.core.ports import TemplateRefused
 from openjev.core.types import Turn
-from openjev.engines.hf_tokenizer import HFChatTokenizer
+from openjev.engines.models.tokenizer import HFChatTokenizer
 
 # Gemma's rule, in the words of its template: roles must alternate, else raise_exception().
 ALTERNATING = (

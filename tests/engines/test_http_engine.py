@@ -15,9 +15,10 @@ import httpx
 import pytest
 
 from openjev.core.plan import Branch, Plan
-from openjev.engines.http_engine import HTTPEngine
-from openjev.engines.http_protocol import SGLANG, SGLANG_BATCHED, HTTPProtocol
-from openjev.engines.vllm import ID_PREFIX, VLLM, VLLM_BATCHED
+from openjev.engines.http.engine import HTTPEngine
+from openjev.engines.http.protocol import HTTPProtocol
+from openjev.engines.http.sglang_protocol import SGLANG, SGLANG_BATCHED
+from openjev.engines.http.vllm_protocol import ID_PREFIX, VLLM, VLLM_BATCHED
 from openjev.errors import EngineError, EngineTimeout, EngineUnavailable
 from tests.support.fakes import FakeSGLang, FakeVLLM
 

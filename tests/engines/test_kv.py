@@ -2,7 +2,7 @@
 
 import torch
 
-from openjev.engines.kv import KVChain
+from openjev.engines.torch.kv import KVChain
 
 
 def _chunk(start: int, n: int, layers: int = 2):

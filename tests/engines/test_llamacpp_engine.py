@@ -8,9 +8,9 @@ import random
 import pytest
 
 from openjev.core.plan import Branch, Plan
-from openjev.engines.llamacpp import LlamaCppEngine
-from openjev.engines.llamacpp_cache import SeqCache
-from openjev.engines.llamacpp_layout import layout, leaves
+from openjev.engines.llamacpp.cache import SeqCache
+from openjev.engines.llamacpp.engine import LlamaCppEngine
+from openjev.engines.llamacpp.layout import layout, leaves
 from openjev.errors import TokensExceeded
 from tests.support.fake_llamacpp import SimulatedLlamaCpp, expected
 

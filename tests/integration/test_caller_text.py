@@ -54,7 +54,8 @@ STATES = (
 def hf():
     from transformers import AutoTokenizer
 
-    from openjev.engines.hf_model import ensure_converted, resolve_source
+    from openjev.engines.models.converted import ensure_converted
+    from openjev.engines.models.source import resolve_source
 
     settings = load_settings({}, environ={})
     folder, _ = ensure_converted(
@@ -65,7 +66,7 @@ def hf():
 
 @pytest.fixture(scope="module")
 def compiler(hf):
-    from openjev.engines.hf_tokenizer import HFChatTokenizer
+    from openjev.engines.models.tokenizer import HFChatTokenizer
 
     return PromptCompiler(HFChatTokenizer(hf), max_labels=26)
 

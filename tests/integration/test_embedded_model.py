@@ -10,7 +10,7 @@ from openjev.core.plan import Plan
 from openjev.core.prompts import PromptCompiler
 from openjev.core.service import DecisionService
 from openjev.core.types import ChoiceQuestion, DecisionRequest, Option, State, Turn
-from openjev.engines.inprocess import TransformersEngine
+from openjev.engines.torch.engine import TransformersEngine
 from tests.support.limits import limits_of
 from tests.support.tickets import QUESTIONS as TICKET_QUESTIONS
 from tests.support.tickets import TEXT

@@ -5,8 +5,9 @@ bench/bench_startup.py, not asserted here.)"""
 import pytest
 import torch
 
-from openjev.engines import hf_model
-from openjev.engines.hf_model import gguf_cache_folder, load_model_and_tokenizer, resolve_source
+from openjev.engines.models import converted
+from openjev.engines.models.converted import load_model_and_tokenizer
+from openjev.engines.models.source import gguf_cache_folder, resolve_source
 
 
 def test_cold_conversion_then_warm_load_from_cache(tmp_path, monkeypatch):
@@ -21,7 +22,7 @@ def test_cold_conversion_then_warm_load_from_cache(tmp_path, monkeypatch):
     def no_conversion(*args, **kwargs):
         raise AssertionError("the warm load converted the GGUF again")
 
-    monkeypatch.setattr(hf_model, "_convert_gguf", no_conversion)
+    monkeypatch.setattr(converted, "_convert_gguf", no_conversion)
     warm, tok2, from_cache = load_model_and_tokenizer(source, cache_dir=cache, dtype=torch.float32, device="cpu")
     assert from_cache
     assert warm.name_or_path == str(folder)  # the weights came from the cache folder
@@ -38,7 +39,7 @@ def test_a_cache_edited_in_place_is_not_served(tmp_path, monkeypatch, caplog):
     import shutil
 
     from openjev.config import load_settings
-    from openjev.engines.hf_model import cache_problem
+    from openjev.engines.models.converted import cache_problem
 
     source = resolve_source(None)
     folder = gguf_cache_folder(source, str(tmp_path / "cache"))
@@ -61,7 +62,7 @@ def test_a_cache_edited_in_place_is_not_served(tmp_path, monkeypatch, caplog):
         assert target == folder
         raise Converted
 
-    monkeypatch.setattr(hf_model, "_convert_gguf", convert)
+    monkeypatch.setattr(converted, "_convert_gguf", convert)
     with pytest.raises(Converted):
         load_model_and_tokenizer(source, cache_dir=str(tmp_path / "cache"), dtype=torch.float32, device="cpu")
     assert any(str(weights) in r.getMessage() and "SHA-256" in r.getMessage() for r in caplog.records)

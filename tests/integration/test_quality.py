@@ -14,7 +14,7 @@ from openjev.core.prompts import PromptCompiler
 from openjev.core.readouts import LettersReadout, YesNoReadout
 from openjev.core.types import DecisionRequest, State, Turn
 from openjev.core.wording import PROMPT_VERSION
-from openjev.engines.inprocess import TransformersEngine
+from openjev.engines.torch.engine import TransformersEngine
 from tests.integration.conftest import start_server, stop_server
 from tests.integration.test_embedded_model import _independent, _max_diff, _run
 from tests.integration.test_live_server import README_EXAMPLE

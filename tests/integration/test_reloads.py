@@ -133,7 +133,8 @@ def test_a_cache_dir_that_is_a_file_is_refused_in_preflight(tmp_path):
 
 def test_a_truncated_weights_cache_is_converted_again(tmp_path):
     from openjev.config import load_settings
-    from openjev.engines.hf_model import cache_problem, gguf_cache_folder, resolve_source
+    from openjev.engines.models.converted import cache_problem
+    from openjev.engines.models.source import gguf_cache_folder, resolve_source
 
     source = resolve_source(None)
     cache = tmp_path / "cache"

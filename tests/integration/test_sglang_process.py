@@ -30,7 +30,7 @@ def tokenizer_folder(tmp_path_factory):
     """The embedded model's tokenizer as a local folder (what --model points the sglang engine at)."""
     from transformers import AutoTokenizer
 
-    from openjev.engines.hf_model import resolve_source
+    from openjev.engines.models.source import resolve_source
 
     source = resolve_source(None)
     folder = tmp_path_factory.mktemp("tokenizer")
@@ -71,7 +71,7 @@ def test_radix_cache_off_is_fine_for_all(tokenizer_folder):
 
 def test_child_is_started_checked_supervised_and_stopped(tokenizer_folder, caplog):
     settings = _settings(tokenizer_folder, sglang_args=("--disable-radix-cache",), strategy="all")
-    with caplog.at_level(logging.INFO, logger="openjev.engines.remote"):
+    with caplog.at_level(logging.INFO, logger="openjev.engines.http.remote"):
         loaded = load(settings)
     engine = loaded.engine
     child = engine.process.process

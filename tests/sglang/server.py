@@ -19,7 +19,7 @@ from pathlib import Path
 
 import httpx
 
-from openjev.engines.server_process import ServerProcess
+from openjev.engines.http.server_process import ServerProcess
 from openjev.errors import EngineUnavailable
 from tests.support.net import free_port
 
@@ -130,7 +130,8 @@ def embedded_model_folder() -> Path:
     import torch
 
     from openjev.config import load_settings
-    from openjev.engines.hf_model import gguf_cache_folder, load_model_and_tokenizer, resolve_source
+    from openjev.engines.models.converted import load_model_and_tokenizer
+    from openjev.engines.models.source import gguf_cache_folder, resolve_source
 
     source = resolve_source(None)
     cache_dir = load_settings({}, environ={}).served.cache_dir

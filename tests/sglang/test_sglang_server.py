@@ -40,10 +40,11 @@ from openjev.core.types import (  # noqa: E402
     State,
     Turn,
 )
-from openjev.engines.http_engine import HTTPEngine  # noqa: E402
-from openjev.engines.http_protocol import SGLANG, HTTPProtocol  # noqa: E402
-from openjev.engines.remote import PROBE_TEXT  # noqa: E402
-from openjev.engines.sglang import capabilities, verify_tokenizer  # noqa: E402
+from openjev.engines.http.engine import HTTPEngine  # noqa: E402
+from openjev.engines.http.protocol import HTTPProtocol  # noqa: E402
+from openjev.engines.http.remote import PROBE_TEXT  # noqa: E402
+from openjev.engines.http.sglang import capabilities, verify_tokenizer  # noqa: E402
+from openjev.engines.http.sglang_protocol import SGLANG  # noqa: E402
 from openjev.errors import ModelUnsuitable  # noqa: E402
 from tests.support.tickets import QUESTIONS, TEXT  # noqa: E402
 
@@ -81,7 +82,7 @@ def server(sgl_server):
 
 
 def reference_engine(loaded):
-    from openjev.engines.inprocess import TransformersEngine
+    from openjev.engines.torch.engine import TransformersEngine
 
     return TransformersEngine(loaded.engine.model, prefix_cache_bytes=0)
 
@@ -259,7 +260,7 @@ def only(server, *kinds: str) -> None:
 async def test_a_batch_mixing_logprob_and_plain_requests_is_served(server):
     """sgl-project/sglang#34719: SGLang 0.5.19 crashed on a batch that mixed requests with and
     without `return_logprob`, so every call we send asks for selected log-probs, warm-ups
-    included (http_protocol.py). This checks the server at hand: on SGLang 0.5.23 the mix is
+    included (sglang_protocol.py). This checks the server at hand: on SGLang 0.5.23 the mix is
     served (the workaround is kept for older servers; it costs one label's log-prob)."""
     import httpx
 
@@ -325,7 +326,7 @@ def test_server_info_names_the_model_through_a_current_route(server):
     """openjev reads the server's settings (radix cache on? which model?) from /server_info,
     falling back to the older /get_server_info (SGLang-JAX): SGLang 0.5.23 answers the new
     route, so no deprecation warning lands in its log for each start-up check."""
-    from openjev.engines.sglang import server_info
+    from openjev.engines.http.sglang import server_info
 
     info = server_info(server.url)
     assert info.get("model_path"), sorted(info)[:20]

@@ -1,4 +1,4 @@
-"""SimulatedLlamaCpp: a named fake of the llama.cpp seam (engines/llamacpp_lib.Backend).
+"""SimulatedLlamaCpp: a named fake of the llama.cpp seam (engines/llamacpp/lib.Backend).
 
 It keeps llama.cpp's unified KV cache as cells (position, token, set of sequences) and
 enforces what llama.cpp enforces: a token attends to the cells of its FIRST sequence at

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import httpx
 
-from openjev.engines.server_process import ServerProcess
-from openjev.engines.vllm import child_args
+from openjev.engines.http.server_process import ServerProcess
+from openjev.engines.http.vllm import child_args
 from openjev.errors import EngineUnavailable
 from tests.support.net import free_port
 
@@ -93,7 +93,7 @@ def start(
 
 def generate(url: str, ids, labels=(5,), timeout: float = 600.0) -> dict:
     """One raw token-in call (for tests that need the server busy or its usage)."""
-    from openjev.engines.vllm import request_body
+    from openjev.engines.http.vllm_protocol import request_body
 
     r = httpx.post(
         url + "/inference/v1/generate", json=request_body(f"t{id(ids)}", list(ids), list(labels)), timeout=timeout

@@ -46,9 +46,10 @@ from openjev.core.types import (  # noqa: E402
     State,
     Turn,
 )
-from openjev.engines.http_engine import HTTPEngine  # noqa: E402
-from openjev.engines.http_protocol import HTTPProtocol  # noqa: E402
-from openjev.engines.vllm import MAX_IDS_PER_CALL, VLLM, VLLM_BATCHED, check_server, verify_tokenizer  # noqa: E402
+from openjev.engines.http.engine import HTTPEngine  # noqa: E402
+from openjev.engines.http.protocol import HTTPProtocol  # noqa: E402
+from openjev.engines.http.vllm import check_server, verify_tokenizer  # noqa: E402
+from openjev.engines.http.vllm_protocol import MAX_IDS_PER_CALL, VLLM, VLLM_BATCHED  # noqa: E402
 from openjev.errors import ModelUnsuitable  # noqa: E402
 from tests.support.limits import limits_of  # noqa: E402
 from tests.support.tickets import QUESTIONS, TEXT  # noqa: E402
@@ -107,7 +108,7 @@ def server(loaded, tmp_path_factory):
 
 
 def reference_engine(loaded):
-    from openjev.engines.inprocess import TransformersEngine
+    from openjev.engines.torch.engine import TransformersEngine
 
     return TransformersEngine(loaded.engine.model, prefix_cache_bytes=0)
 
@@ -251,7 +252,7 @@ async def test_the_server_keeps_each_cache_namespace_to_itself(compiler, server)
 def test_the_items_of_a_batched_call_are_aborted_by_their_ids(compiler, server):
     """vllm_batch.batch_abort_bodies names a call's items as vLLM does (`cmpl-{request_id}-{i}`):
     aborting them by those ids, the connection still open, ends every item as aborted."""
-    from openjev.engines.vllm_batch import COMPLETIONS, batch_abort_bodies, batch_body
+    from openjev.engines.http.vllm_batch import COMPLETIONS, batch_abort_bodies, batch_body
 
     plan = compiler.compile(DecisionRequest(State((Turn("user", TEXT.format(n=230) * 60),)), QUESTIONS)).plan
     rids = [f"abort-probe-{i}-{time.time_ns()}" for i in range(len(plan.branches))]

@@ -1,10 +1,16 @@
-"""Engine implementations of the core's Engine port, behind a registry with lazy imports
-(so `openjev schema` and the API tests never import torch)."""
+"""Engine implementations of the core's Engine port, by family (torch/, llamacpp/, http/;
+model sources and files in models/), behind a registry whose entries import their family
+only when called (so `openjev schema` and the API tests never import torch).
+
+Each entry is a pair of plain functions, not "module:function" strings: the imports they
+make are visible to readers, type checkers and the architecture tests.
+"""
 
 from __future__ import annotations
 
-import importlib
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from openjev.config import Settings
 from openjev.engines.loaded import LoadedEngine, ModelCard
@@ -15,13 +21,13 @@ __all__ = ["ENGINES", "EngineEntry", "LoadedEngine", "ModelCard", "load_engine",
 
 @dataclass(frozen=True)
 class EngineEntry:
-    """ "module:function" targets, each called with sections of the settings (attributes of
-    Settings, in order), never the whole: `load(*sections) -> LoadedEngine` may take seconds;
-    `preflight(*preflight_sections) -> None` is cheap, imports no ML framework, and raises ConfigError
-    for settings that cannot work (checked before the server starts listening)."""
+    """`load(*sections) -> LoadedEngine` may take seconds; `preflight(*preflight_sections)
+    -> None` is cheap, imports no ML framework, and raises ConfigError for settings that
+    cannot work (checked before the server starts listening). Each is called with sections
+    of the settings (attributes of Settings, in order), never the whole."""
 
-    load: str
-    preflight: str
+    load: Callable[..., LoadedEngine]
+    preflight: Callable[..., None]
     sections: tuple[str, ...]
     preflight_sections: tuple[str, ...] = ("served",)
 
@@ -31,31 +37,64 @@ _IN_PROCESS = ("served", "inprocess")
 _REMOTE = ("served", "remote", "limits")
 
 
+def _torch_load(*sections: Any) -> LoadedEngine:
+    from openjev.engines.torch import engine
+
+    return engine.load(*sections)
+
+
+def _torch_preflight(*sections: Any) -> None:
+    from openjev.engines.models import converted
+
+    converted.preflight(*sections)
+
+
+def _sglang_load(*sections: Any) -> LoadedEngine:
+    from openjev.engines.http import sglang
+
+    return sglang.load(*sections)
+
+
+def _sglang_preflight(*sections: Any) -> None:
+    from openjev.engines.http import sglang
+
+    sglang.preflight(*sections)
+
+
+def _vllm_load(*sections: Any) -> LoadedEngine:
+    from openjev.engines.http import vllm
+
+    return vllm.load(*sections)
+
+
+def _vllm_preflight(*sections: Any) -> None:
+    from openjev.engines.http import vllm
+
+    vllm.preflight(*sections)
+
+
+def _llamacpp_load(*sections: Any) -> LoadedEngine:
+    from openjev.engines.llamacpp import load
+
+    return load.load(*sections)
+
+
+def _llamacpp_preflight(*sections: Any) -> None:
+    from openjev.engines.llamacpp import load
+
+    load.preflight(*sections)
+
+
 ENGINES: dict[str, EngineEntry] = {
-    "transformers": EngineEntry(
-        load="openjev.engines.inprocess:load", preflight="openjev.engines.hf_model:preflight", sections=_IN_PROCESS
-    ),
+    "transformers": EngineEntry(load=_torch_load, preflight=_torch_preflight, sections=_IN_PROCESS),
     "sglang": EngineEntry(
-        load="openjev.engines.sglang:load",
-        preflight="openjev.engines.sglang:preflight",
-        sections=_REMOTE,
-        preflight_sections=("served", "remote"),
+        load=_sglang_load, preflight=_sglang_preflight, sections=_REMOTE, preflight_sections=("served", "remote")
     ),
     "vllm": EngineEntry(
-        load="openjev.engines.vllm:load",
-        preflight="openjev.engines.vllm:preflight",
-        sections=_REMOTE,
-        preflight_sections=("served", "remote"),
+        load=_vllm_load, preflight=_vllm_preflight, sections=_REMOTE, preflight_sections=("served", "remote")
     ),
-    "llamacpp": EngineEntry(
-        load="openjev.engines.llamacpp:load", preflight="openjev.engines.llamacpp:preflight", sections=_IN_PROCESS
-    ),
+    "llamacpp": EngineEntry(load=_llamacpp_load, preflight=_llamacpp_preflight, sections=_IN_PROCESS),
 }
-
-
-def _call(target: str, sections: tuple[str, ...], settings: Settings):
-    module, func = target.split(":")
-    return getattr(importlib.import_module(module), func)(*(getattr(settings, s) for s in sections))
 
 
 def _entry(settings: Settings) -> EngineEntry:
@@ -67,10 +106,10 @@ def _entry(settings: Settings) -> EngineEntry:
 
 def preflight_engine(settings: Settings) -> None:
     entry = _entry(settings)
-    _call(entry.preflight, entry.preflight_sections, settings)
+    entry.preflight(*(getattr(settings, s) for s in entry.preflight_sections))
 
 
 def load_engine(settings: Settings) -> LoadedEngine:
     """Load the engine named by --engine (blocking: may take seconds)."""
     entry = _entry(settings)
-    return _call(entry.load, entry.sections, settings)
+    return entry.load(*(getattr(settings, s) for s in entry.sections))

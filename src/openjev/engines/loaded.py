@@ -16,7 +16,7 @@ class ModelCard:
     name: str
     description: str
     release_date: str  # YYYY-MM-DD
-    fingerprint: str = ""  # the weights' identity (hf_model.weights_fingerprint); "" where unknown
+    fingerprint: str = ""  # the weights' identity (models.source.weights_fingerprint); "" where unknown
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from openjev.engines.http_protocol import Item, Reply
+from openjev.engines.http.protocol import Item, Reply
 from openjev.errors import EngineError
 
 COMPLETIONS = "/v1/completions"

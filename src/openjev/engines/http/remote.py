@@ -24,9 +24,9 @@ from openjev.core.types import Turn
 from openjev.errors import ConfigError, ModelUnsuitable
 
 if TYPE_CHECKING:
-    from openjev.engines.http_engine import HTTPEngine
+    from openjev.engines.http.engine import HTTPEngine
+    from openjev.engines.http.server_process import ServerProcess
     from openjev.engines.loaded import LoadedEngine, ModelCard
-    from openjev.engines.server_process import ServerProcess
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +48,7 @@ class ServerKind:
 
 def preflight(served: ServedSettings, http: RemoteSettings, kind: ServerKind) -> None:
     """What every HTTP engine refuses before the server listens."""
-    from openjev.engines.submission import STRATEGIES
+    from openjev.engines.http.submission import STRATEGIES
 
     if http.strategy not in STRATEGIES:
         raise ConfigError(f"--strategy {http.strategy!r}: expected one of {', '.join(STRATEGIES)}")
@@ -116,9 +116,9 @@ def load(
     served model."""
     from transformers import AutoTokenizer
 
-    from openjev.engines.hf_tokenizer import HFChatTokenizer
+    from openjev.engines.http.server_process import wait_healthy
     from openjev.engines.loaded import LoadedEngine
-    from openjev.engines.server_process import wait_healthy
+    from openjev.engines.models.tokenizer import HFChatTokenizer
 
     t0 = time.perf_counter()
     folder = tokenizer_folder(served, kind)
@@ -147,7 +147,7 @@ def load(
 
 def _reach(served: ServedSettings, http: RemoteSettings, kind: ServerKind) -> tuple[str, ServerProcess | None]:
     """(the server's URL, the child started for it or None where --connect names one)."""
-    from openjev.engines.server_process import ServerProcess
+    from openjev.engines.http.server_process import ServerProcess
 
     if not kind.python:
         return str(http.connect).rstrip("/"), None  # set: preflight wants --connect without a child
@@ -166,8 +166,8 @@ def _reach(served: ServedSettings, http: RemoteSettings, kind: ServerKind) -> tu
 
 
 def _card(served: ServedSettings, kind: ServerKind, model_path: str) -> ModelCard:
-    from openjev.engines.hf_model import file_date, weights_fingerprint
     from openjev.engines.loaded import ModelCard
+    from openjev.engines.models.source import file_date, weights_fingerprint
 
     local = Path(served.model) if served.model and Path(served.model).exists() else None
     return ModelCard(

@@ -1,6 +1,6 @@
 """The engine port over an HTTP engine server, one class for every protocol it speaks:
-SGLang's native one (SGLang, SGLang-JAX; http_protocol.SGLANG) and vLLM's token route
-(vllm.VLLM). What differs between them is data, an `HTTPProtocol`.
+SGLang's native one (SGLang, SGLang-JAX; sglang_protocol.SGLANG) and vLLM's token route
+(vllm_protocol.VLLM). What differs between them is data, an `HTTPProtocol`.
 
 Submission order (submission.py) makes the server's radix cache compute each shared prefix
 once. A stage's branches go in one call where the protocol batches (`batch_body`), else
@@ -11,7 +11,7 @@ batched call by its rid. A server that cannot be reached
 (refused, reset, killed mid-call) is a retryable 503 with Retry-After; one that accepts
 and never answers is cut off by the request's deadline (504) and its calls aborted.
 
-The wire shapes are http_protocol.py's and vllm.py's; the start-up wiring is remote.py's,
+The wire shapes are sglang_protocol.py's and vllm_protocol.py's; the start-up wiring is remote.py's,
 sglang.py's and vllm.py's.
 """
 
@@ -30,12 +30,12 @@ import httpx
 from openjev.config import LimitSettings, RemoteSettings
 from openjev.core.plan import Plan
 from openjev.core.ports import BranchResult, PlanResult
-from openjev.engines.http_protocol import HTTPProtocol, Reply
-from openjev.engines.submission import RecentPrefixes, choose, execute, together
+from openjev.engines.http.protocol import HTTPProtocol, Reply
+from openjev.engines.http.submission import RecentPrefixes, choose, execute, together
 from openjev.errors import EngineError, EngineTimeout, EngineUnavailable, OpenjevError, TokensExceeded
 
 if TYPE_CHECKING:
-    from openjev.engines.server_process import ServerProcess
+    from openjev.engines.http.server_process import ServerProcess
 
 log = logging.getLogger(__name__)
 

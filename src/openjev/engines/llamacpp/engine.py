@@ -1,9 +1,9 @@
 """The llama.cpp engine: GGUF files served as they are, in-process, on the core's Engine port.
 
-A plan's trie is one llama.cpp batch (llamacpp_layout.py): every distinct token computed
+A plan's trie is one llama.cpp batch (layout.py): every distinct token computed
 once, in every branch's KV sequence below it, at its true position, with logits only where
 a branch ends; the batch goes in decode calls of at most `n_batch` tokens. Roots seen in
-recent requests stay in the context's KV cache as sequences of their own (llamacpp_cache.py),
+recent requests stay in the context's KV cache as sequences of their own (cache.py),
 bounded by bytes and namespaced by Plan.cache_namespace; a later root that starts the same
 way computes only the rest.
 
@@ -23,12 +23,11 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from openjev.config import InProcessSettings, ServedSettings
 from openjev.core.plan import Plan
 from openjev.core.ports import BranchResult, PlanResult
-from openjev.engines.llamacpp_cache import SeqCache
-from openjev.engines.llamacpp_layout import Layout, layout, leaves
-from openjev.engines.llamacpp_lib import Backend
+from openjev.engines.llamacpp.cache import SeqCache
+from openjev.engines.llamacpp.layout import Layout, layout, leaves
+from openjev.engines.llamacpp.lib import Backend
 from openjev.engines.prefix_cache import cache_stats
 from openjev.engines.worker_inbox import deliverer, post_and_wait
 from openjev.errors import EngineError, OpenjevError, TokensExceeded
@@ -221,92 +220,3 @@ class LlamaCppEngine:
             self.backend.seq_rm(seq)
             if release and seq not in self._free:
                 self._free.append(seq)
-
-
-# ---- loading
-
-# Sequences per context: a plan's leaves (one per branch end below the root) run in one
-# group up to this less one (the root's own), the prefix cache's entries share the rest.
-N_SEQ_MAX = 64
-# KV cells for one request's new tokens, beside the prefix cache's (the model's trained
-# context where it is shorter).
-WORK_CELLS = 8192
-N_BATCH = 512  # tokens per decode call: a cancellation boundary (about 1 s on 2 cores, 1.5B model)
-
-
-def preflight(served: ServedSettings) -> None:
-    """Cheap checks, llama.cpp not imported: the binding is installed, the model is a GGUF."""
-    import importlib.util
-
-    from openjev.engines.hf_model import resolve_source
-    from openjev.errors import ConfigError
-
-    if importlib.util.find_spec("llama_cpp") is None:
-        raise ConfigError(
-            "--engine llamacpp needs llama-cpp-python: run scripts/setup_llamacpp.sh (or `make test-llamacpp`)"
-        )
-    if served.device not in ("auto", "cpu"):
-        raise ConfigError(f"--engine llamacpp runs on the CPU; --device {served.device} is not served")
-    source = resolve_source(served.model, served.cache_dir)
-    if source.gguf_file is None:
-        raise ConfigError("--engine llamacpp serves GGUF files: --model must be a .gguf file or a named model")
-
-
-def load(served: ServedSettings, tuning: InProcessSettings):
-    """Load the GGUF with llama.cpp and its Hugging Face tokenizer side by side (blocking)."""
-    import concurrent.futures
-
-    from openjev.engines.hf_model import resolve_source, source_fingerprint
-    from openjev.engines.hf_tokenizer import HFChatTokenizer
-    from openjev.engines.llamacpp_lib import LlamaCppBackend, cpu_threads
-    from openjev.engines.loaded import LoadedEngine, ModelCard
-
-    t0 = time.perf_counter()
-    source = resolve_source(served.model, served.cache_dir)
-    path = str(source.folder / (source.gguf_file or ""))
-    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="openjev-llamacpp-load") as pool:
-        # llama.cpp releases the GIL while it loads: the tokenizer (transformers' import
-        # included) loads beside it
-        backend_f = pool.submit(
-            LlamaCppBackend,
-            path,
-            work_cells=WORK_CELLS,
-            cache_bytes=tuning.prefix_cache_bytes,
-            n_seq_max=N_SEQ_MAX,
-            n_batch=N_BATCH,
-            n_threads=cpu_threads(),
-        )
-        tokenizer = _hf_tokenizer(source, served.cache_dir)
-        backend = backend_f.result()
-    engine = LlamaCppEngine(backend, prefix_cache_bytes=tuning.prefix_cache_bytes)
-    seconds = time.perf_counter() - t0
-    log.info(
-        "loaded %s with llama.cpp in %.1f s (%d KV cells, %d B each)",
-        source.name,
-        seconds,
-        backend.n_ctx,
-        backend.bytes_per_cell,
-    )
-    card = ModelCard(
-        name=served.served_name or source.name,
-        # the embedded model's description says how transformers serves it; here the GGUF runs as shipped
-        description=source.description.replace(", dequantised", ", as shipped"),
-        release_date=source.release_date,
-        fingerprint=source_fingerprint(source),
-    )
-    return LoadedEngine(engine=engine, tokenizer=HFChatTokenizer(tokenizer), card=card, load_seconds=seconds)
-
-
-def _hf_tokenizer(source, cache_dir: str):
-    """The tokenizer the in-process engine uses for this GGUF: its converted copy where
-    `openjev model install` (or a transformers run) made one, else read from the GGUF by
-    the same transformers code that made that copy."""
-    from transformers import AutoTokenizer
-
-    from openjev.engines.hf_model import gguf_cache_folder, sizes_problem
-
-    cached = gguf_cache_folder(source, cache_dir)
-    # sizes only: the hashes would read the float32 weights, which this engine never loads
-    if (cached / ".openjev-complete").exists() and sizes_problem(cached) is None:
-        return AutoTokenizer.from_pretrained(cached, local_files_only=True)
-    return AutoTokenizer.from_pretrained(source.folder, gguf_file=source.gguf_file, local_files_only=True)

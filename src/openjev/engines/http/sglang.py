@@ -3,7 +3,7 @@ either a running server (`--connect URL`) or a child we start and supervise
 (`--sglang-python PATH`).
 
 This module is the engine registry's entry (preflight, load) and SGLang's start-up checks;
-the protocol is http_protocol.py's, the engine http_engine.py's, the wiring shared with
+the protocol is sglang_protocol.py's, the engine engine.py's, the wiring shared with
 vLLM remote.py's.
 """
 
@@ -18,9 +18,9 @@ import httpx
 
 from openjev.config import LimitSettings, RemoteSettings, ServedSettings
 from openjev.core.ports import ChatTokenizer
-from openjev.engines import http_protocol, remote
-from openjev.engines.http_engine import HTTPEngine
-from openjev.engines.http_protocol import HTTPProtocol
+from openjev.engines.http import remote, sglang_protocol
+from openjev.engines.http.engine import HTTPEngine
+from openjev.engines.http.protocol import HTTPProtocol
 from openjev.engines.loaded import LoadedEngine
 from openjev.errors import EngineError
 
@@ -45,7 +45,7 @@ def kind(http: RemoteSettings) -> remote.ServerKind:
 
 def preflight(served: ServedSettings, http: RemoteSettings) -> None:
     """Settings that cannot work are refused before the server listens."""
-    from openjev.engines.server_process import check_args
+    from openjev.engines.http.server_process import check_args
 
     remote.preflight(served, http, kind(http))
     check_args(http.sglang_args, http.strategy)
@@ -60,10 +60,10 @@ def verify_tokenizer(
     def server_ids(text: str) -> list[int]:
         first = tokenizer.encode(text)[:1]
         r = (client or httpx).post(
-            url + http_protocol.GENERATE, json=http_protocol.tokenize_body(text, first[0]), timeout=timeout_s
+            url + sglang_protocol.GENERATE, json=sglang_protocol.tokenize_body(text, first[0]), timeout=timeout_s
         )
         r.raise_for_status()
-        return http_protocol.tokenized_ids(r.json())
+        return sglang_protocol.tokenized_ids(r.json())
 
     return remote.verify_tokenizer(tokenizer, server_ids)
 
@@ -72,7 +72,7 @@ def check(url: str, tokenizer: ChatTokenizer, strategy: str) -> dict[str, Any]:
     """Refuse a server with its radix cache off (unless --strategy all) or another
     tokenizer; returns {"model": the server's model path, if it says, "max_prompt_tokens",
     "protocol": what the server takes (capabilities)}."""
-    from openjev.engines.server_process import check_args
+    from openjev.engines.http.server_process import check_args
 
     info = server_info(url)
     if info.get("disable_radix_cache") and strategy != "all":
@@ -111,7 +111,7 @@ def capabilities(url: str, ids: list[int], timeout_s: float = 60.0, client: http
     """The protocol the server at `url` takes, found by asking it (two probe calls of the
     `ids`, a few tokens): batched and prefill-only (SGLang 0.5.23), else each alone, else
     today's one call per branch generating a token (older SGLang, servers without either).
-    A probe answers only if its reply is what the engine would read (http_protocol's
+    A probe answers only if its reply is what the engine would read (sglang_protocol.py's
     parsers), so a server that takes a shape but answers it otherwise is not used so."""
     labels = ids[:1]
 
@@ -120,12 +120,12 @@ def capabilities(url: str, ids: list[int], timeout_s: float = 60.0, client: http
             if protocol.batch_body is not None and protocol.parse_batch_reply is not None:
                 rids = [uuid.uuid4().hex, uuid.uuid4().hex]
                 body = protocol.batch_body(rids, [(ids, labels), (ids[:-1] or ids, labels)], "")
-                r = (client or httpx).post(url + http_protocol.GENERATE, json=body, timeout=timeout_s)
+                r = (client or httpx).post(url + sglang_protocol.GENERATE, json=body, timeout=timeout_s)
                 r.raise_for_status()
                 protocol.parse_batch_reply(r.json(), rids, [labels, labels])
             else:
                 body = protocol.request_body(uuid.uuid4().hex, ids, labels, "")
-                r = (client or httpx).post(url + http_protocol.GENERATE, json=body, timeout=timeout_s)
+                r = (client or httpx).post(url + sglang_protocol.GENERATE, json=body, timeout=timeout_s)
                 r.raise_for_status()
                 protocol.parse_reply(r.json(), labels)
         except (httpx.HTTPError, EngineError, ValueError) as e:
@@ -134,15 +134,15 @@ def capabilities(url: str, ids: list[int], timeout_s: float = 60.0, client: http
         return True
 
     for batch, prefill_only in ((True, True), (False, True), (True, False)):
-        protocol = http_protocol.sglang(batch=batch, prefill_only=prefill_only)
+        protocol = sglang_protocol.sglang(batch=batch, prefill_only=prefill_only)
         if works(protocol):
             if batch and not keeps_namespace(url, ids, protocol, timeout_s, client):
                 log.warning(
                     "the SGLang server drops extra_key in batched calls: namespaced plans go one call per branch"
                 )
-                protocol = http_protocol.sglang(batch=True, prefill_only=prefill_only, keeps_namespace=False)
+                protocol = sglang_protocol.sglang(batch=True, prefill_only=prefill_only, keeps_namespace=False)
             return protocol
-    return http_protocol.SGLANG
+    return sglang_protocol.SGLANG
 
 
 def keeps_namespace(
@@ -162,9 +162,9 @@ def keeps_namespace(
     try:
         body = protocol.batch_body([uuid.uuid4().hex, uuid.uuid4().hex], [(seq, labels), (seq[:-1], labels)], "")
         body["extra_key"] = f"openjev-probe-{uuid.uuid4().hex}"
-        http.post(url + http_protocol.GENERATE, json=body, timeout=timeout_s).raise_for_status()
+        http.post(url + sglang_protocol.GENERATE, json=body, timeout=timeout_s).raise_for_status()
         r = http.post(
-            url + http_protocol.GENERATE,
+            url + sglang_protocol.GENERATE,
             json=protocol.request_body(uuid.uuid4().hex, seq, labels, ""),
             timeout=timeout_s,
         )

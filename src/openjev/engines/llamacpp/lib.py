@@ -21,7 +21,7 @@ from typing import Protocol
 
 import numpy as np
 
-from openjev.engines.llamacpp_layout import Item
+from openjev.engines.llamacpp.layout import Item
 from openjev.errors import EngineError
 
 log = logging.getLogger(__name__)

