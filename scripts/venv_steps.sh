@@ -51,7 +51,7 @@ ensure_venv() {  # the venv at $VENV (a link into the cache), created with $PYTH
 
 installed() {  # installed STAMP SPEC: true when STAMP records SPEC (else the install runs)
     if [ "$(cat "$1" 2>/dev/null)" = "$2" ]; then
-        echo "[$TAG] install  skipped ($2 already installed in $VENV)"
+        echo "[$TAG] install  skipped ($2 already installed in ${VENV:-$(dirname "$1")})"
         return 0
     fi
     return 1

@@ -8,7 +8,7 @@ import random
 import pytest
 
 from openjev.core.plan import Branch, Plan
-from openjev.engines.llamacpp.cache import SeqCache
+from openjev.engines.llamacpp.cache import StateCache
 from openjev.engines.llamacpp.engine import LlamaCppEngine
 from openjev.engines.llamacpp.layout import layout, leaves
 from openjev.errors import TokensExceeded
@@ -89,9 +89,8 @@ def test_random_tries_give_every_branch_its_independent_prefill(seed):
             if len(leaves(plan.root)) <= fake.n_seq_max - 1:
                 # one group: every distinct token computed once, less what the cache served
                 assert result.computed_tokens + result.cached_tokens == plan.unique_tokens
-            # nothing leaks: the KV cache holds only what the prefix cache's entries hold
-            held = {s for c in fake.cells for s in c.seqs}
-            assert held <= set(engine.cache.seqs())
+            # nothing leaks: the context is empty between requests (the cache is outside it)
+            assert not fake.cells
     finally:
         asyncio.run(engine.close())
 
@@ -149,19 +148,59 @@ def test_the_byte_bound_evicts_the_least_recent_entries_and_frees_their_cells():
     engine = LlamaCppEngine(fake, prefix_cache_bytes=10 * 150)  # room for two 62-token roots
     for k in range(4):
         _run(engine, _plan(2, state=tuple(range(1000 * (k + 1), 1000 * (k + 1) + 60))))
-    assert len(engine.cache) == 2 and engine.cache.nbytes <= 1500
-    assert len(fake.cells) == engine.cache.cells
+    assert len(engine.cache) == 2 and engine.cache.nbytes == 2 * 620 <= 1500
+    assert not fake.cells  # the entries are saved states, not cells of the context
     asyncio.run(engine.close())
 
 
-def test_seq_cache_supersedes_a_shorter_entry_and_keeps_a_longer_one():
-    cache = SeqCache(1000, 1)
-    assert cache.insert((1, 2, 3), seq=4) == []
-    assert cache.insert((1, 2, 3, 4), seq=5) == [4]  # superseded
-    assert cache.insert((1, 2), seq=6) == [6]  # covered: the new one is not kept
-    assert cache.lookup((1, 2, 9)) == (2, 5)
+def test_state_cache_supersedes_a_shorter_entry_and_keeps_a_longer_one():
+    cache = StateCache(1000)
+    three, four = b"x" * 30, b"y" * 40
+    assert cache.insert((1, 2, 3), three)
+    assert cache.insert((1, 2, 3, 4), four) and len(cache) == 1  # superseded
+    assert not cache.insert((1, 2), b"z" * 20)  # covered: the new one is not kept
+    assert cache.lookup((1, 2, 9)) == (2, four)
     assert cache.lookup((1, 2, 9), namespace="other") == (0, None)
-    assert cache.pop_lru(keep=5) is None and cache.pop_lru() == 5
+    assert cache.nbytes == 40
+    assert not cache.insert((5,), b"w" * 1001)  # larger than the bound
+    assert cache.insert((6,), b"v" * 980) and cache.lookup((1, 2)) == (0, None)  # the LRU went
+    assert cache.nbytes == 980
+
+
+def test_a_shorter_shared_prefix_restores_the_entry_cut_to_it():
+    fake = SimulatedLlamaCpp()
+    engine = LlamaCppEngine(fake, prefix_cache_bytes=10_000)
+    _run(engine, _plan(2))
+    shorter = _plan(2, state=STATE[:30] + (999,) * 10)
+    result = _run(engine, shorter)
+    _check(shorter, result)  # the fake checks every read sees exactly its own positions
+    assert result.cached_tokens == 30 and fake.restores == 1
+    asyncio.run(engine.close())
+
+
+def test_cached_entries_take_no_cells_of_the_context():
+    """The context holds one request: with room for one root only, two states alternate
+    and each is served from the cache."""
+    fake = SimulatedLlamaCpp(n_ctx=80)
+    engine = LlamaCppEngine(fake, prefix_cache_bytes=10_000)
+    a, b = _plan(2), _plan(2, state=tuple(range(500, 560)))
+    for plan in (a, b):
+        _run(engine, plan)
+    again = [_run(engine, plan) for plan in (a, b)]
+    assert [r.cached_tokens for r in again] == [62, 62]
+    asyncio.run(engine.close())
+
+
+def test_a_state_llama_cpp_refuses_is_computed_again():
+    fake = SimulatedLlamaCpp()
+    engine = LlamaCppEngine(fake, prefix_cache_bytes=10_000)
+    plan = _plan(2)
+    _run(engine, plan)
+    fake.refuse_restore = True
+    result = _run(engine, plan)
+    _check(plan, result)
+    assert (result.cached_tokens, result.computed_tokens) == (0, plan.unique_tokens)
+    asyncio.run(engine.close())
 
 
 def test_a_branch_past_the_trained_context_is_refused_before_any_work():
@@ -196,6 +235,5 @@ def test_a_cancelled_request_stops_at_its_next_decode_and_leaves_nothing_behind(
     result = asyncio.run(scenario())
     assert fake.decodes <= 2 + 1  # the one in flight (maybe the next), then the new request's
     assert result.cached_tokens == 0
-    held = {s for c in fake.cells for s in c.seqs}
-    assert held <= set(engine.cache.seqs()) and len(engine.cache) == 1
+    assert not fake.cells and len(engine.cache) == 1
     asyncio.run(engine.close())

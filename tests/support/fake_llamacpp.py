@@ -34,6 +34,15 @@ class Cell:
     seqs: set[int]
 
 
+@dataclass(frozen=True)
+class SavedCells:
+    cells: tuple[tuple[int, int], ...]
+    bytes_per_cell: int
+
+    def __len__(self) -> int:
+        return len(self.cells) * self.bytes_per_cell
+
+
 class SimulatedLlamaCpp:
     def __init__(self, *, n_ctx=4096, n_ctx_train=2048, n_seq_max=8, n_batch=64, bytes_per_cell=10) -> None:
         self.n_ctx, self.n_ctx_train, self.n_seq_max = n_ctx, n_ctx_train, n_seq_max
@@ -44,6 +53,8 @@ class SimulatedLlamaCpp:
         self.closed = False
         self.gate: threading.Event | None = None  # when set: each decode waits for it
         self.entered = threading.Event()  # set when a decode starts
+        self.restores = 0
+        self.refuse_restore = False  # when True: seq_restore fails, as llama.cpp's may
 
     def _visible(self, seq: int, pos: int) -> list[Cell]:
         return sorted((c for c in self.cells if seq in c.seqs and c.pos <= pos), key=lambda c: c.pos)
@@ -85,10 +96,26 @@ class SimulatedLlamaCpp:
             if src in c.seqs and p0 <= c.pos < p1:
                 c.seqs.add(dst)
 
-    def seq_rm(self, seq):
+    def seq_rm(self, seq, p0=0):
         for c in self.cells:
-            c.seqs.discard(seq)
+            if c.pos >= p0:
+                c.seqs.discard(seq)
         self.cells = [c for c in self.cells if c.seqs]
+
+    def seq_save(self, seq):
+        """A saved state: the sequence's (position, token) cells, as bytes of their size."""
+        return SavedCells(tuple(sorted((c.pos, c.token) for c in self.cells if seq in c.seqs)), self.bytes_per_cell)
+
+    def seq_restore(self, state, seq):
+        assert not any(seq in c.seqs for c in self.cells), "restored into a sequence that holds cells"
+        if self.refuse_restore or len(self.cells) + len(state.cells) > self.n_ctx:
+            return False
+        self.cells.extend(Cell(pos, token, {seq}) for pos, token in state.cells)
+        self.restores += 1
+        return True
+
+    def clear(self):
+        self.cells = []
 
     def close(self):
         self.closed = True

@@ -52,7 +52,7 @@ def longest_match(
 
 
 class CacheCounters(Protocol):
-    """What `cache_stats` reads: both PrefixCache and llamacpp.cache.SeqCache have it."""
+    """What `cache_stats` reads: both PrefixCache and llamacpp.cache.StateCache have it."""
 
     @property
     def nbytes(self) -> int: ...

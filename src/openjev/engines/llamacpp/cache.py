@@ -1,94 +1,81 @@
-"""The llama.cpp engine's prefix cache: KV sequences kept across requests, bounded by bytes.
+"""The llama.cpp engine's prefix cache: saved KV states of recent roots, outside the context.
 
-An entry is a request's root (its shared prefix) left in the context's KV cache under a
-sequence id of its own; a later request whose root starts the same way copies the shared
-positions into its own sequences (llama.cpp's seq_cp adds a sequence to a cell: nothing is
-copied) and computes only the rest. Entries live in namespaces (Plan.cache_namespace): a
-lookup sees only its own namespace's entries. The bound counts each entry's cells at the
-context's bytes per cell; cells two entries share are counted twice (the bound is never
-exceeded). Least recently used entries go first.
+An entry is a request's root (its shared prefix) saved as bytes with llama.cpp's
+`llama_state_seq_get_data` once the request is done; a later request whose root starts the
+same way restores it into a sequence of its own (`llama_state_seq_set_data`), cuts it to
+the shared positions and computes only the rest. Kept outside the context, the entries
+cost memory only as they are made (the context holds one request's cells, not the cache's
+bound as well), and llama.cpp's attention, which runs over every cell in use, sees only
+the request's own.
 
-Pure bookkeeping over sequence ids (the engine applies the KV operations): testable
-without a model. Not thread-safe: the engine's worker thread owns it.
+Entries live in namespaces (Plan.cache_namespace): a lookup sees only its own namespace's
+entries. The bound counts each entry's saved bytes; least recently used entries go first.
+Pure bookkeeping over opaque states (the engine saves and restores them): testable without
+a model. Not thread-safe: the engine's worker thread owns it.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Sequence
+from typing import Protocol
 
 from openjev.engines.prefix_cache import longest_match
 
 
-class SeqCache:
-    def __init__(self, max_bytes: int, bytes_per_cell: int) -> None:
+class SavedState(Protocol):
+    """What the backend's seq_save returns: the bytes of one sequence's KV cells."""
+
+    def __len__(self) -> int: ...
+
+
+class StateCache:
+    def __init__(self, max_bytes: int) -> None:
         self.max_bytes = max_bytes
-        self.bytes_per_cell = max(1, bytes_per_cell)
-        self._entries: OrderedDict[tuple[str, tuple[int, ...]], int] = OrderedDict()
+        self._entries: OrderedDict[tuple[str, tuple[int, ...]], SavedState] = OrderedDict()
+        self.nbytes = 0
         self.hits = 0
         self.lookups = 0
-
-    @property
-    def cells(self) -> int:
-        return sum(len(key[1]) for key in self._entries)
-
-    @property
-    def nbytes(self) -> int:
-        return self.cells * self.bytes_per_cell
 
     def __len__(self) -> int:
         return len(self._entries)
 
-    def seqs(self) -> list[int]:
-        return list(self._entries.values())
-
-    def lookup(self, tokens: Sequence[int], namespace: str = "") -> tuple[int, int | None]:
-        """(m, seq) of the `namespace` entry sharing the longest prefix with `tokens` (its
-        first m positions are usable); (0, None) if none."""
+    def lookup(self, tokens: Sequence[int], namespace: str = "") -> tuple[int, SavedState | None]:
+        """(m, state) of the `namespace` entry sharing the longest prefix with `tokens` (its
+        first m positions are usable; the state may hold more); (0, None) if none."""
         self.lookups += 1
-        tokens = tuple(tokens)
-        best_key, best = longest_match(self._entries, tokens, namespace)
+        best_key, best = longest_match(self._entries, tuple(tokens), namespace)
         if best_key is None:
             return 0, None
         self.hits += 1
         self._entries.move_to_end(best_key)
         return best, self._entries[best_key]
 
-    def insert(self, tokens: Sequence[int], seq: int, namespace: str = "") -> list[int]:
-        """Keep `seq` (holding exactly `tokens`) in `namespace`. Returns the sequences the
-        caller must now clear: entries it supersedes or that the bound evicts, or `seq`
-        itself where it is not kept (too large, or covered by a longer entry)."""
+    def covers(self, tokens: Sequence[int], namespace: str = "") -> bool:
+        """Whether an entry already holds `tokens` (then saving them again is wasted work)."""
         tokens = tuple(tokens)
-        if not tokens or len(tokens) * self.bytes_per_cell > self.max_bytes:
-            return [seq]
-        freed: list[int] = []
+        return any(ns == namespace and held[: len(tokens)] == tokens for ns, held in self._entries)
+
+    def insert(self, tokens: Sequence[int], state: SavedState, namespace: str = "") -> bool:
+        """Keep `state` (the KV of exactly `tokens`) in `namespace`; entries it supersedes
+        (a prefix of it) go, and least recently used ones until the bound holds. False where
+        it is not kept (larger than the whole bound, or covered by a longer entry)."""
+        tokens = tuple(tokens)
+        if not tokens or len(state) > self.max_bytes or self.covers(tokens, namespace):
+            return False
         for key in list(self._entries):
             ns, held = key
-            if ns != namespace:
-                continue
-            if len(held) >= len(tokens) and held[: len(tokens)] == tokens:
-                self._entries.move_to_end(key)  # already covered by a longer entry
-                return [seq]
-            if len(held) < len(tokens) and tokens[: len(held)] == held:
-                freed.append(self._entries.pop(key))  # superseded: the new entry covers it
-        self._entries[(namespace, tokens)] = seq
+            if ns == namespace and len(held) < len(tokens) and tokens[: len(held)] == held:
+                self._drop(key)  # superseded: the new entry covers it
+        self._entries[(namespace, tokens)] = state
+        self.nbytes += len(state)
         while self.nbytes > self.max_bytes:
-            dropped = self.pop_lru()
-            if dropped is None:
-                break
-            freed.append(dropped)
-        return freed
+            self._drop(next(iter(self._entries)))
+        return True
 
-    def pop_lru(self, keep: int | None = None) -> int | None:
-        """Drop the least recently used entry whose sequence is not `keep` (one in use); its
-        sequence (the caller clears it), or None if there is none."""
-        for key, seq in self._entries.items():
-            if seq != keep:
-                del self._entries[key]
-                return seq
-        return None
+    def _drop(self, key: tuple[str, tuple[int, ...]]) -> None:
+        self.nbytes -= len(self._entries.pop(key))
 
-    def clear(self) -> list[int]:
-        seqs = list(self._entries.values())
+    def clear(self) -> None:
         self._entries.clear()
-        return seqs
+        self.nbytes = 0

@@ -2,10 +2,11 @@
 
 A plan's trie is one llama.cpp batch (layout.py): every distinct token computed
 once, in every branch's KV sequence below it, at its true position, with logits only where
-a branch ends; the batch goes in decode calls of at most `n_batch` tokens. Roots seen in
-recent requests stay in the context's KV cache as sequences of their own (cache.py),
-bounded by bytes and namespaced by Plan.cache_namespace; a later root that starts the same
-way computes only the rest.
+a branch ends; the batch goes in decode calls of at most `n_batch` tokens. The roots of
+recent requests are saved outside the context as KV states (cache.py), bounded by bytes
+and namespaced by Plan.cache_namespace; a later root that starts the same way restores the
+shared positions and computes only the rest. The context holds one request's cells at a
+time, so attention (which llama.cpp runs over every cell in use) sees only the request's.
 
 All llama.cpp work runs on one worker thread, one request at a time in arrival order (a
 2-core CPU is saturated by one decode; llama.cpp parallelises inside it). A cancelled
@@ -25,7 +26,7 @@ from dataclasses import dataclass, field
 
 from openjev.core.plan import Plan
 from openjev.core.ports import BranchResult, PlanResult
-from openjev.engines.llamacpp.cache import SeqCache
+from openjev.engines.llamacpp.cache import StateCache
 from openjev.engines.llamacpp.layout import Layout, layout, leaves
 from openjev.engines.llamacpp.lib import Backend
 from openjev.engines.prefix_cache import cache_stats
@@ -43,6 +44,11 @@ class _Job:
     t_submit: float = field(default_factory=time.perf_counter)
 
 
+# The request's root sequence (the cached positions restored into it, saved from it after);
+# its leaves take the sequences after it.
+ROOT_SEQ = 0
+
+
 class _Cancelled(Exception):
     """The job's request went away: nothing is delivered."""
 
@@ -56,8 +62,7 @@ class LlamaCppEngine:
 
     def __init__(self, backend: Backend, *, prefix_cache_bytes: int) -> None:
         self.backend = backend
-        self.cache = SeqCache(prefix_cache_bytes, backend.bytes_per_cell)
-        self._free = list(range(backend.n_seq_max))  # sequence ids no entry or job holds
+        self.cache = StateCache(prefix_cache_bytes)
         self._inbox: collections.deque[_Job] = collections.deque()
         self._wake = threading.Condition()
         self._stopped = False
@@ -127,27 +132,28 @@ class LlamaCppEngine:
                 job.deliver(EngineError("the engine failed", detail=f"{type(exc).__name__}: {exc}"))
 
     def _execute(self, job: _Job) -> PlanResult:
+        """One request in an empty context: its cached root positions restored into the root
+        sequence, the rest of its trie computed, the root saved for later requests; every
+        cell cleared before the next (the context never holds more than one request)."""
         plan = job.plan
         t_start = time.perf_counter()
         root_tokens = plan.root.tokens
-        m, hit = self._lookup(plan)
-        root_seq = self._take_seq(keep=hit)
-        lay: Layout | None = None
         try:
-            width = self._make_room(plan, m, keep=hit)
-            # the leaves' sequences stay in the free pool: one job runs at a time
-            lay = layout(plan, cached=m, root_seq=root_seq, cache_seq=hit, free_seqs=self._free[:width])
+            m = self._restore(plan)
+            n_leaves = min(len(leaves(plan.root)), self.backend.n_seq_max - 1)
+            lay = layout(
+                plan,
+                cached=m,
+                root_seq=ROOT_SEQ,
+                cache_seq=ROOT_SEQ if m else None,
+                free_seqs=list(range(ROOT_SEQ + 1, ROOT_SEQ + 1 + n_leaves)),
+            )
             results = self._compute(job, lay)
-        except BaseException:
-            self._clear([root_seq])
-            raise
+            if root_tokens and self.cache.max_bytes > 0 and not self.cache.covers(root_tokens, plan.cache_namespace):
+                # the root sequence's cells alone (a leaf's own cells are not in it)
+                self.cache.insert(root_tokens, self.backend.seq_save(ROOT_SEQ), plan.cache_namespace)
         finally:
-            if lay is not None:
-                self._clear(lay.groups[-1].leaf_seqs, release=False)
-        if root_tokens and self.cache.max_bytes > 0:
-            self._clear(self.cache.insert(root_tokens, root_seq, plan.cache_namespace))
-        else:
-            self._clear([root_seq])
+            self.backend.clear()
         now = time.perf_counter()
         return PlanResult(
             branches=tuple(BranchResult(lp) for lp in results),
@@ -156,40 +162,23 @@ class LlamaCppEngine:
             timings_ms={"queue": (t_start - job.t_submit) * 1000, "prefill": (now - t_start) * 1000},
         )
 
-    def _lookup(self, plan: Plan) -> tuple[int, int | None]:
-        """Cached root positions usable by `plan` (never a position that is read) and the
-        sequence holding them."""
+    def _restore(self, plan: Plan) -> int:
+        """The cached root positions usable by `plan` (never a position that is read), put
+        into the root sequence; 0 where none is cached (or llama.cpp refused the state:
+        then the request computes everything)."""
         root = plan.root.tokens
         if not root or self.cache.max_bytes <= 0:
-            return 0, None
-        m, seq = self.cache.lookup(root, plan.cache_namespace)
+            return 0
+        m, state = self.cache.lookup(root, plan.cache_namespace)
         m = min(m, len(root), min(len(b) for b in plan.branches) - 1)
-        return (m, seq) if m > 0 else (0, None)
-
-    def _take_seq(self, keep: int | None) -> int:
-        if not self._free and not self._evict(keep):
-            raise EngineError("the engine has no free KV sequence", detail=f"n_seq_max={self.backend.n_seq_max}")
-        return self._free.pop(0)
-
-    def _evict(self, keep: int | None) -> bool:
-        """Drop the least recently used cache entry other than `keep`; False if none."""
-        seq = self.cache.pop_lru(keep=keep)
-        if seq is None:
-            return False
-        self._clear([seq])
-        return True
-
-    def _make_room(self, plan: Plan, m: int, *, keep: int | None) -> int:
-        """Evict cache entries until the plan's leaves have sequences (all of them, where
-        the context has that many) and its new tokens have KV cells; the group width."""
-        want = min(len(leaves(plan.root)), self.backend.n_seq_max - 1)
-        new_cells = plan.unique_tokens - m
-        while len(self._free) < want or self.cache.cells + new_cells > self.backend.n_ctx:
-            if not self._evict(keep):
-                break
-        if not self._free:
-            raise EngineError("the engine has no free KV sequence", detail=f"n_seq_max={self.backend.n_seq_max}")
-        return min(want, len(self._free))
+        if m <= 0 or state is None:
+            return 0
+        if not self.backend.seq_restore(state, ROOT_SEQ):
+            log.warning("llama.cpp refused a cached state of %d bytes: computing the prefix again", len(state))
+            self.backend.clear()
+            return 0
+        self.backend.seq_rm(ROOT_SEQ, m)  # the entry may hold more than this request shares
+        return m
 
     def _compute(self, job: _Job, lay: Layout) -> list[tuple[float, ...]]:
         b = self.backend
@@ -197,7 +186,8 @@ class LlamaCppEngine:
         results: list[tuple[float, ...] | None] = [None] * len(labels)
         for gi, group in enumerate(lay.groups):
             if gi:
-                self._clear(lay.groups[gi - 1].leaf_seqs, release=False)
+                for seq in lay.groups[gi - 1].leaf_seqs:
+                    b.seq_rm(seq)
             if group.copy_from is not None:
                 for seq in group.copy_into:
                     b.seq_cp(group.copy_from, seq, 0, group.copy_len)
@@ -213,10 +203,3 @@ class LlamaCppEngine:
         if any(r is None for r in results):
             raise EngineError("the engine failed: a branch was never read")
         return [r for r in results if r is not None]
-
-    def _clear(self, seqs, *, release: bool = True) -> None:
-        """Remove `seqs` from the KV cache; `release`: give them back to the free pool."""
-        for seq in seqs:
-            self.backend.seq_rm(seq)
-            if release and seq not in self._free:
-                self._free.append(seq)

@@ -80,9 +80,10 @@ def _subtree_items(node: TrieNode, seq_of: dict[int, int], skip: int) -> list[It
 
 
 def layout(plan: Plan, *, cached: int, root_seq: int, cache_seq: int | None, free_seqs: list[int]) -> Layout:
-    """The batch items of `plan`, whose first `cached` root tokens are in `cache_seq`.
+    """The batch items of `plan`, whose first `cached` root tokens are in `cache_seq` (which
+    may be `root_seq` itself: the engine restores a cached state there).
 
-    `root_seq`: a sequence for the root (kept for the prefix cache afterwards); `free_seqs`:
+    `root_seq`: a sequence for the root (saved for the prefix cache afterwards); `free_seqs`:
     sequences the leaves may use (at least one). The caller guarantees that `cached` is
     below every branch's last position (a read position is always computed) and at most
     the root's length."""
@@ -105,6 +106,7 @@ def layout(plan: Plan, *, cached: int, root_seq: int, cache_seq: int | None, fre
         leaf_seqs = tuple(seq_of[id(leaf)] for leaf in chunk)
         copy_from, copy_len = (cache_seq, cached) if first else (root_seq, len(root.tokens))
         into = (root_seq, *leaf_seqs) if first else leaf_seqs
+        into = tuple(s for s in into if s != copy_from)  # the cached positions restored into the root
         if copy_len == 0 or copy_from is None:
             copy_from, copy_len, into = None, 0, ()
         groups.append(Group(leaf_seqs, copy_from, copy_len, into, tuple(items)))

@@ -7,7 +7,8 @@ test_llamacpp_engine.py). Imported only when the llama.cpp engine loads.
 
 The context's KV cache is unified (kv_unified): one pool of `n_ctx` cells shared by every
 sequence, so a cell of the shared state belongs to every branch's sequence at once, and
-seq_cp only adds a sequence to cells (no copy). Flash attention is off: without it a suffix
+seq_cp only adds a sequence to cells (no copy). A sequence's cells are saved as bytes and
+restored into another context state (llama_state_seq_get/set_data) for the prefix cache. Flash attention is off: without it a suffix
 over cached cells computes what a full prefill computes (measured bitwise equal).
 """
 
@@ -21,6 +22,7 @@ from typing import Protocol
 
 import numpy as np
 
+from openjev.engines.llamacpp.cache import SavedState
 from openjev.engines.llamacpp.layout import Item
 from openjev.errors import EngineError
 
@@ -43,8 +45,22 @@ class Backend(Protocol):
 
     def seq_cp(self, src: int, dst: int, p0: int, p1: int) -> None: ...
 
-    def seq_rm(self, seq: int) -> None:
-        """Remove `seq` from every cell (cells no other sequence holds become free)."""
+    def seq_rm(self, seq: int, p0: int = 0) -> None:
+        """Remove `seq` from its cells at positions `p0` and after (cells no other sequence
+        holds become free)."""
+        ...
+
+    def seq_save(self, seq: int) -> SavedState:
+        """The KV of `seq`'s cells as bytes (llama_state_seq_get_data)."""
+        ...
+
+    def seq_restore(self, state: SavedState, seq: int) -> bool:
+        """Put a saved state's cells into the empty sequence `seq`, at their positions;
+        False where llama.cpp refuses it (no room, another model's state)."""
+        ...
+
+    def clear(self) -> None:
+        """Every cell of every sequence freed."""
         ...
 
     def close(self) -> None: ...
@@ -84,12 +100,10 @@ def cpu_threads() -> int:
 class LlamaCppBackend:
     """A GGUF loaded by llama.cpp and one context over it (owned by one thread)."""
 
-    def __init__(
-        self, path: str, *, work_cells: int, cache_bytes: int, n_seq_max: int, n_batch: int, n_threads: int
-    ) -> None:
-        """The context holds `work_cells` KV cells for a request (at most the trained
-        context) and `cache_bytes` more for the prefix cache; llama.cpp allocates (and
-        clears, so the pages are resident) all of it here."""
+    def __init__(self, path: str, *, work_cells: int, n_seq_max: int, n_batch: int, n_threads: int) -> None:
+        """The context holds `work_cells` KV cells, one request's (at most the trained
+        context); llama.cpp allocates (and clears, so the pages are resident) all of it here.
+        The prefix cache lives outside it (cache.py)."""
         import llama_cpp as lc
 
         self._lc = lc
@@ -107,7 +121,7 @@ class LlamaCppBackend:
         n_head_kv = lc.llama_model_n_head_kv(self._model)
         # K and V in float16 (the default cache types), one head_dim per KV head per layer
         self.bytes_per_cell = n_layer * 2 * n_head_kv * (n_embd // max(1, n_head)) * 2
-        cells = min(work_cells, self.n_ctx_train) + max(0, cache_bytes) // self.bytes_per_cell
+        cells = min(work_cells, self.n_ctx_train)
         n_ctx = -(-cells // 256) * 256
         cparams = lc.llama_context_default_params()
         cparams.n_ctx = n_ctx
@@ -155,8 +169,22 @@ class LlamaCppBackend:
     def seq_cp(self, src: int, dst: int, p0: int, p1: int) -> None:
         self._lc.llama_memory_seq_cp(self._mem, src, dst, p0, p1)
 
-    def seq_rm(self, seq: int) -> None:
-        self._lc.llama_memory_seq_rm(self._mem, seq, -1, -1)
+    def seq_rm(self, seq: int, p0: int = 0) -> None:
+        self._lc.llama_memory_seq_rm(self._mem, seq, p0, -1)
+
+    def seq_save(self, seq: int) -> SavedState:
+        size = self._lc.llama_state_seq_get_size(self._ctx, seq)
+        buf = (ctypes.c_uint8 * size)()
+        written = self._lc.llama_state_seq_get_data(self._ctx, buf, size, seq)
+        if written != size:
+            raise EngineError("the engine failed", detail=f"llama_state_seq_get_data wrote {written} of {size} bytes")
+        return buf  # a ctypes array: len() is its bytes, and it is handed back as it is
+
+    def seq_restore(self, state: SavedState, seq: int) -> bool:
+        return bool(self._lc.llama_state_seq_set_data(self._ctx, state, len(state), seq))
+
+    def clear(self) -> None:
+        self._lc.llama_memory_clear(self._mem, False)  # metadata only: the cells' bytes are rewritten
 
     def close(self) -> None:
         if self._ctx:

@@ -13,10 +13,10 @@ log = logging.getLogger(__name__)
 
 
 # Sequences per context: a plan's leaves (one per branch end below the root) run in one
-# group up to this less one (the root's own), the prefix cache's entries share the rest.
+# group up to this less one (the root's own).
 N_SEQ_MAX = 64
-# KV cells for one request's new tokens, beside the prefix cache's (the model's trained
-# context where it is shorter).
+# KV cells: one request's distinct tokens, cached positions included (the model's trained
+# context where it is shorter); a larger request is refused before any work (422).
 WORK_CELLS = 8192
 N_BATCH = 512  # tokens per decode call: a cancellation boundary (about 1 s on 2 cores, 1.5B model)
 
@@ -58,7 +58,6 @@ def load(served: ServedSettings, tuning: InProcessSettings):
             LlamaCppBackend,
             path,
             work_cells=WORK_CELLS,
-            cache_bytes=tuning.prefix_cache_bytes,
             n_seq_max=N_SEQ_MAX,
             n_batch=N_BATCH,
             n_threads=cpu_threads(),
