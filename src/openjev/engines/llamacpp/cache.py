@@ -75,7 +75,3 @@ class StateCache:
 
     def _drop(self, key: tuple[str, tuple[int, ...]]) -> None:
         self.nbytes -= len(self._entries.pop(key))
-
-    def clear(self) -> None:
-        self._entries.clear()
-        self.nbytes = 0
