@@ -75,30 +75,32 @@ def test_child_is_started_checked_supervised_and_stopped(tokenizer_folder, caplo
         loaded = load(settings)
     engine = loaded.engine
     child = engine.process.process
-    try:
-        assert loaded.card.name == Path(tokenizer_folder).name.lower()
-        # /v1/models shows the card: the folder's name, never its path or the engine's URL
-        assert loaded.card.description == f"{Path(tokenizer_folder).name} served by SGLang", loaded.card.description
-        # checked: the child's tokenizer was asked for the probe's ids and they were compared
-        assert "the engine's tokenizer equals ours" in caplog.text, caplog.text
-        plan = Plan.from_branches([Branch((1, 2, 3), (5, 6)), Branch((1, 2, 4), (5, 6))])
+    assert loaded.card.name == Path(tokenizer_folder).name.lower()
+    # /v1/models shows the card: the folder's name, never its path or the engine's URL
+    assert loaded.card.description == f"{Path(tokenizer_folder).name} served by SGLang", loaded.card.description
+    # checked: the child's tokenizer was asked for the probe's ids and they were compared
+    assert "the engine's tokenizer equals ours" in caplog.text, caplog.text
+    plan = Plan.from_branches([Branch((1, 2, 3), (5, 6)), Branch((1, 2, 4), (5, 6))])
 
-        async def run_and_probe():
-            return await engine.run(plan), await loaded.probe()
+    async def scenario():
+        # One event loop from the first call to close, as in the server: the engine's client
+        # keeps its connections alive, and they belong to the loop that opened them.
+        try:
+            result, problem = await engine.run(plan), await loaded.probe()
+            assert [r.logprobs for r in result.branches] == [fake_logprobs(b.input_ids, 2) for b in plan.branches]
+            assert problem is None  # its /health answers
+            died = []
+            loaded.supervise(died.append)
+            os.killpg(child.pid, signal.SIGKILL)  # the child dies under us
+            for _ in range(100):
+                if died:
+                    break
+                await asyncio.sleep(0.05)
+            assert died and "exited" in str(died[0])
+        finally:
+            await engine.close()
 
-        result, problem = asyncio.run(run_and_probe())
-        assert [r.logprobs for r in result.branches] == [fake_logprobs(b.input_ids, 2) for b in plan.branches]
-        assert problem is None  # its /health answers
-        died = []
-        loaded.supervise(died.append)
-        os.killpg(child.pid, signal.SIGKILL)  # the child dies under us
-        for _ in range(100):
-            if died:
-                break
-            time.sleep(0.05)
-        assert died and "exited" in str(died[0])
-    finally:
-        asyncio.run(engine.close())
+    asyncio.run(scenario())
     assert child.poll() is not None
 
 

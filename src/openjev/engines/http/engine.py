@@ -18,6 +18,7 @@ sglang.py's and vllm.py's.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import math
 import time
@@ -26,6 +27,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import httpx
+import orjson
 
 from openjev.config import LimitSettings, RemoteSettings
 from openjev.core.plan import Plan
@@ -270,7 +272,9 @@ class HTTPEngine:
             self._calls += 1
             self._calls_in_flight += 1
             try:
-                response = await client.post(path, json=body)
+                # orjson, not httpx's json=: a call carries every branch's token ids, and the
+                # stdlib's encoder was a tenth of this process's work per request (bench_sglang_own --tiny)
+                response = await client.post(path, content=orjson.dumps(body), headers=_JSON)
             except asyncio.CancelledError:
                 self._abort(aborts)
                 raise
@@ -296,10 +300,7 @@ class HTTPEngine:
             raise EngineError(
                 f"the engine answered {response.status_code}", detail=f"{self.url}: {response.text[:300]!r}"
             )
-        try:
-            return response.json()
-        except ValueError:
-            raise EngineError("the engine's reply is not JSON") from None
+        return _json_of(response.content)
 
     def stats(self) -> dict[str, float]:
         """The HTTP calls made to the server (one per branch, or one per batched stage) and
@@ -326,6 +327,22 @@ class HTTPEngine:
         task = asyncio.get_running_loop().create_task(abort_all())
         self._aborts.add(task)
         task.add_done_callback(self._aborts.discard)
+
+
+_JSON = {"content-type": "application/json"}
+
+
+def _json_of(content: bytes) -> object:
+    """A reply's JSON: orjson first (fast), the stdlib where orjson refuses what Python's own
+    encoder writes (a server that sends `-Infinity`, which orjson does not read)."""
+    try:
+        return orjson.loads(content)
+    except orjson.JSONDecodeError:
+        pass
+    try:
+        return json.loads(content)
+    except ValueError:
+        raise EngineError("the engine's reply is not JSON") from None
 
 
 def _first_error(group: BaseExceptionGroup) -> BaseException:
