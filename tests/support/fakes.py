@@ -125,8 +125,11 @@ class _FakeServer:
     sequence enters when its call completes (calls sent together share nothing, as in the
     real engines), in-flight counting, and the slowness and failure knobs."""
 
-    def _start_recording(self, *, delay_s: float, fail_status: int | None, fail_when, null_token: int | None) -> None:
+    def _start_recording(
+        self, *, delay_s: float, fail_status: int | None, fail_when, null_token: int | None, token_delay_s: float = 0.0
+    ) -> None:
         self.delay_s = delay_s
+        self.token_delay_s = token_delay_s  # more per token computed (not found cached): a forward's cost
         self.fail_status = fail_status
         self.fail_when = fail_when  # predicate on the token ids -> answer fail_status
         self.null_token = null_token  # a label id whose log-prob comes back as -inf
@@ -181,8 +184,9 @@ class _FakeServer:
         self.max_in_flight = max(self.max_in_flight, self.in_flight)
         try:
             cached = [self._cached(ids, namespace) for ids in seqs]
-            if self.delay_s:
-                await asyncio.sleep(self.delay_s)
+            computed = sum(len(ids) - c for ids, c in zip(seqs, cached, strict=True))
+            if self.delay_s or self.token_delay_s:
+                await asyncio.sleep(self.delay_s + self.token_delay_s * computed)
             if self.fail_status and (self.fail_when is None or any(self.fail_when(ids) for ids in seqs)):
                 return cached, httpx.Response(self.fail_status, headers={"Retry-After": "7"}, text="busy")
             for ids in seqs:
@@ -202,7 +206,7 @@ class FakeSGLang(_FakeServer):
     of lists, as SGLang 0.5.23 takes them) share nothing either. `cached_tokens` is the
     longest cached prefix. Knobs reproduce what real servers do: entries in another order
     than asked, no `cached_tokens` (Rust frontend), error statuses, aborted finish reasons,
-    slowness, servers that refuse batches (`batch=False`) or `max_new_tokens: 0`
+    slowness (per call, and per token computed: `token_delay_s`), servers that refuse batches (`batch=False`) or `max_new_tokens: 0`
     (`prefill_only=False`) with a 400, as older ones do, and one that drops a batch's
     `extra_key` (`batch_drops_namespace`, as SGLang-JAX 0.1.0rc0 does).
     """
@@ -211,6 +215,7 @@ class FakeSGLang(_FakeServer):
         self,
         *,
         delay_s: float = 0.0,
+        token_delay_s: float = 0.0,
         report_cached: bool = True,
         fail_status: int | None = None,
         fail_when=None,
@@ -220,7 +225,13 @@ class FakeSGLang(_FakeServer):
         prefill_only: bool = True,
         batch_drops_namespace: bool = False,
     ) -> None:
-        self._start_recording(delay_s=delay_s, fail_status=fail_status, fail_when=fail_when, null_token=null_token)
+        self._start_recording(
+            delay_s=delay_s,
+            fail_status=fail_status,
+            fail_when=fail_when,
+            null_token=null_token,
+            token_delay_s=token_delay_s,
+        )
         self.report_cached = report_cached
         self.abort_when = abort_when  # predicate on input_ids -> finish_reason abort
         self.batch = batch

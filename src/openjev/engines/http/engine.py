@@ -33,7 +33,7 @@ from openjev.config import LimitSettings, RemoteSettings
 from openjev.core.plan import Plan
 from openjev.core.ports import BranchResult, PlanResult
 from openjev.engines.http.protocol import HTTPProtocol, Reply
-from openjev.engines.http.submission import RecentPrefixes, choose, execute, together
+from openjev.engines.http.submission import CallCosts, RecentPrefixes, choose, execute, together
 from openjev.errors import EngineError, EngineTimeout, EngineUnavailable, OpenjevError, TokensExceeded
 
 if TYPE_CHECKING:
@@ -81,6 +81,7 @@ class HTTPEngine:
         self._client: httpx.AsyncClient | None = None
         self._slots: asyncio.Semaphore | None = None
         self.recent = RecentPrefixes()
+        self.costs = CallCosts()  # what a call costs this server, from the calls made (auto's choice)
         self.strategies_used: dict[str, int] = {}
         self._aborts: set[asyncio.Task] = set()  # fire-and-forget aborts, kept alive until done
         self.process: ServerProcess | None = None  # the child server, when we started it (stopped on close)
@@ -189,8 +190,10 @@ class HTTPEngine:
             plan,
             self.recent,
             warmup_min_tokens=self._warmup_min,
-            step_tokens=self.step_tokens if self.protocol.batch_body is not None else None,
+            batched=self.protocol.batch_body is not None,
+            step_tokens=self.step_tokens,
             stage_min_tokens=self._stage_min,
+            costs=self.costs.estimate() if self.protocol.batch_body is not None else None,
         )
 
     def _too_long(self, tokens: int) -> TokensExceeded:
@@ -246,8 +249,11 @@ class HTTPEngine:
         """One branch in one call, its reply validated."""
         rid = uuid.uuid4().hex
         body = self.protocol.request_body(rid, input_ids, label_ids, salt)
+        t0 = time.perf_counter()
         payload = await self._post(self.protocol.generate_path, body, [self.protocol.abort_body(rid)])
-        return self.protocol.parse_reply(payload, label_ids)
+        reply = self.protocol.parse_reply(payload, label_ids)
+        self._learn([reply], t0)
+        return reply
 
     async def _call_batch(self, items: Sequence[tuple[Sequence[int], Sequence[int]]], salt: str) -> list[Reply]:
         """Many branches in one call (protocol.batch_body), one Reply each, in order."""
@@ -260,8 +266,21 @@ class HTTPEngine:
         rids = [uuid.uuid4().hex for _ in items]
         p = self.protocol
         aborts = p.batch_abort_bodies(rids) if p.batch_abort_bodies else [p.abort_body(rid) for rid in rids]
+        t0 = time.perf_counter()
         payload = await self._post(p.batch_path or p.generate_path, batch_body(rids, items, salt), aborts)
-        return parse(payload, rids, [labels for _, labels in items])
+        replies = parse(payload, rids, [labels for _, labels in items])
+        self._learn(replies, t0)
+        return replies
+
+    def _learn(self, replies: Sequence[Reply], t0: float) -> None:
+        """One answered call's time and the tokens it computed, for the cost model (where the
+        server says what it found cached in every item)."""
+        computed = 0
+        for _, prompt, cached in replies:
+            if prompt is None or cached is None:
+                return
+            computed += prompt - cached
+        self.costs.record(computed, time.perf_counter() - t0)
 
     async def _post(self, path: str, body: dict, aborts: Sequence[dict]) -> object:
         """One call: capped by the server-wide slots, aborted server-side (the `aborts`

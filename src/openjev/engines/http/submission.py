@@ -9,8 +9,11 @@ for it. The strategies order submissions so that the shared part is computed onc
 - staged: one real branch per group first, then the rest of the group, recursively down
           the trie; independent groups run together (seed two); no extra call;
 - auto:   per request: `all` when there is one branch, the shared prefix is short, it was
-          sent recently (likely still cached), or one batched call computes it once anyway
-          (the server's chunked prefill serializes the first branch); otherwise `staged`.
+          sent recently (likely still cached), one batched call computes it about once
+          anyway (the server's chunked prefill admits the other branches once the first
+          has cached it: one_batch_extra_tokens), or the server's measured costs
+          (CallCosts) say that computing what one call computes again takes less time than
+          a second round trip (a cheap forward, as on a GPU); otherwise `staged`.
 
 The planner is pure: it drives two awaitables, `branches(indices)` (a stage: branches
 submitted together, which the engine may send in one call) and `prefix(tokens)`.
@@ -19,7 +22,8 @@ submitted together, which the engine may send in one call) and `prefix(tokens)`.
 from __future__ import annotations
 
 import asyncio
-from collections import OrderedDict
+import threading
+from collections import OrderedDict, deque
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
@@ -46,43 +50,99 @@ class RecentPrefixes:
             self._seen.popitem(last=False)
 
 
+class CallCosts:
+    """What one call to the engine server costs, learned from the calls made:
+    seconds = fixed + per_token x computed tokens, fitted by least squares over the last
+    `window` calls whose computed tokens the server reported. `fixed` is the round trip
+    (HTTP both ways, the server's queueing, scheduling and detokenizing), `per_token` the
+    forward. Thread-safe (calls finish on the event loop; `estimate` may be read anywhere)."""
+
+    def __init__(self, window: int = 256, min_calls: int = 16) -> None:
+        self._calls: deque[tuple[int, float]] = deque(maxlen=window)
+        self._min = min_calls
+        self._lock = threading.Lock()
+
+    def record(self, computed_tokens: int, seconds: float) -> None:
+        with self._lock:
+            self._calls.append((computed_tokens, seconds))
+
+    def estimate(self) -> tuple[float, float] | None:
+        """(fixed seconds per call, seconds per computed token), or None until `min_calls`
+        calls of different sizes were seen (a fit needs the spread). Both clamped at 0:
+        a noisy window must not make a call or a token look free of cost below nothing."""
+        with self._lock:
+            calls = list(self._calls)
+        if len(calls) < self._min:
+            return None
+        n = len(calls)
+        mean_t = sum(t for t, _ in calls) / n
+        mean_s = sum(s for _, s in calls) / n
+        var = sum((t - mean_t) ** 2 for t, _ in calls)
+        if var == 0:
+            return None
+        per_token = max(0.0, sum((t - mean_t) * (s - mean_s) for t, s in calls) / var)
+        return max(0.0, mean_s - per_token * mean_t), per_token
+
+
 def choose(
     strategy: str,
     plan: Plan,
     recent: RecentPrefixes,
     *,
     warmup_min_tokens: int,
+    batched: bool = False,
     step_tokens: int | None = None,
     stage_min_tokens: int = 32,
+    costs: tuple[float, float] | None = None,
 ) -> str:
-    """The concrete strategy for this plan. `step_tokens`: the most the server prefills per
-    scheduling step, when every branch of a stage goes in one batched call (else None)."""
+    """The concrete strategy for this plan. `batched`: every branch of a stage goes in one
+    call; then `step_tokens`, the most the server prefills per scheduling step (None where
+    it does not say), and `costs`, CallCosts.estimate() of the server (None until known)."""
     if strategy != "auto":
         return strategy
     if len(plan.branches) == 1 or plan.shared_prefix_len < warmup_min_tokens:
         return "all"
     if recent.seen(plan.root.tokens, plan.cache_namespace):  # cached in this plan's namespace
         return "all"
-    if step_tokens and one_batch_computes_the_prefix_once(plan, step_tokens, stage_min_tokens):
-        return "all"
+    if batched:
+        extra = one_batch_extra_tokens(plan, step_tokens)
+        if extra <= stage_min_tokens * (len(plan.branches) - 1):
+            return "all"  # one call computes about what staged's two do
+        if costs is not None and costs[1] * extra <= costs[0]:
+            return "all"  # computing them again takes less time than a second round trip
     return "staged"
 
 
-def one_batch_computes_the_prefix_once(plan: Plan, step_tokens: int, slack: int) -> bool:
-    """Whether one batched call of every branch computes each shared token once anyway.
+def one_batch_extra_tokens(plan: Plan, step_tokens: int | None) -> int:
+    """How many tokens more than the plan's distinct tokens one batched call of every
+    branch computes, on a server that prefills at most `step_tokens` per scheduling step in
+    the items' order (SGLang's chunked prefill) and caches a prefix once the branch that
+    computed it is done (or, chunk by chunk, while a longer one is chunked).
 
-    SGLang prefills at most `step_tokens` per step, chunking a longer request and caching
-    each chunk as it goes; the first item of a batch then fills every step until its last
-    one, and the others, admitted only then, find what its earlier chunks cached. So if
-    those chunks cover the shared prefix, one call does what `staged` does in two (measured
-    on SGLang 0.5.23: docs/engines-sglang.md). Deeper shared runs are computed per branch in
-    one batch: allowed up to `slack` tokens per branch (staged sends such short runs together
-    too)."""
-    first = len(plan.branches[0])
-    if step_tokens * ((first - 1) // step_tokens) < plan.shared_prefix_len:
-        return False  # the first branch fits in fewer steps: the others start beside it
-    cost = first + sum(len(b) - plan.shared_prefix_len for b in plan.branches[1:])
-    return cost - plan.unique_tokens <= slack * (len(plan.branches) - 1)
+    - The first branch longer than a step: its earlier chunks are cached before the others
+      are admitted beside its last one, so each other branch computes only what of the
+      shared prefix those chunks do not cover (nothing if they cover it all: measured on
+      SGLang 0.5.23, docs/engines-sglang.md).
+    - Otherwise the branches that fit in the first step beside the first compute the prefix
+      side by side (the next is chunked into what is left of the step and computes that much
+      of it); the rest are admitted once the first is done and find the prefix cached.
+    - No step known: every branch may be admitted at once and compute the prefix (the worst).
+
+    Deeper shared runs (a question's readings) are counted once per branch on top."""
+    shared, first, rest = plan.shared_prefix_len, len(plan.branches[0]), plan.branches[1:]
+    deeper = first + sum(len(b) - shared for b in rest) - plan.unique_tokens
+    if step_tokens is None:
+        return deeper + shared * len(rest)
+    if first > step_tokens:
+        covered = step_tokens * ((first - 1) // step_tokens)
+        return deeper + max(0, shared - covered) * len(rest)
+    budget, again = step_tokens - first, 0
+    for b in rest:
+        if budget <= 0:
+            break
+        again += min(budget, shared)
+        budget -= len(b)
+    return deeper + again
 
 
 async def execute(
