@@ -272,14 +272,17 @@ def parse_args() -> argparse.Namespace:
     return parser.parse_args()
 
 
-def sections(args: argparse.Namespace, systems: list[System], routes: list[DecisionsSystem], root: Path, emit) -> None:
-    """Every section asked for, each row passed to `emit`."""
+def sections(
+    args: argparse.Namespace, systems: list[System], routes: list[DecisionsSystem], root: Path, emit, cpu: dict
+) -> None:
+    """Every section asked for, each row passed to `emit`; `cpu`: the process groups serving
+    each system (throughput's CPU per decision)."""
     if not args.skip_latency:
         asyncio.run(latency(systems, args.repeats, tuple(args.sizes), emit))
     if not args.skip_decisions:
         emit(asyncio.run(decisions(routes, args.repeats, tuple(args.sizes), emit)))
     if not args.skip_throughput:
-        emit(asyncio.run(throughput(systems, args.clients, args.throughput_requests, 4)))
+        emit(asyncio.run(throughput(systems, args.clients, args.throughput_requests, 4, cpu)))
     if not args.skip_jevcompat:
         for s in systems:
             key = None if s.name == "sglang" else KEY
@@ -342,7 +345,12 @@ def main() -> None:
         ]
         if inproc is not None:
             routes.append(DecisionsSystem("openjev", inproc.url, KEY, "jev-latest", own_format=False))
-        sections(args, systems, routes, root, lambda row: print(json.dumps({**head, **row}), flush=True))
+        # CPU per decision in throughput: SGLang's processes, and each openjev's own beside them
+        engine = (server.process.process.pid,)
+        cpu = {"sglang": {"sglang": engine}}
+        for live, s in zip(lives, systems[1:], strict=False):
+            cpu[s.name] = {"openjev": (live.process.pid,)} | ({} if s.name == "openjev" else {"sglang": engine})
+        sections(args, systems, routes, root, lambda row: print(json.dumps({**head, **row}), flush=True), cpu)
     finally:
         for live in lives:
             stop_server(live)

@@ -52,7 +52,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(1, str(Path(__file__).resolve().parent.parent))  # the repo root, for tests.*
 
 import httpx
-from common import machine, p50, payload
+from common import group_cpu_s, machine, p50, payload
 from tests.integration.conftest import start_server, stop_server
 from tests.sglang.server import embedded_model_folder, tiny_model_folder
 from tests.vllm import server as vl
@@ -116,8 +116,18 @@ async def latency(systems: list[System], repeats: int, n: int) -> dict:
     return {"section": "latency", "repeats": repeats, "results": [row]}
 
 
-async def throughput(systems: list[System], clients: int, requests: int, questions: int) -> dict:
-    row = {"clients": clients}
+async def throughput(
+    systems: list[System],
+    clients: int,
+    requests: int,
+    questions: int,
+    cpu: dict[str, dict[str, tuple[int, ...]]] | None = None,
+) -> dict:
+    """Decisions per second of each system, `clients` at a time. `cpu`: per system name, the
+    process groups whose CPU time to count (per part: {"openjev": (pgid,), "engine": (...)}),
+    reported as CPU milliseconds per decision, the cost a busy machine pays for each."""
+    row: dict = {"clients": clients}
+    cpu = cpu or {}
     async with httpx.AsyncClient(timeout=1800) as client:
         for s in systems:
             queue = [payload(questions, tag=30_000 + 100 * systems.index(s) + i, paragraphs=3) for i in range(requests)]
@@ -126,11 +136,18 @@ async def throughput(systems: list[System], clients: int, requests: int, questio
                 while queue:
                     await s.ask(client, queue.pop())
 
+            parts = cpu.get(s.name, {})
             with s.alone():
+                before = {part: group_cpu_s(*groups) for part, groups in parts.items()}
                 t0 = time.perf_counter()
                 await asyncio.gather(*(worker() for _ in range(clients)))
                 elapsed = time.perf_counter() - t0
+                spent = {part: group_cpu_s(*groups) - before[part] for part, groups in parts.items()}
             row[f"{s.name}_decisions_per_s"] = round(requests * questions / elapsed, 2)
+            if spent:
+                row[f"{s.name}_cpu_ms_per_decision"] = {
+                    part: round(1000 * seconds / (requests * questions), 2) for part, seconds in spent.items()
+                }
     return {
         "section": "throughput",
         "requests": requests,
