@@ -91,3 +91,58 @@ def test_strictly_alternating_template_gets_the_question_in_the_last_user_turn()
         assert text.startswith("<|im_start|>user\nMy card was charged twice and I want a refund.\n\n")
         assert tok.encode(text) == list(branch.input_ids)
     assert compiled.plan.shared_prefix_len > 10  # the state is still shared, found on token ids
+
+
+class _CountingTokenizer(FakeTokenizer):
+    """The fake tokenizer, counting how often each text piece is encoded."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.encoded: list[str] = []
+
+    def encode_pieces(self, pieces):
+        self.encoded.append("".join(text for text, _ in pieces))
+        return super().encode_pieces(pieces)
+
+
+def _state_encodings(tok: _CountingTokenizer, state: State) -> int:
+    """Encodings of the whole state: its opening words are outside the split check's window."""
+    head = state.turns[0].content[:40]
+    return sum(1 for text in tok.encoded if head in text)
+
+
+def test_a_state_asked_again_is_encoded_once_per_namespace_with_the_same_ids():
+    tok = _CountingTokenizer()
+    compiler = PromptCompiler(tok, max_labels=255)
+    state = State((Turn("user", "Order 4471: the parcel came late. " + "The box was crushed, and so was I. " * 30),))
+    first = compiler.compile(DecisionRequest(state, QUESTIONS[:1]))
+    tok.encoded.clear()
+    again = compiler.compile(DecisionRequest(state, QUESTIONS[1:]))
+    assert _state_encodings(tok, state) == 0  # the state's ids came from the first request
+    fresh = PromptCompiler(FakeTokenizer(), max_labels=255)
+    fresh._tok.vocab = tok.vocab  # the same ids for the same pieces
+    assert again.plan.branches == fresh.compile(DecisionRequest(state, QUESTIONS[1:])).plan.branches
+    assert again.plan.branches[0].prefix == first.plan.branches[0].prefix != ()
+    tok.encoded.clear()
+    compiler.compile(DecisionRequest(state, QUESTIONS[1:], cache_namespace="tenant-b"))
+    assert _state_encodings(tok, state) == 1  # another tenant's request encodes it itself
+
+
+def test_shared_ids_are_bounded_least_recently_used_first():
+    from openjev.core.prompts import SharedIds
+
+    cache = SharedIds(max_tokens=40)
+    cache.put(("", "a"), tuple(range(10)))
+    cache.put(("", "b"), tuple(range(10)))
+    cache.put(("", "c"), tuple(range(10)))
+    assert cache.get(("", "a")) is not None  # a is now the most recent
+    cache.put(("", "d"), tuple(range(10)))
+    cache.put(("", "e"), tuple(range(10)))  # over 40: the least recent (b) goes
+    assert cache.get(("", "b")) is None
+    assert [cache.get(("", k)) is not None for k in "acde"] == [True, True, True, True]
+    assert cache.tokens == 40
+    cache.put(("", "big"), tuple(range(11)))  # over a quarter of the bound: not kept
+    assert cache.get(("", "big")) is None and cache.tokens == 40
+    cache.put(("", "a"), tuple(range(5)))  # replacing an entry counts its new size
+    assert cache.tokens == 35
+    assert cache.get(("x", "c")) is None  # another namespace is another key
