@@ -149,3 +149,56 @@ async def test_servers_that_take_one_branch_per_call_are_not_judged_by_the_cost_
     finally:
         await engine.close()
     assert engine.strategies_used == {"staged": 1}
+
+
+def test_only_calls_that_ran_alone_are_learned_from():
+    costs = CallCosts(min_calls=2)
+    a = costs.begin()
+    assert costs.busy
+    costs.end(a, 100, 0.1)  # alone: learned
+    a = costs.begin()
+    b = costs.begin()  # b starts while a is in flight: neither ran alone
+    costs.end(a, 200, 0.5)
+    c = costs.begin()  # c starts while b is in flight
+    costs.end(b, 300, 0.9)
+    costs.end(c, 400, 0.9)
+    assert not costs.busy
+    d = costs.begin()
+    costs.end(d, 500, 0.5)  # alone again
+    e = costs.begin()
+    costs.end(e, None, 0.01)  # failed: nothing to learn
+    assert costs.estimate() == pytest.approx((0.0, 1e-3))  # from (100, 0.1) and (500, 0.5) only
+
+
+def test_a_busy_server_gets_staged_prefixes_whatever_a_round_trip_costs():
+    """Other calls in flight: tokens computed again would delay them; staged computes each once."""
+    plan, recent = _long(), RecentPrefixes()
+    kw = {"warmup_min_tokens": 64, "batched": True, "step_tokens": None}
+    assert choose("auto", plan, recent, costs=(0.010, 1e-6), **kw) == "all"
+    assert choose("auto", plan, recent, costs=(0.010, 1e-6), busy=True, **kw) == "staged"
+
+
+async def test_under_load_the_fit_still_sees_the_forward_and_cold_prefixes_are_staged():
+    """A server that computes one call at a time at 40 us a token, driven by 4 clients at
+    once: calls that waited behind others would read as a large fixed cost with cheap
+    tokens; learned from calls that ran alone, the per-token cost is the server's, and
+    every cold 8-branch request computes its state once."""
+    import asyncio
+
+    fake = FakeSGLang(delay_s=0.001, token_delay_s=40e-6, serial=True)
+    engine = HTTPEngine("http://sglang.test", SGLANG_BATCHED, transport=fake.transport(), strategy="auto")
+    try:
+        for i in range(16):  # a quiet start: single questions of different sizes, one at a time
+            await engine.run(_long(n=1, state_len=100 + 150 * i, first=10_000 * (i + 1)))
+
+        async def client(k: int) -> None:
+            for j in range(3):
+                await engine.run(_long(n=1, state_len=200 + 300 * j, first=500_000 + 10_000 * (4 * j + k)))
+                await engine.run(_long(first=900_000 + 10_000 * (4 * j + k)))
+
+        await asyncio.gather(*(client(k) for k in range(4)))
+        _, per_token = engine.costs.estimate()
+    finally:
+        await engine.close()
+    assert per_token == pytest.approx(40e-6, rel=0.5)
+    assert engine.strategies_used["staged"] == 12 and engine.strategies_used["all"] == 16 + 12

@@ -126,9 +126,18 @@ class _FakeServer:
     real engines), in-flight counting, and the slowness and failure knobs."""
 
     def _start_recording(
-        self, *, delay_s: float, fail_status: int | None, fail_when, null_token: int | None, token_delay_s: float = 0.0
+        self,
+        *,
+        delay_s: float,
+        fail_status: int | None,
+        fail_when,
+        null_token: int | None,
+        token_delay_s: float = 0.0,
+        serial: bool = False,
     ) -> None:
         self.delay_s = delay_s
+        self.serial = serial  # one call's forward at a time, as one scheduler runs them: calls queue
+        self._forward_lock: asyncio.Lock | None = None
         self.token_delay_s = token_delay_s  # more per token computed (not found cached): a forward's cost
         self.fail_status = fail_status
         self.fail_when = fail_when  # predicate on the token ids -> answer fail_status
@@ -186,7 +195,12 @@ class _FakeServer:
             cached = [self._cached(ids, namespace) for ids in seqs]
             computed = sum(len(ids) - c for ids, c in zip(seqs, cached, strict=True))
             if self.delay_s or self.token_delay_s:
-                await asyncio.sleep(self.delay_s + self.token_delay_s * computed)
+                if self.serial:
+                    self._forward_lock = self._forward_lock or asyncio.Lock()
+                    async with self._forward_lock:
+                        await asyncio.sleep(self.delay_s + self.token_delay_s * computed)
+                else:
+                    await asyncio.sleep(self.delay_s + self.token_delay_s * computed)
             if self.fail_status and (self.fail_when is None or any(self.fail_when(ids) for ids in seqs)):
                 return cached, httpx.Response(self.fail_status, headers={"Retry-After": "7"}, text="busy")
             for ids in seqs:
@@ -206,7 +220,8 @@ class FakeSGLang(_FakeServer):
     of lists, as SGLang 0.5.23 takes them) share nothing either. `cached_tokens` is the
     longest cached prefix. Knobs reproduce what real servers do: entries in another order
     than asked, no `cached_tokens` (Rust frontend), error statuses, aborted finish reasons,
-    slowness (per call, and per token computed: `token_delay_s`), servers that refuse batches (`batch=False`) or `max_new_tokens: 0`
+    slowness (per call, and per token computed: `token_delay_s`; `serial`: one call's forward at
+    a time, so calls sent together queue), servers that refuse batches (`batch=False`) or `max_new_tokens: 0`
     (`prefill_only=False`) with a 400, as older ones do, and one that drops a batch's
     `extra_key` (`batch_drops_namespace`, as SGLang-JAX 0.1.0rc0 does).
     """
@@ -224,6 +239,7 @@ class FakeSGLang(_FakeServer):
         batch: bool = True,
         prefill_only: bool = True,
         batch_drops_namespace: bool = False,
+        serial: bool = False,
     ) -> None:
         self._start_recording(
             delay_s=delay_s,
@@ -231,6 +247,7 @@ class FakeSGLang(_FakeServer):
             fail_when=fail_when,
             null_token=null_token,
             token_delay_s=token_delay_s,
+            serial=serial,
         )
         self.report_cached = report_cached
         self.abort_when = abort_when  # predicate on input_ids -> finish_reason abort

@@ -194,6 +194,7 @@ class HTTPEngine:
             step_tokens=self.step_tokens,
             stage_min_tokens=self._stage_min,
             costs=self.costs.estimate() if self.protocol.batch_body is not None else None,
+            busy=self.costs.busy,
         )
 
     def _too_long(self, tokens: int) -> TokensExceeded:
@@ -249,11 +250,14 @@ class HTTPEngine:
         """One branch in one call, its reply validated."""
         rid = uuid.uuid4().hex
         body = self.protocol.request_body(rid, input_ids, label_ids, salt)
-        t0 = time.perf_counter()
-        payload = await self._post(self.protocol.generate_path, body, [self.protocol.abort_body(rid)])
-        reply = self.protocol.parse_reply(payload, label_ids)
-        self._learn([reply], t0)
-        return reply
+        ticket, t0 = self.costs.begin(), time.perf_counter()
+        replies: list[Reply] = []
+        try:
+            payload = await self._post(self.protocol.generate_path, body, [self.protocol.abort_body(rid)])
+            replies.append(self.protocol.parse_reply(payload, label_ids))
+        finally:
+            self.costs.end(ticket, _computed(replies), time.perf_counter() - t0)
+        return replies[0]
 
     async def _call_batch(self, items: Sequence[tuple[Sequence[int], Sequence[int]]], salt: str) -> list[Reply]:
         """Many branches in one call (protocol.batch_body), one Reply each, in order."""
@@ -266,21 +270,14 @@ class HTTPEngine:
         rids = [uuid.uuid4().hex for _ in items]
         p = self.protocol
         aborts = p.batch_abort_bodies(rids) if p.batch_abort_bodies else [p.abort_body(rid) for rid in rids]
-        t0 = time.perf_counter()
-        payload = await self._post(p.batch_path or p.generate_path, batch_body(rids, items, salt), aborts)
-        replies = parse(payload, rids, [labels for _, labels in items])
-        self._learn(replies, t0)
+        ticket, t0 = self.costs.begin(), time.perf_counter()
+        replies: list[Reply] = []
+        try:
+            payload = await self._post(p.batch_path or p.generate_path, batch_body(rids, items, salt), aborts)
+            replies = parse(payload, rids, [labels for _, labels in items])
+        finally:
+            self.costs.end(ticket, _computed(replies), time.perf_counter() - t0)
         return replies
-
-    def _learn(self, replies: Sequence[Reply], t0: float) -> None:
-        """One answered call's time and the tokens it computed, for the cost model (where the
-        server says what it found cached in every item)."""
-        computed = 0
-        for _, prompt, cached in replies:
-            if prompt is None or cached is None:
-                return
-            computed += prompt - cached
-        self.costs.record(computed, time.perf_counter() - t0)
 
     async def _post(self, path: str, body: dict, aborts: Sequence[dict]) -> object:
         """One call: capped by the server-wide slots, aborted server-side (the `aborts`
@@ -374,3 +371,16 @@ def _first_error(group: BaseExceptionGroup) -> BaseException:
 
     walk(group)
     return next((e for e in flat if isinstance(e, OpenjevError)), flat[0])
+
+
+def _computed(replies: Sequence[Reply]) -> int | None:
+    """The tokens an answered call computed, for the cost model; None where it failed (no
+    replies) or the server did not say what it found cached in every item."""
+    if not replies:
+        return None
+    computed = 0
+    for _, prompt, cached in replies:
+        if prompt is None or cached is None:
+            return None
+        computed += prompt - cached
+    return computed

@@ -54,15 +54,44 @@ class CallCosts:
     """What one call to the engine server costs, learned from the calls made:
     seconds = fixed + per_token x computed tokens, fitted by least squares over the last
     `window` calls whose computed tokens the server reported. `fixed` is the round trip
-    (HTTP both ways, the server's queueing, scheduling and detokenizing), `per_token` the
-    forward. Thread-safe (calls finish on the event loop; `estimate` may be read anywhere)."""
+    (HTTP both ways, scheduling and detokenizing), `per_token` the forward.
+
+    Only calls that ran alone are learned from (`begin`/`end`: no other call of this engine
+    in flight at any time between them): a call that waited behind another's forward would
+    count that wait as its own round trip, and under load the fit would see a large fixed
+    cost and cheap tokens, and send a CPU's cold prefixes in one batch that computes them
+    again. `busy` says whether calls are in flight now. Thread-safe."""
 
     def __init__(self, window: int = 256, min_calls: int = 16) -> None:
         self._calls: deque[tuple[int, float]] = deque(maxlen=window)
         self._min = min_calls
         self._lock = threading.Lock()
+        self._started = 0  # calls begun, ever
+        self._active = 0  # calls in flight
+
+    @property
+    def busy(self) -> bool:
+        return self._active > 0
+
+    def begin(self) -> tuple[int, bool]:
+        """A call starts; its ticket for `end`."""
+        with self._lock:
+            ticket = (self._started, self._active == 0)
+            self._started += 1
+            self._active += 1
+            return ticket
+
+    def end(self, ticket: tuple[int, bool], computed_tokens: int | None, seconds: float) -> None:
+        """The call of `ticket` ended (answered, or failed: `computed_tokens` None); learned
+        from where it was answered and ran alone."""
+        with self._lock:
+            self._active -= 1
+            alone = ticket[1] and self._started == ticket[0] + 1
+        if alone and computed_tokens is not None:
+            self.record(computed_tokens, seconds)
 
     def record(self, computed_tokens: int, seconds: float) -> None:
+        """One call that ran alone: its computed tokens and its seconds."""
         with self._lock:
             self._calls.append((computed_tokens, seconds))
 
@@ -94,10 +123,13 @@ def choose(
     step_tokens: int | None = None,
     stage_min_tokens: int = 32,
     costs: tuple[float, float] | None = None,
+    busy: bool = False,
 ) -> str:
     """The concrete strategy for this plan. `batched`: every branch of a stage goes in one
     call; then `step_tokens`, the most the server prefills per scheduling step (None where
-    it does not say), and `costs`, CallCosts.estimate() of the server (None until known)."""
+    it does not say), `costs`, CallCosts.estimate() of the server (None until known), and
+    `busy`, whether other calls are in flight (the server's time is then shared: tokens
+    computed again delay them, and a round trip saved helps this request alone)."""
     if strategy != "auto":
         return strategy
     if len(plan.branches) == 1 or plan.shared_prefix_len < warmup_min_tokens:
@@ -108,7 +140,7 @@ def choose(
         extra = one_batch_extra_tokens(plan, step_tokens)
         if extra <= stage_min_tokens * (len(plan.branches) - 1):
             return "all"  # one call computes about what staged's two do
-        if costs is not None and costs[1] * extra <= costs[0]:
+        if not busy and costs is not None and costs[1] * extra <= costs[0]:
             return "all"  # computing them again takes less time than a second round trip
     return "staged"
 
