@@ -40,6 +40,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import shlex
 import sys
 import tempfile
 import time
@@ -269,6 +270,13 @@ def parse_args() -> argparse.Namespace:
         metavar="SRC",
         help="also measure openjev from another checkout's src folder over the same server (openjev_base)",
     )
+    parser.add_argument(
+        "--baseline-args",
+        default="",
+        metavar="ARGS",
+        help="also measure openjev (this checkout, or --baseline-src's) with these extra `openjev serve` "
+        "arguments over the same server (openjev_base), e.g. '--readout letters' for one plain reading",
+    )
     return parser.parse_args()
 
 
@@ -324,12 +332,13 @@ def main() -> None:
             System("sglang", server.url, {}, model),
             System("openjev_sglang", over.url, over.headers(), "jev-latest"),
         ]
-        if args.baseline_src:
+        if args.baseline_src or args.baseline_args:
             base = start_server(
                 root,
                 *("--engine", "sglang", "--connect", server.url, "--model", str(folder), *common),
+                *shlex.split(args.baseline_args),
                 key=KEY,
-                env={"PYTHONPATH": f"{args.baseline_src}:{REPO}"},
+                env={"PYTHONPATH": f"{args.baseline_src}:{REPO}"} if args.baseline_src else None,
             )
             lives.append(base)
             systems.append(System("openjev_base", base.url, base.headers(), "jev-latest"))
