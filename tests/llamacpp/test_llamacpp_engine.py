@@ -211,3 +211,18 @@ def test_an_ollama_store_name_is_served_from_its_blob(tmp_path):
         stop_server(server)
     saved = [p for p in (cache / "gguf").iterdir() if p.name.endswith("-tokenizer")]
     assert len(saved) == 1 and saved[0].name.startswith(blob.name)
+
+
+def test_a_prestarted_load_is_taken_over_by_load():
+    from openjev.engines import load_engine, prestart_engine
+    from openjev.engines.llamacpp import load as llamacpp_load
+
+    settings = load_settings({"engine": "llamacpp"}, environ={})
+    prestart_engine(settings)
+    prestart_engine(settings)  # once per model: the second call finds the first's load
+    (begun,) = llamacpp_load._started.values()
+    loaded = load_engine(settings)
+    try:
+        assert not llamacpp_load._started and loaded.engine.backend is begun.result()
+    finally:
+        asyncio.run(loaded.engine.close())
