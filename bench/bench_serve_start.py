@@ -107,12 +107,16 @@ def main() -> None:
             runs[name].append(run)
             print(json.dumps({"side": name, "run": r, **run}), flush=True)
     p50 = {name: statistics.median(x["start_s"] for x in rs) for name, rs in runs.items()}
-    print("\n| side | start p50 | start min-max | RSS at ready (p50) | RSS peak at ready (p50) |\n|---|---|---|---|---|")
+    print(
+        "\n| side | start p50 | start min-max | RSS at ready (p50) | RSS peak at ready (p50) |\n|---|---|---|---|---|"
+    )
     for name, rs in runs.items():
         starts = [x["start_s"] for x in rs]
         rss = statistics.median(x["VmRSS"] for x in rs)
         hwm = statistics.median(x["VmHWM"] for x in rs)
-        print(f"| {name} | {p50[name]:.2f} s | {min(starts):.2f}-{max(starts):.2f} s | {rss:,.0f} MiB | {hwm:,.0f} MiB |")
+        print(
+            f"| {name} | {p50[name]:.2f} s | {min(starts):.2f}-{max(starts):.2f} s | {rss:,.0f} MiB | {hwm:,.0f} MiB |"
+        )
     if args.checkout:
         base, this = p50[f"checkout {args.checkout}"], p50["this tree"]
         print(f"\nstart ratio (checkout / this tree, > 1: this tree starts sooner): {base / this:.2f}x")

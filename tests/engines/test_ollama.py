@@ -29,7 +29,10 @@ def store(tmp_path, monkeypatch):
     [
         ("smollm2", ("registry.ollama.ai", "library", "smollm2", "latest")),
         ("smollm2:135m", ("registry.ollama.ai", "library", "smollm2", "135m")),
-        ("qwen2.5-coder:1.5b-instruct-q4_K_M", ("registry.ollama.ai", "library", "qwen2.5-coder", "1.5b-instruct-q4_K_M")),
+        (
+            "qwen2.5-coder:1.5b-instruct-q4_K_M",
+            ("registry.ollama.ai", "library", "qwen2.5-coder", "1.5b-instruct-q4_K_M"),
+        ),
         ("someone/model:v1", ("registry.ollama.ai", "someone", "model", "v1")),
         ("example.com/team/model:7b", ("example.com", "team", "model", "7b")),
     ],
@@ -67,7 +70,7 @@ def test_a_name_resolves_to_its_model_blob(store):
 def test_a_path_that_exists_is_a_path_first(store, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "smollm2:135m").write_bytes(GGUF)  # a file of that name: --model means it
-    with pytest.raises(ConfigError, match="must be a .gguf"):
+    with pytest.raises(ConfigError, match=r"must be a \.gguf"):
         resolve_source("smollm2:135m")
 
 

@@ -32,7 +32,9 @@ DEFAULT_TAG = "latest"
 
 # Ollama's own name rules, loosely: path parts of letters, digits, '.', '_', '-', and a tag
 _PART = r"[A-Za-z0-9][A-Za-z0-9._-]*"
-_NAME = re.compile(rf"^(?:(?:(?P<host>{_PART})/)?(?P<ns>{_PART})/)?(?P<model>{_PART})(?::(?P<tag>[A-Za-z0-9_][A-Za-z0-9._-]{{0,127}}))?$")
+_NAME = re.compile(
+    rf"^(?:(?:(?P<host>{_PART})/)?(?P<ns>{_PART})/)?(?P<model>{_PART})(?::(?P<tag>[A-Za-z0-9_][A-Za-z0-9._-]{{0,127}}))?$"
+)
 _DIGEST = re.compile(r"^sha256:([0-9a-f]{64})$")
 
 
@@ -46,7 +48,11 @@ class OllamaName:
     def __str__(self) -> str:
         """The short form `ollama list` shows: `model:tag`, with a namespace other than library."""
         short = self.model if self.namespace == DEFAULT_NAMESPACE else f"{self.namespace}/{self.model}"
-        return f"{short}:{self.tag}" if self.host == DEFAULT_HOST else f"{self.host}/{self.namespace}/{self.model}:{self.tag}"
+        return (
+            f"{short}:{self.tag}"
+            if self.host == DEFAULT_HOST
+            else f"{self.host}/{self.namespace}/{self.model}:{self.tag}"
+        )
 
 
 @dataclass(frozen=True)
