@@ -3,7 +3,8 @@
 Each engine runs in a child process of its own (so start time and RSS are its own), on the
 same GGUF (the embedded model, or `--model NAME|PATH`), through the real DecisionService with
 the same requests (bench/common.py): start time (process start to engine loaded, imports
-included), RSS after load and at the peak, prefill tokens/s (a cold ~1,000-token state with
+included, in `openjev serve`'s order: the engine's prestart, then the service's imports), RSS
+after load and at the peak, prefill tokens/s (a cold ~1,000-token state with
 one question: computed tokens over wall time), and p50 latency at 1 and 8 questions on a
 ~1,000-token state, cold (a state never sent) and warm (the same state, new questions).
 The PyTorch engine runs in its `auto` dtype (bfloat16 on CPUs with native support) and in
@@ -37,15 +38,8 @@ def rss_mib() -> tuple[float, float]:
 
 
 def child(engine: str, model: str | None, repeats: int, prefix_cache_bytes: int | None) -> dict:
-    import asyncio
-
-    from common import core_request, p50, payload
-
-    from openjev.api.server.assembly import service_limits
     from openjev.config import MAX_CHOICE_OPTIONS, load_settings
-    from openjev.core.prompts import PromptCompiler
-    from openjev.core.service import DecisionService
-    from openjev.engines import load_engine
+    from openjev.engines import load_engine, preflight_engine, prestart_engine
 
     overrides: dict = {"engine": "llamacpp"} if engine == "llamacpp" else {"dtype": engine}
     if model:
@@ -53,6 +47,18 @@ def child(engine: str, model: str | None, repeats: int, prefix_cache_bytes: int 
     if prefix_cache_bytes is not None:
         overrides["prefix_cache_bytes"] = prefix_cache_bytes
     settings = load_settings({**overrides, "max_in_flight": 16, "engine_timeout_s": 3600}, environ={})
+    # in `openjev serve`'s order: the checks, the engine's prestart (where it has one), then
+    # the service's imports beside it, then the load
+    preflight_engine(settings)
+    prestart_engine(settings)
+    import asyncio
+
+    from common import core_request, p50, payload
+
+    from openjev.api.server.assembly import service_limits
+    from openjev.core.prompts import PromptCompiler
+    from openjev.core.service import DecisionService
+
     loaded = load_engine(settings)
     start_s = time.perf_counter() - T0
     rss_loaded, _ = rss_mib()

@@ -106,17 +106,21 @@ def _settings(args: argparse.Namespace, passthrough: Sequence[str] = ()) -> Sett
 
 def serve(settings: Settings) -> int:
     from openjev import calibrations
-    from openjev.api.operations import logs
-    from openjev.api.operations.connections import fit_open_files, uvicorn_config
-    from openjev.api.server.app import create_app
-    from openjev.api.server.drain import DrainingServer
-    from openjev.engines import preflight_engine
+    from openjev.engines import preflight_engine, prestart_engine
 
     preflight_engine(settings)  # ConfigError -> exit 2 before listening
     calibrations.preflight(settings.quality.calibration)
     # Bound before anything loads: a busy port is exit 2 at once, not after the model loaded
     # (uvicorn binds only after the lifespan has started the load).
     listener = bind_listener(settings.listen.host, settings.listen.port)
+    # An engine that can begins its load now, beside the imports below (the service's, a
+    # second or more): its load is taken over by the app's lifespan (engines/__init__.py).
+    prestart_engine(settings)
+    from openjev.api.operations import logs
+    from openjev.api.operations.connections import fit_open_files, uvicorn_config
+    from openjev.api.server.app import create_app
+    from openjev.api.server.drain import DrainingServer
+
     signal.signal(signal.SIGHUP, signal.SIG_IGN)  # until the loop's handler reloads the keys (DrainingServer)
     log = settings.logging
     logs.configure(log.log_level, log.log_format, with_messages=log.log_request_bodies)

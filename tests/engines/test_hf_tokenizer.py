@@ -80,3 +80,27 @@ def test_added_tokens_come_from_the_template_only():
     assert len(ids) == 1 + len("user\n") + len(caller) + 1 + 1
     # a run spanning pieces is one text (tokens may span the boundary, as in encode)
     assert tok.encode_pieces((("ab", True), ("cd", False))) == tok.encode("abcd")
+
+
+def test_the_plain_copy_is_the_same_pipeline_without_its_added_tokens():
+    """Built from the backend's parts (engines/models/tokenizer.py), it encodes as a copy
+    through the tokenizer's JSON with its added tokens removed (what it replaced) does."""
+    import json
+
+    from tokenizers import normalizers
+
+    from openjev.engines.models.tokenizer import _without_added_tokens
+
+    vocab = {"[UNK]": 0, "héllo": 1, "world": 2, "<": 3, "|": 4, "im": 5, "_": 6, "start": 7, ">": 8}
+    backend = Tokenizer(WordLevel(vocab, unk_token="[UNK]"))
+    backend.normalizer = normalizers.NFC()
+    backend.pre_tokenizer = Whitespace()
+    backend.add_special_tokens(["<|im_start|>"])
+    data = json.loads(backend.to_str())
+    data["added_tokens"] = []
+    by_json = Tokenizer.from_str(json.dumps(data))
+    plain = _without_added_tokens(backend)
+    for text in ("he\u0301llo world", "<|im_start|> héllo", "héllo<|im_start|>world"):
+        assert plain.encode(text, add_special_tokens=False).ids == by_json.encode(text, add_special_tokens=False).ids
+    assert backend.encode("<|im_start|>").ids == [9] and plain.encode("<|im_start|>").ids != [9]
+    assert plain.encode("he\u0301llo").ids == [1]  # the normalizer came along

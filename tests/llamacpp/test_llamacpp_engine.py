@@ -178,3 +178,51 @@ def test_jevcompat_is_conformant_over_this_engine(tmp_path):
         run_jevcompat(server.url, server.key or "", tmp_path)
     finally:
         stop_server(server)
+
+
+def test_an_ollama_store_name_is_served_from_its_blob(tmp_path):
+    """`--model smollm2:135m` through an Ollama store laid out around the embedded GGUF: the
+    blob served as it is, under the name as Ollama shows it; its tokenizer built from the GGUF
+    on the first start and saved into the (empty) cache."""
+    import httpx
+
+    from openjev.engines.models.source import embedded_gguf
+    from tests.integration.conftest import start_server, stop_server
+    from tests.support.ollama_store import add_model
+
+    store, cache = tmp_path / "ollama", tmp_path / "cache"
+    blob = add_model(store, "smollm2", "135m", embedded_gguf())
+    env = {"OLLAMA_MODELS": str(store)}
+    server = start_server(
+        tmp_path, "--engine", "llamacpp", "--model", "smollm2:135m", "--cache-dir", str(cache), env=env
+    )
+    try:
+        models = httpx.get(server.url + "/v1/models", timeout=10).json()
+        assert [m["id"] for m in models["data"]] == ["smollm2:135m"]
+        body = {
+            "model": "smollm2:135m",
+            "state": "The parcel arrived two weeks late and the box was crushed.",
+            "questions": {"late": {"type": "noul", "instructions": "Did the parcel arrive late?"}},
+        }
+        r = httpx.post(server.url + "/v1/systemone", json=body, timeout=120)
+        assert r.status_code == 200, r.text
+        assert r.json()["model"] == "smollm2:135m" and 0.0 <= r.json()["answers"]["late"]["noul"] <= 1.0
+    finally:
+        stop_server(server)
+    saved = [p for p in (cache / "gguf").iterdir() if p.name.endswith("-tokenizer")]
+    assert len(saved) == 1 and saved[0].name.startswith(blob.name)
+
+
+def test_a_prestarted_load_is_taken_over_by_load():
+    from openjev.engines import load_engine, prestart_engine
+    from openjev.engines.llamacpp import load as llamacpp_load
+
+    settings = load_settings({"engine": "llamacpp"}, environ={})
+    prestart_engine(settings)
+    prestart_engine(settings)  # once per model: the second call finds the first's load
+    (begun,) = llamacpp_load._started.values()
+    loaded = load_engine(settings)
+    try:
+        assert not llamacpp_load._started and loaded.engine.backend is begun.result()
+    finally:
+        asyncio.run(loaded.engine.close())

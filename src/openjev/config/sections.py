@@ -77,7 +77,9 @@ class ServedSettings:
         "transformers", "engine implementation: transformers (in-process), llamacpp (in-process, GGUF), sglang, vllm"
     )
     model: str | None = opt(
-        None, "a local Hugging Face model folder or a .gguf file (default: the embedded SmolLM2-135M-Instruct)"
+        None,
+        "a local Hugging Face model folder, a .gguf file, a named model (`openjev model install`), or a"
+        " name in the local Ollama store, NAME[:TAG] (default: the embedded SmolLM2-135M-Instruct)",
     )
     served_name: str | None = opt(None, "model name shown in responses (default: derived from the model)")
     device: str = opt("auto", "torch device: auto, cpu, cuda, cuda:N")

@@ -16,20 +16,26 @@ from openjev.config import Settings
 from openjev.engines.loaded import LoadedEngine, ModelCard
 from openjev.errors import ConfigError
 
-__all__ = ["ENGINES", "EngineEntry", "LoadedEngine", "ModelCard", "load_engine", "preflight_engine"]
+__all__ = ["ENGINES", "EngineEntry", "LoadedEngine", "ModelCard", "load_engine", "preflight_engine", "prestart_engine"]
 
 
 @dataclass(frozen=True)
 class EngineEntry:
     """`load(*sections) -> LoadedEngine` may take seconds; `preflight(*preflight_sections)
     -> None` is cheap, imports no ML framework, and raises ConfigError for settings that
-    cannot work (checked before the server starts listening). Each is called with sections
-    of the settings (attributes of Settings, in order), never the whole."""
+    cannot work (checked before the server starts listening). `prestart(*prestart_sections)
+    -> None`, where an engine declares one, returns at once, having begun on a thread of its
+    own what `load` would do first (the CLI calls it once the settings passed preflight, before
+    it imports the service, so the two overlap); `load` then takes that work over, and a
+    failure in it is `load`'s. Each is called with sections of the settings (attributes of
+    Settings, in order), never the whole."""
 
     load: Callable[..., LoadedEngine]
     preflight: Callable[..., None]
     sections: tuple[str, ...]
     preflight_sections: tuple[str, ...] = ("served",)
+    prestart: Callable[..., None] | None = None
+    prestart_sections: tuple[str, ...] = ("served",)
 
 
 _IN_PROCESS = ("served", "inprocess")
@@ -85,6 +91,12 @@ def _llamacpp_preflight(*sections: Any) -> None:
     load.preflight(*sections)
 
 
+def _llamacpp_prestart(*sections: Any) -> None:
+    from openjev.engines.llamacpp import load
+
+    load.prestart(*sections)
+
+
 ENGINES: dict[str, EngineEntry] = {
     "transformers": EngineEntry(load=_torch_load, preflight=_torch_preflight, sections=_IN_PROCESS),
     "sglang": EngineEntry(
@@ -93,7 +105,9 @@ ENGINES: dict[str, EngineEntry] = {
     "vllm": EngineEntry(
         load=_vllm_load, preflight=_vllm_preflight, sections=_REMOTE, preflight_sections=("served", "remote")
     ),
-    "llamacpp": EngineEntry(load=_llamacpp_load, preflight=_llamacpp_preflight, sections=_IN_PROCESS),
+    "llamacpp": EngineEntry(
+        load=_llamacpp_load, preflight=_llamacpp_preflight, sections=_IN_PROCESS, prestart=_llamacpp_prestart
+    ),
 }
 
 
@@ -107,6 +121,14 @@ def _entry(settings: Settings) -> EngineEntry:
 def preflight_engine(settings: Settings) -> None:
     entry = _entry(settings)
     entry.preflight(*(getattr(settings, s) for s in entry.preflight_sections))
+
+
+def prestart_engine(settings: Settings) -> None:
+    """Begin the engine's load in the background where its entry declares a prestart (after
+    `preflight_engine` passed); nothing otherwise. `load_engine` takes it over."""
+    entry = _entry(settings)
+    if entry.prestart is not None:
+        entry.prestart(*(getattr(settings, s) for s in entry.prestart_sections))
 
 
 def load_engine(settings: Settings) -> LoadedEngine:

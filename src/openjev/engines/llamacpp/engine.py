@@ -29,6 +29,7 @@ from openjev.core.ports import BranchResult, PlanResult
 from openjev.engines.llamacpp.cache import StateCache
 from openjev.engines.llamacpp.layout import Layout, layout, leaves
 from openjev.engines.llamacpp.lib import Backend
+from openjev.engines.memory import release_free_memory
 from openjev.engines.prefix_cache import cache_stats
 from openjev.engines.worker_inbox import deliverer, post_and_wait
 from openjev.errors import EngineError, OpenjevError, TokensExceeded
@@ -109,7 +110,13 @@ class LlamaCppEngine:
     # ---- worker thread
 
     def _loop(self) -> None:
+        dirty = False
         while True:
+            if dirty and not self._inbox:
+                # idle: what a request freed (its plan's lists, its states' buffers) stays
+                # mapped by glibc until trimmed; a few ms here cost no one anything
+                dirty = False
+                release_free_memory()
             with self._wake:
                 while not self._inbox and not self._stopped:
                     self._wake.wait()
@@ -121,6 +128,7 @@ class LlamaCppEngine:
                 job = self._inbox.popleft()
             if job.cancelled.is_set():
                 continue
+            dirty = True
             try:
                 job.deliver(self._execute(job))
             except _Cancelled:

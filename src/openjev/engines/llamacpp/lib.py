@@ -100,10 +100,14 @@ def cpu_threads() -> int:
 class LlamaCppBackend:
     """A GGUF loaded by llama.cpp and one context over it (owned by one thread)."""
 
-    def __init__(self, path: str, *, work_cells: int, n_seq_max: int, n_batch: int, n_threads: int) -> None:
+    def __init__(
+        self, path: str, *, work_cells: int, n_seq_max: int, n_batch: int, n_ubatch: int, n_threads: int
+    ) -> None:
         """The context holds `work_cells` KV cells, one request's (at most the trained
         context); llama.cpp allocates (and clears, so the pages are resident) all of it here.
-        The prefix cache lives outside it (cache.py)."""
+        The prefix cache lives outside it (cache.py). A decode call takes up to `n_batch`
+        tokens and computes them `n_ubatch` at a time (the compute buffer is sized for one
+        ubatch)."""
         import llama_cpp as lc
 
         self._lc = lc
@@ -130,7 +134,8 @@ class LlamaCppBackend:
         n_ctx = -(-cells // 256) * 256
         cparams = lc.llama_context_default_params()
         cparams.n_ctx = n_ctx
-        cparams.n_batch = cparams.n_ubatch = n_batch
+        cparams.n_batch = n_batch
+        cparams.n_ubatch = min(n_ubatch, n_batch)
         cparams.n_seq_max = n_seq_max
         cparams.n_threads = cparams.n_threads_batch = n_threads
         cparams.kv_unified = True

@@ -3,7 +3,9 @@ GGUF with its tokenizer (`load`), for the registry."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
+import threading
 import time
 
 from openjev.config import InProcessSettings, ServedSettings
@@ -19,6 +21,11 @@ N_SEQ_MAX = 64
 # context where it is shorter); a larger request is refused before any work (422).
 WORK_CELLS = 8192
 N_BATCH = 512  # tokens per decode call: a cancellation boundary (about 1 s on 2 cores, 1.5B model)
+# Tokens per llama.cpp compute step inside a decode call: its compute buffer (activations,
+# attention scores over every cell) is sized for one step: 153 MiB at 256 against 306 at 512
+# on the 1.5B model, and 41 MiB less peak RSS in the bench, at the same prefill rate and the
+# same log-probs in the parity tests (2-core AVX2 EPYC; docs/engines.md).
+N_UBATCH = 256
 
 
 def preflight(served: ServedSettings) -> None:
@@ -39,31 +46,42 @@ def preflight(served: ServedSettings) -> None:
         raise ConfigError("--engine llamacpp serves GGUF files: --model must be a .gguf file or a named model")
 
 
-def load(served: ServedSettings, tuning: InProcessSettings):
-    """Load the GGUF with llama.cpp and its Hugging Face tokenizer side by side (blocking)."""
-    import concurrent.futures
+def prestart(served: ServedSettings) -> None:
+    """Start loading the GGUF (llama.cpp's mmap and context) on a thread of its own, as soon
+    as `openjev serve` knows the engine and the model, so that the service's imports (which
+    hold the GIL, where llama.cpp's load does not) run beside it; `load` takes what it
+    started. Cheap on the calling thread; a failure surfaces in `load`, as if it had
+    started the load itself."""
+    _start(_backend_key(served), register=True)
 
-    from openjev.engines.llamacpp.lib import LlamaCppBackend, cpu_threads
+
+def load(served: ServedSettings, tuning: InProcessSettings):
+    """Load the GGUF with llama.cpp and its Hugging Face tokenizer side by side (blocking):
+    the load `prestart` began, or one begun now."""
     from openjev.engines.loaded import LoadedEngine, ModelCard
+    from openjev.engines.memory import release_free_memory
+    from openjev.engines.models.gguf_tokenizer import load_gguf_tokenizer
     from openjev.engines.models.source import resolve_source, source_fingerprint
     from openjev.engines.models.tokenizer import HFChatTokenizer
 
     t0 = time.perf_counter()
     source = resolve_source(served.model, served.cache_dir)
-    path = str(source.folder / (source.gguf_file or ""))
-    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="openjev-llamacpp-load") as pool:
+    key = _backend_key(served)
+    with _lock:
+        backend_f = _started.pop(key, None)
+    if backend_f is None:
+        backend_f = _start(key, register=False)
+    try:
         # llama.cpp releases the GIL while it loads: the tokenizer (transformers' import
         # included) loads beside it
-        backend_f = pool.submit(
-            LlamaCppBackend,
-            path,
-            work_cells=WORK_CELLS,
-            n_seq_max=N_SEQ_MAX,
-            n_batch=N_BATCH,
-            n_threads=cpu_threads(),
-        )
-        tokenizer = _hf_tokenizer(source, served.cache_dir)
-        backend = backend_f.result()
+        tokenizer = HFChatTokenizer(load_gguf_tokenizer(source, served.cache_dir))
+    except BaseException:
+        backend_f.add_done_callback(_close_loaded)  # not served: its memory goes when it is ready
+        raise
+    backend = backend_f.result()
+    # what the tokenizer's build and the imports freed is still mapped (glibc): returned now,
+    # before the first request adds its own working set
+    release_free_memory()
     engine = LlamaCppEngine(backend, prefix_cache_bytes=tuning.prefix_cache_bytes)
     seconds = time.perf_counter() - t0
     log.info(
@@ -80,39 +98,54 @@ def load(served: ServedSettings, tuning: InProcessSettings):
         release_date=source.release_date,
         fingerprint=source_fingerprint(source),
     )
-    return LoadedEngine(engine=engine, tokenizer=HFChatTokenizer(tokenizer), card=card, load_seconds=seconds)
+    return LoadedEngine(engine=engine, tokenizer=tokenizer, card=card, load_seconds=seconds)
 
 
-def _hf_tokenizer(source, cache_dir: str):
-    """The tokenizer the in-process engine uses for this GGUF: its converted copy where
-    `openjev model install` (or a transformers run) made one, else read from the GGUF by
-    the same transformers code that made that copy."""
-    from openjev.engines.models.converted import COMPLETE, sizes_problem
-    from openjev.engines.models.source import gguf_cache_folder
-
-    cached = gguf_cache_folder(source, cache_dir)
-    # sizes only: the hashes would read the float32 weights, which this engine never loads
-    if (cached / COMPLETE).exists() and sizes_problem(cached) is None:
-        return _named_tokenizer(cached)
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(source.folder, gguf_file=source.gguf_file, local_files_only=True)
+# Loads begun by `prestart`, by what they load, until `load` takes them.
+_started: dict[tuple, concurrent.futures.Future] = {}
+_lock = threading.Lock()
 
 
-def _named_tokenizer(folder):
-    """The tokenizer class the folder's tokenizer_config.json names, loaded as AutoTokenizer
-    would load it, without AutoTokenizer's detour through the model's configuration classes,
-    which import torch (4 s and about 220 MiB of this engine's start, measured on the 1.5B
-    model's folder; this engine never runs torch). AutoTokenizer where no class is named."""
-    import json
+def _backend_key(served: ServedSettings) -> tuple:
+    from openjev.engines.models.source import resolve_source
 
-    import transformers
+    source = resolve_source(served.model, served.cache_dir)
+    path = str(source.folder / (source.gguf_file or ""))
+    return (path, WORK_CELLS, N_SEQ_MAX, N_BATCH, N_UBATCH)
 
-    try:
-        name = json.loads((folder / "tokenizer_config.json").read_text()).get("tokenizer_class")
-    except (OSError, ValueError):
-        name = None
-    cls = getattr(transformers, name, None) if isinstance(name, str) and name.isidentifier() else None
-    if cls is None or not issubclass(cls, transformers.PreTrainedTokenizerBase):
-        return transformers.AutoTokenizer.from_pretrained(folder, local_files_only=True)
-    return cls.from_pretrained(folder, local_files_only=True)
+
+def _close_loaded(future: concurrent.futures.Future) -> None:
+    if future.exception() is None:
+        future.result().close()
+
+
+def _start(key: tuple, *, register: bool) -> concurrent.futures.Future:
+    """The backend for `key`, loading on a daemon thread (a server that exits before its
+    load finished does not wait for it); registered for `load` to take where asked."""
+    future: concurrent.futures.Future = concurrent.futures.Future()
+    path, work_cells, n_seq_max, n_batch, n_ubatch = key
+
+    def run() -> None:
+        try:
+            from openjev.engines.llamacpp.lib import LlamaCppBackend, cpu_threads
+
+            backend = LlamaCppBackend(
+                path,
+                work_cells=work_cells,
+                n_seq_max=n_seq_max,
+                n_batch=n_batch,
+                n_ubatch=n_ubatch,
+                n_threads=cpu_threads(),
+            )
+        except BaseException as exc:  # noqa: BLE001 - handed to whoever waits on the load
+            future.set_exception(exc)
+        else:
+            future.set_result(backend)
+
+    with _lock:
+        if register:
+            if key in _started:
+                return _started[key]
+            _started[key] = future
+        threading.Thread(target=run, name="openjev-llamacpp-load", daemon=True).start()
+    return future

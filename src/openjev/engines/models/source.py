@@ -15,6 +15,7 @@ from pathlib import Path
 
 from openjev.config import ServedSettings
 from openjev.engines.models import named as named_models
+from openjev.engines.models import ollama
 from openjev.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -52,8 +53,10 @@ def embedded_gguf() -> Path:
 
 
 def resolve_source(model: str | None, cache_dir: str | None = None) -> ModelSource:
-    """Turn the --model setting into a ModelSource; raises ConfigError for a missing path or
-    a named model (named.py) not installed in `cache_dir` (default: the default cache)."""
+    """Turn the --model setting into a ModelSource: the embedded model, a named model
+    (named.py), a file or folder, else a name in the local Ollama store (ollama.py). Raises
+    ConfigError for a named model not installed in `cache_dir` (default: the default cache),
+    or a path that is neither there nor an Ollama model with its blob."""
     if model is None:
         path = embedded_gguf()
         return ModelSource(path.parent, path.name, EMBEDDED_NAME, EMBEDDED_DESCRIPTION, EMBEDDED_RELEASE_DATE)
@@ -63,7 +66,7 @@ def resolve_source(model: str | None, cache_dir: str | None = None) -> ModelSour
         return ModelSource(path.parent, path.name, entry.name, entry.description, entry.release_date)
     path = Path(model).expanduser()
     if not path.exists():
-        raise ConfigError(f"--model {model!r}: no such file or folder (models are never downloaded)")
+        return _ollama_source(model)
     date = file_date(path)
     if path.is_file():
         if path.suffix != ".gguf":
@@ -72,6 +75,19 @@ def resolve_source(model: str | None, cache_dir: str | None = None) -> ModelSour
     if not (path / "config.json").exists():
         raise ConfigError(f"--model {model!r}: not a Hugging Face model folder (no config.json)")
     return ModelSource(path, None, _slug(path.name), f"{path.name}", date)
+
+
+def _ollama_source(model: str) -> ModelSource:
+    """`model`, not a path that exists, as a name in the local Ollama store: its GGUF blob."""
+    name, root = ollama.parse_name(model), ollama.store_root()
+    if name is None or not (root / "manifests").is_dir():
+        raise ConfigError(
+            f"--model {model!r}: no such file or folder, nor an Ollama store at {root} to look the name up in"
+            " (models are never downloaded)"
+        )
+    found = ollama.resolve(name, root)
+    blob = found.gguf
+    return ModelSource(blob.parent, blob.name, str(found.name), f"{found.name} (Ollama's GGUF)", file_date(blob))
 
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".gguf", ".pt", ".pth")

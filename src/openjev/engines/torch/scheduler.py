@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import ctypes
 import enum
 import logging
 import threading
@@ -31,6 +30,7 @@ from typing import Any, Protocol
 
 from openjev.core.plan import Plan
 from openjev.core.ports import BranchResult, PlanResult
+from openjev.engines.memory import release_free_memory
 from openjev.engines.prefix_cache import PrefixCache
 from openjev.engines.torch.cost_model import CostModel, attended
 from openjev.engines.torch.joins import PrefixJoins
@@ -40,25 +40,6 @@ from openjev.engines.worker_inbox import deliverer, post_and_wait
 from openjev.errors import EngineError
 
 log = logging.getLogger(__name__)
-
-
-def _malloc_trim() -> Callable[[int], int] | None:
-    try:
-        return ctypes.CDLL("libc.so.6").malloc_trim
-    except (OSError, AttributeError):  # not glibc: nothing to do
-        return None
-
-
-_TRIM = _malloc_trim()
-
-
-def release_free_memory() -> None:
-    """Give the heap's free pages back to the OS (glibc). A forward's working set (attention
-    scores, activations: up to hundreds of MB with large slices) is freed after it, but
-    glibc keeps freed heap memory mapped, so without this RSS stays at the peak working
-    set on top of the weights and the prefix cache (bench/bench_load.py --rss-minutes)."""
-    if _TRIM is not None:
-        _TRIM(0)
 
 
 class Runner(Protocol):
@@ -204,7 +185,10 @@ class Scheduler:
         while True:
             if self._dirty and not self._jobs and not self._inbox:
                 self._dirty = False
-                release_free_memory()  # idle: a few ms here cost nobody anything
+                # idle: a few ms here cost nobody anything. A forward's working set (attention
+                # scores, activations: up to hundreds of MB with large slices) is freed after it,
+                # but stays mapped until trimmed (bench/bench_load.py --rss-minutes)
+                release_free_memory()
             with self._wake:
                 while not self._inbox and not self._jobs and not self._joins and not self._stopped:
                     self._wake.wait()
