@@ -18,6 +18,7 @@ import logging
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 from openjev.config import ServedSettings
@@ -120,20 +121,31 @@ def _convert_gguf(source: ModelSource, target: Path) -> Path:
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
     gguf_file = source.gguf_file or ""
+
+    def fill(tmp: Path) -> dict[str, str]:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        return {"source": str(source.folder / gguf_file)}
+
+    write_complete(target, fill)
+    return target
+
+
+def write_complete(target: Path, fill: Callable[[Path], dict[str, str]]) -> None:
+    """`fill(folder)` writes the files into a temporary sibling of `target` and returns what
+    the record adds beside the files' sizes and hashes; the record (COMPLETE) is written last,
+    then the folder renamed into place: a folder at `target` is either complete or absent."""
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=target.name + ".", dir=target.parent))
     try:
-        model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-        record = {"source": str(source.folder / gguf_file), "files": files_record(tmp)}
-        (tmp / COMPLETE).write_text(json.dumps(record, indent=1))
-        if target.exists():  # an incomplete earlier attempt
+        record = fill(tmp)
+        (tmp / COMPLETE).write_text(json.dumps({**record, "files": files_record(tmp)}, indent=1))
+        if target.exists():  # an incomplete or damaged earlier copy
             shutil.rmtree(target)
         os.replace(tmp, target)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return target
 
 
 def _sha256(path: Path) -> str:

@@ -14,12 +14,9 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import shutil
-import tempfile
 from pathlib import Path
 
-from openjev.engines.models.converted import COMPLETE, cache_problem, files_record, sizes_problem
+from openjev.engines.models.converted import COMPLETE, cache_problem, sizes_problem, write_complete
 from openjev.engines.models.source import ModelSource, gguf_cache_folder
 
 log = logging.getLogger(__name__)
@@ -57,19 +54,13 @@ def load_gguf_tokenizer(source: ModelSource, cache_dir: str):
 
 
 def _save(tokenizer, target: Path) -> None:
-    """Written into a temporary sibling, its record last, then renamed into place: a
-    folder at `target` is either complete or absent."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=target.name + ".", dir=target.parent))
-    try:
+    """Written as a conversion is (converted.write_complete): complete or absent."""
+
+    def fill(tmp: Path) -> dict[str, str]:
         tokenizer.save_pretrained(tmp)
-        (tmp / COMPLETE).write_text(json.dumps({"files": files_record(tmp)}, indent=1))
-        if target.exists():  # a damaged earlier copy
-            shutil.rmtree(target)
-        os.replace(tmp, target)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        return {}
+
+    write_complete(target, fill)
 
 
 def named_tokenizer(folder: Path):
