@@ -43,7 +43,9 @@ def preflight(served: ServedSettings) -> None:
         raise ConfigError(f"--engine llamacpp runs on the CPU; --device {served.device} is not served")
     source = resolve_source(served.model, served.cache_dir)
     if source.gguf_file is None:
-        raise ConfigError("--engine llamacpp serves GGUF files: --model must be a .gguf file or a named model")
+        raise ConfigError(
+            "--engine llamacpp serves GGUF files: --model must be a .gguf file, a named model or an Ollama name"
+        )
 
 
 def prestart(served: ServedSettings) -> None:
