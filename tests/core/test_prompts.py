@@ -129,7 +129,7 @@ def test_a_state_asked_again_is_encoded_once_per_namespace_with_the_same_ids():
 
 
 def test_shared_ids_are_bounded_least_recently_used_first():
-    from openjev.core.prompts import SharedIds
+    from openjev.core.shared_ids import SharedIds
 
     cache = SharedIds(max_tokens=40)
     cache.put(("", "a"), tuple(range(10)))
@@ -146,3 +146,21 @@ def test_shared_ids_are_bounded_least_recently_used_first():
     cache.put(("", "a"), tuple(range(5)))  # replacing an entry counts its new size
     assert cache.tokens == 35
     assert cache.get(("x", "c")) is None  # another namespace is another key
+
+
+def test_a_refused_request_leaves_no_state_behind():
+    """Kept only once its request passed the limits: a refusal is charged what it read each time."""
+    from openjev.core.prompts import CompileLimits
+    from openjev.errors import TokensExceeded
+
+    tok = _CountingTokenizer()
+    compiler = PromptCompiler(tok, max_labels=255)
+    state = State((Turn("user", "Order 5512: refund me now. " + "I waited for weeks and weeks. " * 30),))
+    tight = CompileLimits(max_branch_tokens=50, max_branches=64, max_prompt_tokens=10_000)
+    for _ in range(2):
+        with pytest.raises(TokensExceeded) as refused:
+            compiler.compile(DecisionRequest(state, QUESTIONS[:1]), limits=tight)
+        assert refused.value.work_tokens > 50  # the state was read, both times
+    tok.encoded.clear()
+    compiler.compile(DecisionRequest(state, QUESTIONS[:1]))
+    assert _state_encodings(tok, state) == 1  # nothing was kept from the refusals

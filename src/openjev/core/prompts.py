@@ -19,8 +19,6 @@ checked on every request, and where it fails every branch is encoded whole inste
 from __future__ import annotations
 
 import logging
-import threading
-from collections import OrderedDict
 from dataclasses import dataclass
 
 from openjev.core.frame import Frame, content_rule, frame, tail_chars, text_of
@@ -28,6 +26,7 @@ from openjev.core.labels import LabelSet, verify_labels, verify_words
 from openjev.core.plan import Branch, Plan
 from openjev.core.ports import ChatTokenizer, Segments
 from openjev.core.readouts import LettersReadout, Readout
+from openjev.core.shared_ids import SHARED_IDS_TOKENS, SharedIds
 from openjev.core.types import ChoiceQuestion, DecisionRequest, State, Turn
 from openjev.core.wording import ANSWER_CUE, LABEL_SEPARATOR, NO, YES, letters_text
 from openjev.errors import TokensExceeded
@@ -40,11 +39,6 @@ _PROBE_QUESTION = ChoiceQuestion(instructions="Which team should handle this?", 
 
 # Characters of the shared text's end that the token-stability check encodes again.
 STABILITY_WINDOW = 512
-# Tokens of recently encoded shared parts (states) kept for the next request with the same
-# state: encoding a ~1,000-token state is most of a warm request's compile (about 3 of 4.5 ms
-# with the embedded tokenizer), and a state asked new questions is what the prefix cache is
-# for. About 40 bytes a token: ~10 MB at this bound.
-SHARED_IDS_TOKENS = 262_144
 
 
 @dataclass(frozen=True)
@@ -140,7 +134,12 @@ class PromptCompiler:
         # before the question (the part of each branch is then the reading alone).
         shared_text, lead = (fr.prefix, fr.middle) if fr.prefix else (fr.middle, ())
         enc = _Encoder(self._tok, part_cache)
-        shared = self._shared(shared_text, request.cache_namespace, enc) if shared_text else ()
+        # A state asked again (same namespace: a compile's time tells no tenant what another
+        # sent) is not encoded again; it is kept only once its request passed the limits, so
+        # a refusal is charged what it read every time and fills nothing.
+        key = (request.cache_namespace, _key(shared_text)) if shared_text else None
+        known = self._shared_ids.get(key) if key is not None else None
+        shared = known if known is not None else enc.whole(shared_text) if shared_text else ()
         if limits is not None:
             _check_shared(limits, request, len(shared), sum(counts), enc.work)
         reads = self._encode_readings(request, readout, counts, enc, lead, fr.tail, len(shared), limits)
@@ -154,22 +153,13 @@ class PromptCompiler:
                 for r in reads
             ]
         plan = Plan.from_branches(branches, cache_namespace=request.cache_namespace)
+        if key is not None and known is None:
+            self._shared_ids.put(key, shared)
         spans, at = [], 0
         for count in counts:
             spans.append((at, count))
             at += count
         return CompiledRequest(plan=plan, spans=tuple(spans))
-
-    def _shared(self, text: Segments, namespace: str, enc: _Encoder) -> tuple[int, ...]:
-        """The shared part's ids, from the recent ones where the same text was encoded for
-        the same cache namespace (a tenant does not learn from the compile's time that another
-        sent this state, as it does not from the engine's cache)."""
-        key = (namespace, _key(text))
-        ids = self._shared_ids.get(key)
-        if ids is None:
-            ids = enc.whole(text)
-            self._shared_ids.put(key, ids)
-        return ids
 
     def _check_shape(self, request: DecisionRequest, n_branches: int, limits: CompileLimits | None) -> None:
         """The limits known before any text is rendered: the branch count, and the state's
@@ -257,41 +247,6 @@ class PromptCompiler:
             if self._tok.encode_pieces(window + text) != window_ids + self._tok.encode_pieces(text):
                 return False
         return True
-
-
-class SharedIds:
-    """A least-recently-used map (namespace, text key) -> ids, bounded by the ids it holds;
-    an entry over a quarter of the bound is not kept (it would evict the rest). Safe across
-    the compile's worker threads."""
-
-    def __init__(self, max_tokens: int) -> None:
-        self._max = max_tokens
-        self._entries: OrderedDict[tuple[str, str], tuple[int, ...]] = OrderedDict()
-        self._tokens = 0
-        self._lock = threading.Lock()
-
-    @property
-    def tokens(self) -> int:
-        return self._tokens
-
-    def get(self, key: tuple[str, str]) -> tuple[int, ...] | None:
-        with self._lock:
-            ids = self._entries.get(key)
-            if ids is not None:
-                self._entries.move_to_end(key)
-            return ids
-
-    def put(self, key: tuple[str, str], ids: tuple[int, ...]) -> None:
-        if len(ids) > self._max // 4:
-            return
-        with self._lock:
-            old = self._entries.pop(key, None)
-            self._tokens -= len(old) if old is not None else 0
-            self._entries[key] = ids
-            self._tokens += len(ids)
-            while self._tokens > self._max:
-                _, dropped = self._entries.popitem(last=False)
-                self._tokens -= len(dropped)
 
 
 class _Encoder:

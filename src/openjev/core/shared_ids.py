@@ -1,0 +1,47 @@
+"""The ids of recently compiled shared parts (states), for the next request with the same
+state: encoding a ~1,000-token state is most of a warm request's compile (about 3 of 4.5 ms
+with the embedded tokenizer), and a state asked new questions is what the prefix cache is
+for. Keys are (cache namespace, the text's key): tenants do not share entries."""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+
+# About 40 bytes a token held: ~10 MB at this bound.
+SHARED_IDS_TOKENS = 262_144
+
+
+class SharedIds:
+    """A least-recently-used map (namespace, text key) -> ids, bounded by the ids it holds;
+    an entry over a quarter of the bound is not kept (it would evict the rest). Safe across
+    the compile's worker threads."""
+
+    def __init__(self, max_tokens: int) -> None:
+        self._max = max_tokens
+        self._entries: OrderedDict[tuple[str, str], tuple[int, ...]] = OrderedDict()
+        self._tokens = 0
+        self._lock = threading.Lock()
+
+    @property
+    def tokens(self) -> int:
+        return self._tokens
+
+    def get(self, key: tuple[str, str]) -> tuple[int, ...] | None:
+        with self._lock:
+            ids = self._entries.get(key)
+            if ids is not None:
+                self._entries.move_to_end(key)
+            return ids
+
+    def put(self, key: tuple[str, str], ids: tuple[int, ...]) -> None:
+        if len(ids) > self._max // 4:
+            return
+        with self._lock:
+            old = self._entries.pop(key, None)
+            self._tokens -= len(old) if old is not None else 0
+            self._entries[key] = ids
+            self._tokens += len(ids)
+            while self._tokens > self._max:
+                _, dropped = self._entries.popitem(last=False)
+                self._tokens -= len(dropped)
