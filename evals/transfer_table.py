@@ -34,13 +34,14 @@ from typing import Any
 from openjev.core import calibration as calib
 from openjev.core import scoring
 from openjev.core.readouts import LettersReadout, question_type
-from openjev.core.types import ChoiceQuestion, Question
+from openjev.core.types import ChoiceQuestion, NoulQuestion, Question
 from openjev.evals import readings
 from openjev.evals.dataset import Item, load_items
 from openjev.evals.domains import domain_of_id
 from openjev.evals.fit import (
     fit_readout,
     fit_type_held_out_uniform,
+    fit_type_worst_excess,
     fit_type_worst_group,
     fit_type_worst_group_uniform,
 )
@@ -72,35 +73,54 @@ def _lps(pool: Pool, key: tuple[str, str], orders: Sequence[tuple[int, ...]]) ->
     return [got[o] for o in orders] if all(o in got for o in orders) else None
 
 
-def prior_by_count(pool: Pool, questions: Sequence[tuple[tuple[str, str], Question]]) -> dict[int, list[float]]:
-    """PriDe's position prior per option count: for each question with all n cyclic shifts
-    recorded, the softmax of the mean log-probability each displayed position got over the
-    shifts (the options' own merit cancels); then the mean of those, per n. No labels used."""
-    sums: dict[int, list[float]] = {}
-    counts: dict[int, int] = {}
-    for key, q in questions:
-        n = readings_n(q)
-        if not isinstance(q, ChoiceQuestion):
-            continue
-        shifts = [tuple((s + j) % n for j in range(n)) for s in range(n)]
-        lps = _lps(pool, key, shifts)
-        if lps is None or n < 2:
-            continue
-        logs = [[math.log(max(p, 1e-12)) for p in scoring.softmax(lp, 1.0)] for lp in lps]
-        mean = [math.fsum(row[j] for row in logs) / n for j in range(n)]
-        prior = scoring.softmax(mean, 1.0)
-        acc = sums.setdefault(n, [0.0] * n)
-        for j in range(n):
-            acc[j] += prior[j]
-        counts[n] = counts.get(n, 0) + 1
+Priors = dict[str, dict[int, list[float]]]  # question type -> option count -> position prior
+
+
+def _mean_prior(rows: Sequence[Sequence[float]], n: int) -> list[float]:
+    """The softmax of the mean log-probability each displayed position got over `rows` (the
+    readings of one question in several orders: the options' own merit cancels)."""
+    logs = [[math.log(max(p, 1e-12)) for p in scoring.softmax(lp, 1.0)] for lp in rows]
+    return scoring.softmax([math.fsum(row[j] for row in logs) / len(logs) for j in range(n)], 1.0)
+
+
+def _averaged(sums: dict[int, list[float]], counts: dict[int, int]) -> dict[int, list[float]]:
     return {n: [v / counts[n] for v in acc] for n, acc in sums.items()}
 
 
-def prior_of_readings(pool: Pool, questions: Sequence[tuple[tuple[str, str], Question]]) -> dict[int, list[float]]:
-    """The cheaper estimate: no permuted readings, only each question's one canonical reading
-    (noul: its one reading): per option count, the mean over questions of the probability each
+def prior_by_count(pool: Pool, questions: Sequence[tuple[tuple[str, str], Question]]) -> Priors:
+    """PriDe's position prior per question type and option count, no labels used.
+    choice: for each question with all n cyclic shifts recorded, `_mean_prior` over the
+    shifts, then the mean of those per n. score: the same over the scale and its reverse
+    (what canonical reads): position j showed level j once and level n-1-j once, so what
+    is left is the preference for the position, symmetric in j and n-1-j as the server
+    applies it (core.calibration.apply, `mirrored`)."""
+    sums: dict[str, dict[int, list[float]]] = {"choice": {}, "score": {}}
+    counts: dict[str, dict[int, int]] = {"choice": {}, "score": {}}
+    for key, q in questions:
+        n = readings_n(q)
+        if n < 2 or isinstance(q, NoulQuestion):
+            continue
+        if isinstance(q, ChoiceQuestion):
+            qtype, orders = "choice", [tuple((s + j) % n for j in range(n)) for s in range(n)]
+        else:
+            qtype, orders = "score", [tuple(range(n)), tuple(range(n))[::-1]]
+        lps = _lps(pool, key, orders)
+        if lps is None:
+            continue
+        prior = _mean_prior(lps, n)
+        acc = sums[qtype].setdefault(n, [0.0] * n)
+        for j in range(n):
+            acc[j] += prior[j]
+        counts[qtype][n] = counts[qtype].get(n, 0) + 1
+    return {t: _averaged(sums[t], counts[t]) for t in sums}
+
+
+def prior_of_readings(pool: Pool, questions: Sequence[tuple[tuple[str, str], Question]]) -> Priors:
+    """The cheaper estimate for choice: no permuted readings, only each question's one
+    canonical reading: per option count, the mean over questions of the probability each
     displayed position got. Over many questions the options' merit averages out wherever the
-    right answer is not tied to a position (canonical order is by text). No labels used."""
+    right answer is not tied to a position (canonical order is by text). No labels used.
+    score: as prior_by_count (canonical reads every scale both ways)."""
     readout = LettersReadout(LABELS, IDS, canonical=True)
     sums: dict[int, list[float]] = {}
     counts: dict[int, int] = {}
@@ -116,10 +136,16 @@ def prior_of_readings(pool: Pool, questions: Sequence[tuple[tuple[str, str], Que
         for j in range(n):
             acc[j] += probs[j]
         counts[n] = counts.get(n, 0) + 1
-    return {n: [v / counts[n] for v in acc] for n, acc in sums.items()}
+    return {"choice": _averaged(sums, counts), "score": prior_by_count(pool, questions)["score"]}
 
 
-PRIOR_ESTIMATE = {"pride": prior_by_count, "pride-mean": prior_of_readings}
+PRIOR_ESTIMATE = {
+    "pride": prior_by_count,
+    "pride+scales": prior_by_count,
+    "pride-mean": prior_of_readings,
+}
+# the question types whose position prior each config divides out (and writes into its fit)
+PRIOR_TYPES = {"pride": ("choice",), "pride+scales": ("choice", "score"), "pride-mean": ("choice",)}
 
 
 def readings_n(q: Question) -> int:
@@ -128,7 +154,7 @@ def readings_n(q: Question) -> int:
     return n_options(q)
 
 
-Combiner = Callable[[Question, tuple[str, str], Pool, dict[int, list[float]]], tuple[float, ...] | None]
+Combiner = Callable[[Question, tuple[str, str], Pool, Priors], tuple[float, ...] | None]
 
 
 def _readout_combiner(readout: LettersReadout) -> Combiner:
@@ -139,23 +165,26 @@ def _readout_combiner(readout: LettersReadout) -> Combiner:
     return combine
 
 
-def _pride(q, key, pool, prior):
-    """canonical's readings; a choice's one reading divided by the prior of its letters
-    (noul and score as canonical reads them: what a server with the fit's position prior
-    computes, core.calibration.apply)."""
+def _pride_for(types: tuple[str, ...]) -> Combiner:
+    """canonical's readings, with the position prior of `types` divided out exactly as a
+    server with that fit's `position_prior` does (core.calibration.apply at T=1: the fit's
+    temperature applies after it, and softmax(log p / T) of the renormalised answer is the
+    same as of the raw one): a choice's one reading by the prior of its letters, a scale
+    read both ways by the symmetrised prior."""
     readout = LettersReadout(LABELS, IDS, canonical=True)
-    orders = readout.orders(q)
-    lps = _lps(pool, key, orders)
-    if lps is None:
-        return None
-    n = readings_n(q)
-    fixed = []
-    for lp in lps:
-        if isinstance(q, ChoiceQuestion):
-            pr = prior.get(n, [1.0 / n] * n)
-            lp = tuple(v - math.log(max(pr[j], 1e-12)) for j, v in enumerate(lp))
-        fixed.append(lp)
-    return readout.combine(q, fixed).probs
+
+    def combine(q, key, pool, prior):
+        lps = _lps(pool, key, readout.orders(q))
+        if lps is None:
+            return None
+        got = readout.combine(q, lps)
+        qtype = question_type(q)
+        if qtype not in types or not prior.get(qtype):
+            return got.probs
+        fit = calib.TypeFit(1.0, (), {n: tuple(p) for n, p in prior[qtype].items()})
+        return calib.apply(fit, got.probs, got.shown, got.clones, got.mirrored)
+
+    return combine
 
 
 CONFIGS: dict[str, tuple[Combiner, tuple[str, ...], int]] = {
@@ -164,8 +193,9 @@ CONFIGS: dict[str, tuple[Combiner, tuple[str, ...], int]] = {
     "letters R=2": (_readout_combiner(LettersReadout(LABELS, IDS, rotations=2)), (), 2),
     "letters R=4": (_readout_combiner(LettersReadout(LABELS, IDS, rotations=4)), (), 4),
     "canonical": (_readout_combiner(LettersReadout(LABELS, IDS, canonical=True)), ("choice",), 1),
-    "pride": (_pride, ("choice",), 1),
-    "pride-mean": (_pride, ("choice",), 1),
+    "pride": (_pride_for(PRIOR_TYPES["pride"]), ("choice",), 1),
+    "pride+scales": (_pride_for(PRIOR_TYPES["pride+scales"]), ("choice", "score"), 1),
+    "pride-mean": (_pride_for(PRIOR_TYPES["pride-mean"]), ("choice",), 1),
     "mirror": (_readout_combiner(LettersReadout(LABELS, IDS, mirror=True)), TYPES, 2),
 }
 
@@ -180,7 +210,7 @@ def questions_of(items: Sequence[Item]) -> list[tuple[Item, str, Question]]:
     return out
 
 
-def scored(name: str, qs, pool: Pool, prior: dict[int, list[float]]) -> list[tuple[str, Scored]] | None:
+def scored(name: str, qs, pool: Pool, prior: Priors) -> list[tuple[str, Scored]] | None:
     """(domain, Scored) per question under config `name`; None where an ordering is missing."""
     combine = CONFIGS[name][0]
     out = []
@@ -206,6 +236,7 @@ def _apply(fits: dict[str, dict], s: Scored) -> Scored:
 
 WORST_GROUP_FITS = {
     "T-worst": fit_type_worst_group,
+    "T-excess": fit_type_worst_excess,
     "T-worst+U": fit_type_worst_group_uniform,
     "T+U-lgo": fit_type_held_out_uniform,
 }
@@ -213,7 +244,8 @@ WORST_GROUP_FITS = {
 
 def _fit(train: Sequence[tuple[str, Scored]], name: str, form: str) -> dict[str, dict]:
     """Per type, the fit of `form`: T (pooled NLL), T+prior (the shipped rule), T-worst (the
-    T whose worst training group is best: fit_type_worst_group) or T-worst+U (T and the
+    T whose worst training group is best: fit_type_worst_group), T-excess (the T whose worst
+    training group is least above a guess: fit_type_worst_excess) or T-worst+U (T and the
     uniform mix λ whose worst training group is best: fit_type_worst_group_uniform) or
     T+U-lgo (λ chosen by leave-one-group-out within the training groups, T pooled:
     fit_type_held_out_uniform)."""
@@ -234,12 +266,18 @@ def _figures(samples: Sequence[Scored]) -> dict[str, dict]:
         if part:
             m = summarize(part)
             uniform = math.fsum(math.log(len(s.probs)) for s in part) / len(part)
+            # the standard error of the mean excess over a guess: how far above a guess a
+            # group's NLL must be before it says more than its few questions can
+            excess = [-math.log(max(s.probs[s.correct], 1e-12)) - math.log(len(s.probs)) for s in part]
+            mean = math.fsum(excess) / len(excess)
+            var = math.fsum((e - mean) ** 2 for e in excess) / max(len(excess) - 1, 1)
             out[t] = {
                 "n": len(part),
                 "accuracy": m["accuracy"],
                 "ece": m["ece"],
                 "nll": m["nll"],
                 "uniform_nll": uniform,
+                "excess_se": math.sqrt(var / len(excess)),
             }
     return out
 
@@ -303,7 +341,7 @@ def markdown(results: list[dict], head: str) -> str:
         "",
     ]
     lines += [
-        "| readout | fit | type | raw (test) | dev -> test | in-domain (8 folds) | held-out groups | held-out minus in-domain ECE | groups worse than uniform (NLL) |",
+        "| readout | fit | type | raw (test) | dev -> test | in-domain (8 folds) | held-out groups | held-out minus in-domain ECE | groups worse than uniform (NLL; standard error of the excess) |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
@@ -314,7 +352,7 @@ def markdown(results: list[dict], head: str) -> str:
                 cells.append("-" if m is None else f"{_f(m['ece'])} / {_f(m['nll'])} / {_f(m['accuracy'])}")
             gap = r["held_out_groups"][t]["ece"] - r["in_domain_cv"][t]["ece"]
             worse = [
-                f"{g} ({m[t]['nll']:.3f} > {m[t]['uniform_nll']:.3f})"
+                f"{g} ({m[t]['nll']:.3f} > {m[t]['uniform_nll']:.3f}, se {m[t]['excess_se']:.3f})"
                 for g, m in r["per_group"].items()
                 if t in m and m[t]["nll"] > m[t]["uniform_nll"] + 1e-9
             ]
@@ -338,13 +376,14 @@ def markdown(results: list[dict], head: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-FORMS = ("T", "T+prior", "T-worst", "T-worst+U", "T+U-lgo")
-SERVED_FORMS = FORMS[:3]  # what a calibration file can hold (core.calibration: no uniform mix)
+FORMS = ("T", "T+prior", "T-worst", "T-excess", "T-worst+U", "T+U-lgo")
+SERVED_FORMS = FORMS[:4]  # what a calibration file can hold (core.calibration: no uniform mix)
 SERVED = {"letters R=1": ("letters", 1), "letters R=2": ("letters", 2), "letters R=4": ("letters", 4)}
 SERVED |= {
     "canonical": ("canonical", 1),
     "mirror": ("mirror", 1),
     "pride": ("canonical", 1),
+    "pride+scales": ("canonical", 1),
     "pride-mean": ("canonical", 1),
 }
 
@@ -365,8 +404,15 @@ def write_fits(
         for qtype, other in per_type.items():
             types[qtype] = _fit(dev, name, other)[qtype]
         entry = {"readout": readout, "rotations": rotations, "types": types}
-        if prior and "choice" in entry["types"]:  # what the server divides a choice's letters by
-            entry["types"]["choice"]["position_prior"] = {str(n): p for n, p in sorted(prior.items())}
+        for qtype in PRIOR_TYPES.get(name, ()):  # what the server divides the letters by
+            # two options or levels are always read both ways under canonical, where the
+            # symmetrised prior is the same for both: a prior for n = 2 would change nothing
+            kept = {str(n): p for n, p in sorted(prior.get(qtype, {}).items()) if n > 2}
+            if qtype in entry["types"] and kept:
+                entry["types"][qtype]["position_prior"] = kept
+                entry["types"][qtype]["note"] = (
+                    "position_prior: per option count from 3 (two are read in both orders, where a prior cancels)"
+                )
         entry["source"] = note
         doc["fits"] = [f for f in doc["fits"] if (f["readout"], f.get("rotations", 1)) != (readout, rotations)]
         doc["fits"].append(entry)

@@ -113,6 +113,28 @@ def test_defaults_without_a_fit_or_out_of_range_are_refused(defaults, match):
         calib.from_dict({**DOC, "defaults": defaults})
 
 
+def test_a_position_prior_applies_symmetrised_to_a_scale_read_both_ways():
+    """A scale read both ways (Combined.mirrored): position j showed level j in one reading
+    and level n-1-j in the other, so what the position preference left on each level is the
+    geometric mean of the prior at j and n-1-j. A model that only prefers middle letters is
+    flattened, and the reversed scale (levels listed the other way) gets the mirrored answer,
+    which an unsymmetrised prior would break."""
+    prior = (0.1, 0.4, 0.3, 0.2)  # middle letters preferred, B over C: not symmetric
+    fit = calib.TypeFit(1.0, position_prior={4: prior})
+    sym = [math.sqrt(prior[j] * prior[3 - j]) for j in range(4)]
+    probs = tuple(v / sum(sym) for v in sym)  # the averaged readings of a model with no view
+    assert calib.apply(fit, probs, (0, 1, 2, 3), mirrored=True) == pytest.approx((0.25,) * 4)
+    answer = (0.1, 0.2, 0.3, 0.4)
+    forward = calib.apply(fit, answer, (0, 1, 2, 3), mirrored=True)
+    reverse = calib.apply(fit, answer[::-1], (0, 1, 2, 3), mirrored=True)  # the scale listed reversed
+    assert reverse == pytest.approx(forward[::-1])
+    one_way = calib.apply(fit, answer[::-1], (0, 1, 2, 3))
+    assert one_way != pytest.approx(calib.apply(fit, answer, (0, 1, 2, 3))[::-1])
+    # two options both ways: the symmetrised prior is the same for both, so it changes nothing
+    two = calib.TypeFit(1.0, position_prior={2: (0.7, 0.3)})
+    assert calib.apply(two, (0.6, 0.4), (1, 0), mirrored=True) == pytest.approx((0.6, 0.4))
+
+
 def test_a_position_prior_divides_the_letters_of_the_one_ordering_read():
     """PriDe: a model that puts 0.6 on the first letter whatever it shows; divided out by
     position, then the temperature. The prior follows the letters (Combined.shown), not the

@@ -277,6 +277,11 @@ def test_one_lettered_ordering_says_which_option_each_letter_showed():
     assert LettersReadout(LABELS, IDS, canonical=True).combine(q, [lp]).shown == (1, 2, 0)
     assert letters(1).combine(q, [lp]).shown == (0, 1, 2)
     assert letters(2).combine(q, [lp, lp]).shown is None  # two orderings averaged: no one letter per option
+    # one ordering and its reverse (a scale both ways): the first ordering, marked mirrored
+    scale = ScoreQuestion("How urgent?", ("low", "mid", "high"))
+    both = LettersReadout(LABELS, IDS, canonical=True).combine(scale, [lp, lp])
+    assert both.shown == (0, 1, 2) and both.mirrored
+    assert not LettersReadout(LABELS, IDS, canonical=True).combine(q, [lp]).mirrored
 
 
 def test_canonical_reads_a_two_option_choice_both_ways_as_a_noul_would_be_under_mirror():

@@ -282,3 +282,23 @@ async def test_a_position_prior_is_applied_by_the_letters_the_options_were_shown
     assert shown != tuple(range(n))  # the letters do not follow the request's order here
     assert fitted == pytest.approx(list(calib.apply(calib.TypeFit(1.0, (), {n: prior}), raw, shown)))
     assert fitted != pytest.approx(list(calib.apply(calib.TypeFit(1.0, (), {n: prior}), raw, tuple(range(n)))))
+
+
+async def test_a_scale_read_both_ways_gets_its_prior_symmetrised():
+    """canonical reads a scale and its reverse; the fit's score prior applies symmetrised
+    (core.calibration.apply, mirrored: what keeps a reversed scale's answer mirrored, tested
+    there), not as the prior of one ordering's letters."""
+    from openjev.core.readouts import ReadoutSpec
+    from openjev.core.types import ScoreQuestion
+
+    limits = ServiceLimits(**LIMITS.__dict__)
+    compiler = PromptCompiler(FakeTokenizer(), max_labels=255)
+    prior = (0.1, 0.4, 0.3, 0.2)
+    cal = _calibration(ReadoutSpec("canonical"), score=calib.TypeFit(1.0, (), {4: prior}))
+    service = DecisionService(compiler, FakeEngine(), limits, readout=ReadoutSpec("canonical"), calibration=cal)
+    asked = DecisionRequest(STATE, (("u", ScoreQuestion("How urgent?", ("none", "low", "high", "urgent"))),))
+    raw = list(dict((await service.decide(asked, calibrate=False)).answers)["u"].probabilities)
+    fitted = list(dict((await service.decide(asked)).answers)["u"].probabilities)
+    fit = calib.TypeFit(1.0, (), {4: prior})
+    assert fitted == pytest.approx(list(calib.apply(fit, raw, (0, 1, 2, 3), mirrored=True)))
+    assert fitted != pytest.approx(list(calib.apply(fit, raw, (0, 1, 2, 3)))) and fitted != pytest.approx(raw)

@@ -43,20 +43,28 @@ def test_the_embedded_models_canonical_fit_divides_out_its_position_prior():
     """The embedded model keeps the global default (canonical: one reading per choice, a scale
     both ways); chosen on leave-one-domain-out figures (docs/quality-readouts.md), its choice fit
     divides each letter by the model's prior for it (PriDe, per option count, from dev's permuted
-    readings) before a temperature, and no fit corrects a request position."""
+    readings) and its score fit each level by the scale's prior (symmetrised, as it is read both
+    ways) before a temperature; none has a prior for two (read both ways, it would cancel), and
+    no fit corrects a request position."""
     cal = _by_model()["smollm2-135m-instruct"]
     assert cal.default_readout is None and cal.default_abstain is None
     choice = cal.fit_for(ReadoutSpec("canonical"), "choice")
+    score = cal.fit_for(ReadoutSpec("canonical"), "score")
     assert choice is not None and choice.bias == () and set(choice.position_prior) == set(range(3, 9))
-    for n, prior in choice.position_prior.items():
+    assert score is not None and score.bias == () and set(score.position_prior) == set(range(3, 6))
+    for n, prior in [*choice.position_prior.items(), *score.position_prior.items()]:
         assert len(prior) == n and abs(sum(prior) - 1) < 1e-9
-    for qtype in ("noul", "score"):
-        fit = cal.fit_for(ReadoutSpec("canonical"), qtype)
-        assert fit is not None and fit.bias == () and not fit.position_prior
+    noul = cal.fit_for(ReadoutSpec("canonical"), "noul")
+    assert noul is not None and noul.bias == () and not noul.position_prior
 
 
 def test_canonical_scales_are_calibrated_as_the_two_orders_they_are_read_in():
     """canonical reads a scale both ways, the readings and combination of letters R=2: its
-    score fit in each shipped file must be that one (a one-reading fit would mis-state it)."""
+    score fit in each shipped file must be that one (a one-reading fit would mis-state it),
+    unless the file fitted canonical's scales on their own with the scale's position prior
+    (the embedded model's, checked above)."""
     for cal in calibrations.shipped():
-        assert cal.fit_for(ReadoutSpec("canonical"), "score") == cal.fit_for(ReadoutSpec("letters", 2), "score")
+        canonical = cal.fit_for(ReadoutSpec("canonical"), "score")
+        assert canonical is not None
+        if not canonical.position_prior:
+            assert canonical == cal.fit_for(ReadoutSpec("letters", 2), "score")

@@ -138,3 +138,28 @@ def test_the_held_out_uniform_mix_is_judged_on_groups_its_temperature_never_saw(
     clean = [s for part in good for s in part]
     clean_groups = [f"g{k}" for k, part in enumerate(good) for _ in part]
     assert fit_type_held_out_uniform(clean, clean_groups)["uniform_weight"] == 0.0
+
+
+def test_the_worst_group_over_a_guess_is_not_the_group_with_the_longest_scales():
+    """By NLL alone, a group of 5-option questions the model reads well is still 'worse' than
+    a group of 2-option questions it reads wrong (log 5 against log 2 for a guess), so the
+    plain worst-group T serves the first and leaves the second above a guess; judged by each
+    group's excess over its own guess, the fit flattens until the wrong group is next to a
+    guess, and the well-read group stays better than one."""
+    from openjev.evals.fit import fit_type_worst_excess, fit_type_worst_group
+
+    long = synthetic(200, sharpen=1.0, bias_a=0.0, seed=5, k=5)
+    short = [Scored("choice", (0.8, 0.2), 0 if i % 20 < 9 else 1) for i in range(60)]  # 55 % on the 0.2 side
+    samples, groups = long + short, ["long"] * len(long) + ["short"] * len(short)
+    plain, excess = fit_type_worst_group(samples, groups), fit_type_worst_excess(samples, groups)
+
+    def over_guess(fit, part):
+        fitted = [Scored("choice", calib.apply(calib.TypeFit(fit["temperature"]), s.probs), s.correct) for s in part]
+        return summarize(fitted)["nll"] - math.fsum(math.log(len(s.probs)) for s in part) / len(part)
+
+    assert over_guess(plain, short) > 0.1  # the plain form sacrificed the short group
+    assert excess["temperature"] > plain["temperature"]
+    assert 0 < over_guess(excess, short) < 0.01 and over_guess(excess, long) < 0
+    assert excess["worst_group_excess"] == pytest.approx(
+        max(over_guess(excess, long), over_guess(excess, short)), abs=1e-6
+    )

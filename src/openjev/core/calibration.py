@@ -44,7 +44,9 @@ _FLOOR = 1e-12  # log(0) guard: a zero probability stays (practically) zero
 class TypeFit:
     """`position_prior`: per option count n, the probability the model puts on each letter
     position regardless of the options (PriDe, estimated without labels); an answer read in
-    one lettered ordering is divided by it position by position before T applies. Empty: none."""
+    one lettered ordering is divided by it position by position before T applies, an answer
+    read in one ordering and its reverse by its symmetrised form (the geometric mean of
+    positions j and n-1-j). Empty: none."""
 
     temperature: float
     bias: tuple[float, ...] = ()
@@ -94,16 +96,23 @@ def apply(
     probs: Sequence[float],
     shown: Sequence[int] | None = None,
     clones: Sequence[Sequence[int]] = (),
+    mirrored: bool = False,
 ) -> tuple[float, ...]:
     """Calibrated probabilities (same length, sum 1). `shown`: the option at each letter of
     the one ordering read (Combined.shown), for the fit's position prior; without it (or
-    without a prior for this many options) none is applied. `clones`: groups of options
-    that must keep one probability (Combined.clones): the prior of their letters is shared."""
+    without a prior for this many options) none is applied. `mirrored` (Combined.mirrored):
+    `shown` was read in both directions, so the prior applies symmetrised and a reversed
+    ordering still gets the mirrored answer. `clones`: groups of options that must keep one
+    probability (Combined.clones): the prior of their letters is shared."""
     logs = [math.log(max(p, _FLOOR)) for p in probs]
     prior = fit.position_prior.get(len(probs)) if shown is not None else None
     if prior is not None and shown is not None:
+        last = len(shown) - 1
         for position, option in enumerate(shown):
-            logs[option] -= math.log(prior[position])
+            if mirrored:
+                logs[option] -= (math.log(prior[position]) + math.log(prior[last - position])) / 2
+            else:
+                logs[option] -= math.log(prior[position])
         for members in clones:
             mean = math.fsum(logs[i] for i in members) / len(members)
             for i in members:

@@ -140,6 +140,9 @@ class Combined:
     option; None where one ordering was read.
     `shown`: where one lettered ordering was read, the option at each letter (position j
     showed option shown[j]); a calibration's position prior applies by it. None otherwise.
+    `mirrored`: `shown` was also read reversed and the two averaged (a scale both ways, a
+    two-option choice in both orders): a position prior then applies symmetrised, position j
+    and n-1-j alike, so that reversing what was shown still mirrors the answer.
     `clones`: groups of options shown with the same text (they share one probability, and
     keep sharing it after calibration).
     """
@@ -149,6 +152,7 @@ class Combined:
     order_agreement: float | None = None
     shown: tuple[int, ...] | None = None
     clones: tuple[tuple[int, ...], ...] = ()
+    mirrored: bool = False
 
 
 class Readout(Protocol):
@@ -272,7 +276,9 @@ class LettersReadout:
         if len(per_order) > 1:
             top = scoring.argmax(mean)
             agreement = sum(scoring.argmax(p) == top for p in per_order) / len(per_order)
-        return Combined(tuple(mean), mass, agreement, orders[0] if len(orders) == 1 else None, clones)
+        mirrored = len(orders) == 2 and orders[1] == orders[0][::-1]
+        lettered = orders[0] if len(orders) == 1 or mirrored else None
+        return Combined(tuple(mean), mass, agreement, lettered, clones, mirrored)
 
 
 class YesNoReadout:

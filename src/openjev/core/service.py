@@ -327,7 +327,11 @@ class DecisionService:
 
     @staticmethod
     def _answer(question: Question, combined: Combined, fit: calib.TypeFit | None, rule: AbstainRule) -> Answer:
-        probs = combined.probs if fit is None else calib.apply(fit, combined.probs, combined.shown, combined.clones)
+        probs = (
+            combined.probs
+            if fit is None
+            else calib.apply(fit, combined.probs, combined.shown, combined.clones, combined.mirrored)
+        )
         if not all(math.isfinite(p) for p in probs):
             raise EngineError("the engine's log-probabilities gave non-finite probabilities")
         mass, agreement = combined.label_mass, combined.order_agreement

@@ -133,6 +133,37 @@ def fit_type_worst_group(samples: Sequence[Scored], groups: Sequence[str], *, gr
     }
 
 
+def fit_type_worst_excess(samples: Sequence[Scored], groups: Sequence[str], *, grid: int = 241) -> dict:
+    """fit_type_worst_group judged against a guess: the T whose worst group is least above
+    that group's uniform answer (its mean NLL minus the mean log of its option counts), over
+    the same T grid. A group's NLL alone ranks groups by how many options their questions
+    have (a 5-level scale costs log 5 to a guess, a 3-level one log 3), so the plain worst
+    group is the one with the longest scales, not the one the model reads worst; by excess,
+    the group the fit must not fail is the one where the model's answer is furthest behind
+    a guess. Same fields as fit_type_worst_group."""
+    logp, correct = _arrays(samples)
+    guess = np.log(np.isfinite(logp).sum(axis=1))
+    names = sorted(set(groups))
+    member = [m for m in (np.array([g == name for g in groups]) for name in names) if m.any()]
+    best_theta, best_worst = 0.0, float("inf")
+    for theta in np.linspace(np.log(0.05), np.log(50.0), grid):
+        t = np.array([theta])
+        worst = max(_nll(t, logp[m], correct[m], 0.0) - float(guess[m].mean()) for m in member)
+        if worst < best_worst - 1e-12:
+            best_theta, best_worst = float(theta), worst
+    theta_arr = np.array([best_theta])
+    return {
+        "temperature": float(np.exp(best_theta)),
+        "bias": [],
+        "n": len(samples),
+        "groups": len(names),
+        "nll_before": _nll(np.zeros(1), logp, correct, 0.0),
+        "nll_after": _nll(theta_arr, logp, correct, 0.0),
+        "worst_group_excess": best_worst,
+        "form": "temperature (worst group over a guess)",
+    }
+
+
 # λ, the weight of the uniform answer in the mix: 0 (none) .. 0.9. Never 1: the answer
 # would then be the uniform one whatever the model read, its pick a tie broken by position;
 # at 0.9 the model's ranking survives (its pick, ordered probabilities) at a bounded cost.
