@@ -138,13 +138,11 @@ class Combined:
     `label_mass`: mean probability the readings put on their valid labels at all.
     `order_agreement`: share of the orderings whose own top option is the combined top
     option; None where one ordering was read.
-    `shown`: where one lettered ordering was read, the option at each letter (position j
-    showed option shown[j]); a calibration's position prior applies by it. None otherwise.
-    `mirrored`: `shown` was also read reversed and the two averaged (a scale both ways, a
-    two-option choice in both orders): a position prior then applies symmetrised, position j
-    and n-1-j alike, so that reversing what was shown still mirrors the answer.
-    `clones`: groups of options shown with the same text (they share one probability, and
-    keep sharing it after calibration).
+    `shown`: where one lettered ordering was read (`mirrored`: it and its reverse, averaged),
+    the option at each letter (position j showed option shown[j]); a calibration's position
+    prior applies by it (symmetrised where mirrored, so a reversed scale's answer still
+    mirrors). None otherwise.
+    `clones`: groups of options shown with the same text (one probability, kept after calibration).
     """
 
     probs: tuple[float, ...]
@@ -272,10 +270,8 @@ class LettersReadout:
             clones = _clones(question)
             mean = _shared(mean, clones)
         mass = math.fsum(scoring.label_mass(lp) for lp in logprobs) / len(logprobs)
-        agreement = None
-        if len(per_order) > 1:
-            top = scoring.argmax(mean)
-            agreement = sum(scoring.argmax(p) == top for p in per_order) / len(per_order)
+        top = scoring.argmax(mean)
+        agreement = sum(scoring.argmax(p) == top for p in per_order) / len(per_order) if len(per_order) > 1 else None
         mirrored = len(orders) == 2 and orders[1] == orders[0][::-1]
         lettered = orders[0] if len(orders) == 1 or mirrored else None
         return Combined(tuple(mean), mass, agreement, lettered, clones, mirrored)
