@@ -128,6 +128,41 @@ def test_a_state_asked_again_is_encoded_once_per_namespace_with_the_same_ids():
     assert _state_encodings(tok, state) == 1  # another tenant's request encodes it itself
 
 
+def test_questions_asked_again_of_new_states_are_encoded_once_per_namespace_and_only_once_priced():
+    """A question's readings are kept like a state's: asked again of another state in the same
+    namespace they are not encoded again, and give the ids a fresh compiler gives; another
+    tenant encodes them itself; a request refused by the limits keeps nothing (so its next
+    refusal is charged the same work)."""
+    from openjev.core.prompts import CompileLimits, TokensExceeded
+
+    def question_encodings(tok: _CountingTokenizer) -> int:
+        return sum(1 for text in tok.encoded if "Which team?" in text or "How angry?" in text)
+
+    tok = _CountingTokenizer()
+    compiler = PromptCompiler(tok, max_labels=255)
+    other = State((Turn("user", "The app crashes when I open my invoices."),))
+    compiler.compile(DecisionRequest(STATE, QUESTIONS))
+    tok.encoded.clear()
+    again = compiler.compile(DecisionRequest(other, QUESTIONS))
+    assert question_encodings(tok) == 0
+    fresh = PromptCompiler(FakeTokenizer(), max_labels=255)
+    fresh._tok.vocab = tok.vocab  # the same ids for the same pieces
+    assert again.plan.branches == fresh.compile(DecisionRequest(other, QUESTIONS)).plan.branches
+    tok.encoded.clear()
+    compiler.compile(DecisionRequest(other, QUESTIONS, cache_namespace="tenant-b"))
+    assert question_encodings(tok) > 0  # another tenant's request encodes them itself
+
+    refusing = CompileLimits(max_branch_tokens=1 << 20, max_branches=1000, max_prompt_tokens=60)
+    tok = _CountingTokenizer()
+    compiler = PromptCompiler(tok, max_labels=255)
+    works = []
+    for _ in range(2):
+        with pytest.raises(TokensExceeded) as refused:
+            compiler.compile(DecisionRequest(STATE, QUESTIONS), limits=refusing)
+        works.append(refused.value.work_tokens)
+    assert works[0] == works[1] > 0  # the second refusal did the same work: nothing was kept
+
+
 def test_shared_ids_are_bounded_least_recently_used_first():
     from openjev.core.shared_ids import SharedIds
 

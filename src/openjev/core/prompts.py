@@ -133,10 +133,11 @@ class PromptCompiler:
         # it intact (the boundary then falls before a special token), else everything
         # before the question (the part of each branch is then the reading alone).
         shared_text, lead = (fr.prefix, fr.middle) if fr.prefix else (fr.middle, ())
-        enc = _Encoder(self._tok, part_cache)
-        # A state asked again (same namespace: a compile's time tells no tenant what another
-        # sent) is not encoded again; it is kept only once its request passed the limits, so
-        # a refusal is charged what it read every time and fills nothing.
+        enc = _Encoder(self._tok, part_cache, self._shared_ids, request.cache_namespace)
+        # A state (or a question's reading) asked again in the same namespace (a compile's time
+        # tells no tenant what another sent) is not encoded again; it is kept only once its
+        # request passed the limits, so a refusal is charged what it read every time and fills
+        # nothing.
         key = (request.cache_namespace, _key(shared_text)) if shared_text else None
         known = self._shared_ids.get(key) if key is not None else None
         shared = known if known is not None else enc.whole(shared_text) if shared_text else ()
@@ -155,6 +156,8 @@ class PromptCompiler:
         plan = Plan.from_branches(branches, cache_namespace=request.cache_namespace)
         if key is not None and known is None:
             self._shared_ids.put(key, shared)
+        for part_key, ids in enc.fresh.items():
+            self._shared_ids.put((request.cache_namespace, part_key), ids)
         spans, at = [], 0
         for count in counts:
             spans.append((at, count))
@@ -251,11 +254,22 @@ class PromptCompiler:
 
 class _Encoder:
     """Encodes text, counting the tokens it encoded (`work`: what a refusal cost); parts go
-    through the optional part cache (text -> ids) shared by a batch's items."""
+    through the optional part cache (text -> ids) shared by a batch's items, then the ids
+    kept from earlier requests of the namespace (`known`). `fresh`: the parts encoded here,
+    for the compiler to keep once the request passed its limits."""
 
-    def __init__(self, tokenizer: ChatTokenizer, part_cache: dict[str, tuple[int, ...]] | None) -> None:
+    def __init__(
+        self,
+        tokenizer: ChatTokenizer,
+        part_cache: dict[str, tuple[int, ...]] | None,
+        known: SharedIds | None = None,
+        namespace: str = "",
+    ) -> None:
         self._tok = tokenizer
         self._cache = part_cache
+        self._known = known
+        self._namespace = namespace
+        self.fresh: dict[str, tuple[int, ...]] = {}
         self.work = 0
 
     def whole(self, text: Segments) -> tuple[int, ...]:
@@ -264,13 +278,17 @@ class _Encoder:
         return ids
 
     def part(self, text: Segments) -> tuple[int, ...]:
-        if self._cache is None:
+        if self._cache is None and self._known is None:
             return self.whole(text)
         key = _key(text)
-        cached = self._cache.get(key)
-        if cached is None:
-            cached = self._cache[key] = self.whole(text)
-        return cached
+        ids = self._cache.get(key) if self._cache is not None else None
+        if ids is None and self._known is not None:
+            ids = self._known.get((self._namespace, key))
+        if ids is None:
+            ids = self.fresh[key] = self.whole(text)
+        if self._cache is not None:
+            self._cache[key] = ids
+        return ids
 
 
 def _key(text: Segments) -> str:

@@ -194,7 +194,6 @@ class HTTPEngine:
             step_tokens=self.step_tokens,
             stage_min_tokens=self._stage_min,
             costs=self.costs.estimate() if self.protocol.batch_body is not None else None,
-            busy=self.costs.busy,
         )
 
     def _too_long(self, tokens: int) -> TokensExceeded:

@@ -60,7 +60,7 @@ class CallCosts:
     in flight at any time between them): a call that waited behind another's forward would
     count that wait as its own round trip, and under load the fit would see a large fixed
     cost and cheap tokens, and send a CPU's cold prefixes in one batch that computes them
-    again. `busy` says whether calls are in flight now. Thread-safe."""
+    again. Thread-safe."""
 
     def __init__(self, window: int = 256, min_calls: int = 16) -> None:
         self._calls: deque[tuple[int, float]] = deque(maxlen=window)
@@ -68,10 +68,6 @@ class CallCosts:
         self._lock = threading.Lock()
         self._started = 0  # calls begun, ever
         self._active = 0  # calls in flight
-
-    @property
-    def busy(self) -> bool:
-        return self._active > 0
 
     def begin(self) -> tuple[int, bool]:
         """A call starts; its ticket for `end`."""
@@ -123,13 +119,17 @@ def choose(
     step_tokens: int | None = None,
     stage_min_tokens: int = 32,
     costs: tuple[float, float] | None = None,
-    busy: bool = False,
 ) -> str:
     """The concrete strategy for this plan. `batched`: every branch of a stage goes in one
     call; then `step_tokens`, the most the server prefills per scheduling step (None where
-    it does not say), `costs`, CallCosts.estimate() of the server (None until known), and
-    `busy`, whether other calls are in flight (the server's time is then shared: tokens
-    computed again delay them, and a round trip saved helps this request alone)."""
+    it does not say), and `costs`, CallCosts.estimate() of the server (None until known).
+
+    The same comparison holds with other calls in flight: a call's fixed cost is mostly the
+    server's own work per call (its HTTP front end, scheduling, detokenizing), which those
+    calls wait for as they wait for tokens computed again; staging them all while busy
+    doubled the calls where the forward is cheap (a tiny model over SGLang, as on a GPU:
+    0.60-0.76x SGLang's own decisions/s at 8 clients, 0.83-0.87x deciding by the costs;
+    docs/engines-sglang.md)."""
     if strategy != "auto":
         return strategy
     if len(plan.branches) == 1 or plan.shared_prefix_len < warmup_min_tokens:
@@ -140,7 +140,7 @@ def choose(
         extra = one_batch_extra_tokens(plan, step_tokens)
         if extra <= stage_min_tokens * (len(plan.branches) - 1):
             return "all"  # one call computes about what staged's two do
-        if not busy and costs is not None and costs[1] * extra <= costs[0]:
+        if costs is not None and costs[1] * extra <= costs[0]:
             return "all"  # computing them again takes less time than a second round trip
     return "staged"
 
