@@ -178,25 +178,34 @@ def test_the_learned_costs_decide_and_an_unknown_server_gets_staged_prefixes():
     assert choose("auto", plan, recent, costs=None, **kw) == "staged"
 
 
-async def test_under_load_a_cheap_forward_still_gets_one_call_per_request():
-    """The tiny-model case (as on a GPU): a server whose forward costs almost nothing beside
-    a call, driven by 4 clients at once, gets each cold request in one call, not two: the
-    second call's fixed work is what the other clients would wait for."""
+async def _quiet_start_then_four_clients(fake, plans_of_client) -> HTTPEngine:
+    """An auto engine over `fake`: 16 single questions of different sizes one at a time (so
+    the costs are learned), then 4 clients at once, client k running plans_of_client(k)."""
     import asyncio
 
-    fake = FakeSGLang(delay_s=0.004, token_delay_s=1e-7, serial=True)
     engine = HTTPEngine("http://sglang.test", SGLANG_BATCHED, transport=fake.transport(), strategy="auto")
     try:
-        for i in range(16):  # a quiet start: single questions of different sizes, one at a time
+        for i in range(16):
             await engine.run(_long(n=1, state_len=100 + 150 * i, first=10_000 * (i + 1)))
 
         async def client(k: int) -> None:
-            for j in range(3):
-                await engine.run(_long(first=900_000 + 10_000 * (4 * j + k)))
+            for plan in plans_of_client(k):
+                await engine.run(plan)
 
         await asyncio.gather(*(client(k) for k in range(4)))
     finally:
         await engine.close()
+    return engine
+
+
+async def test_under_load_a_cheap_forward_still_gets_one_call_per_request():
+    """The tiny-model case (as on a GPU): a server whose forward costs almost nothing beside
+    a call, driven by 4 clients at once, gets each cold request in one call, not two: the
+    second call's fixed work is what the other clients would wait for."""
+    fake = FakeSGLang(delay_s=0.004, token_delay_s=1e-7, serial=True)
+    engine = await _quiet_start_then_four_clients(
+        fake, lambda k: [_long(first=900_000 + 10_000 * (4 * j + k)) for j in range(3)]
+    )
     assert engine.strategies_used["all"] == 16 + 12 and "staged" not in engine.strategies_used
 
 
@@ -205,22 +214,15 @@ async def test_under_load_the_fit_still_sees_the_forward_and_cold_prefixes_are_s
     once: calls that waited behind others would read as a large fixed cost with cheap
     tokens; learned from calls that ran alone, the per-token cost is the server's, and
     every cold 8-branch request computes its state once."""
-    import asyncio
 
-    fake = FakeSGLang(delay_s=0.001, token_delay_s=40e-6, serial=True)
-    engine = HTTPEngine("http://sglang.test", SGLANG_BATCHED, transport=fake.transport(), strategy="auto")
-    try:
-        for i in range(16):  # a quiet start: single questions of different sizes, one at a time
-            await engine.run(_long(n=1, state_len=100 + 150 * i, first=10_000 * (i + 1)))
+    def plans(k: int) -> list:
+        out = []
+        for j in range(3):
+            out.append(_long(n=1, state_len=200 + 300 * j, first=500_000 + 10_000 * (4 * j + k)))
+            out.append(_long(first=900_000 + 10_000 * (4 * j + k)))
+        return out
 
-        async def client(k: int) -> None:
-            for j in range(3):
-                await engine.run(_long(n=1, state_len=200 + 300 * j, first=500_000 + 10_000 * (4 * j + k)))
-                await engine.run(_long(first=900_000 + 10_000 * (4 * j + k)))
-
-        await asyncio.gather(*(client(k) for k in range(4)))
-        _, per_token = engine.costs.estimate()
-    finally:
-        await engine.close()
+    engine = await _quiet_start_then_four_clients(FakeSGLang(delay_s=0.001, token_delay_s=40e-6, serial=True), plans)
+    _, per_token = engine.costs.estimate()
     assert per_token == pytest.approx(40e-6, rel=0.5)
     assert engine.strategies_used["staged"] == 12 and engine.strategies_used["all"] == 16 + 12

@@ -112,25 +112,7 @@ def fit_type_worst_group(samples: Sequence[Scored], groups: Sequence[str], *, gr
     gives the flat answer rather than the pooled optimum that some group pays for. The
     same fields as fit_type (no prior: a per-position or per-level correction is what fails
     to carry across text)."""
-    logp, correct = _arrays(samples)
-    names = sorted(set(groups))
-    member = [np.array([g == name for g in groups]) for name in names]
-    best_theta, best_worst = 0.0, float("inf")
-    for theta in np.linspace(np.log(0.05), np.log(50.0), grid):
-        worst = max(_nll(np.array([theta]), logp[m], correct[m], 0.0) for m in member if m.any())
-        if worst < best_worst - 1e-12:
-            best_theta, best_worst = float(theta), worst
-    theta_arr = np.array([best_theta])
-    return {
-        "temperature": float(np.exp(best_theta)),
-        "bias": [],
-        "n": len(samples),
-        "groups": len(names),
-        "nll_before": _nll(np.zeros(1), logp, correct, 0.0),
-        "nll_after": _nll(theta_arr, logp, correct, 0.0),
-        "worst_group_nll": best_worst,
-        "form": "temperature (worst group)",
-    }
+    return _worst_group_fit(samples, groups, grid, against_guess=False)
 
 
 def fit_type_worst_excess(samples: Sequence[Scored], groups: Sequence[str], *, grid: int = 241) -> dict:
@@ -140,15 +122,21 @@ def fit_type_worst_excess(samples: Sequence[Scored], groups: Sequence[str], *, g
     have (a 5-level scale costs log 5 to a guess, a 3-level one log 3), so the plain worst
     group is the one with the longest scales, not the one the model reads worst; by excess,
     the group the fit must not fail is the one where the model's answer is furthest behind
-    a guess. Same fields as fit_type_worst_group."""
+    a guess. Same fields as fit_type_worst_group, `worst_group_excess` for its worst."""
+    return _worst_group_fit(samples, groups, grid, against_guess=True)
+
+
+def _worst_group_fit(samples: Sequence[Scored], groups: Sequence[str], grid: int, *, against_guess: bool) -> dict:
     logp, correct = _arrays(samples)
     guess = np.log(np.isfinite(logp).sum(axis=1))
     names = sorted(set(groups))
     member = [m for m in (np.array([g == name for g in groups]) for name in names) if m.any()]
+    # what each group is judged against: nothing, or its own uniform answer
+    base = [float(guess[m].mean()) if against_guess else 0.0 for m in member]
     best_theta, best_worst = 0.0, float("inf")
     for theta in np.linspace(np.log(0.05), np.log(50.0), grid):
         t = np.array([theta])
-        worst = max(_nll(t, logp[m], correct[m], 0.0) - float(guess[m].mean()) for m in member)
+        worst = max(_nll(t, logp[m], correct[m], 0.0) - b for m, b in zip(member, base, strict=True))
         if worst < best_worst - 1e-12:
             best_theta, best_worst = float(theta), worst
     theta_arr = np.array([best_theta])
@@ -159,8 +147,8 @@ def fit_type_worst_excess(samples: Sequence[Scored], groups: Sequence[str], *, g
         "groups": len(names),
         "nll_before": _nll(np.zeros(1), logp, correct, 0.0),
         "nll_after": _nll(theta_arr, logp, correct, 0.0),
-        "worst_group_excess": best_worst,
-        "form": "temperature (worst group over a guess)",
+        "worst_group_excess" if against_guess else "worst_group_nll": best_worst,
+        "form": "temperature (worst group over a guess)" if against_guess else "temperature (worst group)",
     }
 
 
