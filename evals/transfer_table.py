@@ -87,18 +87,20 @@ def _averaged(sums: dict[int, list[float]], counts: dict[int, int]) -> dict[int,
     return {n: [v / counts[n] for v in acc] for n, acc in sums.items()}
 
 
-def prior_by_count(pool: Pool, questions: Sequence[tuple[tuple[str, str], Question]]) -> Priors:
-    """PriDe's position prior per question type and option count, no labels used.
+def prior_by_count(
+    pool: Pool, questions: Sequence[tuple[tuple[str, str], Question]], types: Sequence[str] = ("choice", "score")
+) -> Priors:
+    """PriDe's position prior per question type (of `types`) and option count, no labels used.
     choice: for each question with all n cyclic shifts recorded, `_mean_prior` over the
     shifts, then the mean of those per n. score: the same over the scale and its reverse
     (what canonical reads): position j showed level j once and level n-1-j once, so what
     is left is the preference for the position, symmetric in j and n-1-j as the server
     applies it (core.calibration.apply, `mirrored`)."""
-    sums: dict[str, dict[int, list[float]]] = {"choice": {}, "score": {}}
-    counts: dict[str, dict[int, int]] = {"choice": {}, "score": {}}
+    sums: dict[str, dict[int, list[float]]] = {t: {} for t in types}
+    counts: dict[str, dict[int, int]] = {t: {} for t in types}
     for key, q in questions:
         n = readings_n(q)
-        if n < 2 or isinstance(q, NoulQuestion):
+        if n < 2 or isinstance(q, NoulQuestion) or question_type(q) not in types:
             continue
         if isinstance(q, ChoiceQuestion):
             qtype, orders = "choice", [tuple((s + j) % n for j in range(n)) for s in range(n)]
@@ -136,7 +138,7 @@ def prior_of_readings(pool: Pool, questions: Sequence[tuple[tuple[str, str], Que
         for j in range(n):
             acc[j] += probs[j]
         counts[n] = counts.get(n, 0) + 1
-    return {"choice": _averaged(sums, counts), "score": prior_by_count(pool, questions)["score"]}
+    return {"choice": _averaged(sums, counts), "score": prior_by_count(pool, questions, ("score",))["score"]}
 
 
 PRIOR_ESTIMATE = {

@@ -138,9 +138,7 @@ class PromptCompiler:
         # tells no tenant what another sent) is not encoded again; it is kept only once its
         # request passed the limits, so a refusal is charged what it read every time and fills
         # nothing.
-        key = (request.cache_namespace, _key(shared_text)) if shared_text else None
-        known = self._shared_ids.get(key) if key is not None else None
-        shared = known if known is not None else enc.whole(shared_text) if shared_text else ()
+        shared = enc.part(shared_text) if shared_text else ()
         if limits is not None:
             _check_shared(limits, request, len(shared), sum(counts), enc.work)
         reads = self._encode_readings(request, readout, counts, enc, lead, fr.tail, len(shared), limits)
@@ -154,8 +152,6 @@ class PromptCompiler:
                 for r in reads
             ]
         plan = Plan.from_branches(branches, cache_namespace=request.cache_namespace)
-        if key is not None and known is None:
-            self._shared_ids.put(key, shared)
         for part_key, ids in enc.fresh.items():
             self._shared_ids.put((request.cache_namespace, part_key), ids)
         spans, at = [], 0

@@ -12,12 +12,19 @@ from collections import OrderedDict
 
 # About 40 bytes a token held: ~10 MB at this bound.
 SHARED_IDS_TOKENS = 262_144
+KEY_CHARS_PER_TOKEN = 4  # a key's text is counted as tokens too, at this many characters each
+
+
+def _size(key: tuple[str, str], ids: tuple[int, ...]) -> int:
+    return len(ids) + len(key[1]) // KEY_CHARS_PER_TOKEN
 
 
 class SharedIds:
-    """A least-recently-used map (namespace, text key) -> ids, bounded by the ids it holds;
-    an entry over a quarter of the bound is not kept (it would evict the rest). Safe across
-    the compile's worker threads."""
+    """A least-recently-used map (namespace, text key) -> ids, bounded by what it holds (the
+    ids, and the keys' text at KEY_CHARS_PER_TOKEN characters a token: a key is the text
+    itself, and a caller's text can take many characters to a token); an entry over a
+    quarter of the bound is not kept (it would evict the rest). Safe across the compile's
+    worker threads."""
 
     def __init__(self, max_tokens: int) -> None:
         self._max = max_tokens
@@ -37,13 +44,14 @@ class SharedIds:
             return ids
 
     def put(self, key: tuple[str, str], ids: tuple[int, ...]) -> None:
-        if len(ids) > self._max // 4:
+        size = _size(key, ids)
+        if size > self._max // 4:
             return
         with self._lock:
             old = self._entries.pop(key, None)
-            self._tokens -= len(old) if old is not None else 0
+            self._tokens -= _size(key, old) if old is not None else 0
             self._entries[key] = ids
-            self._tokens += len(ids)
+            self._tokens += size
             while self._tokens > self._max:
-                _, dropped = self._entries.popitem(last=False)
-                self._tokens -= len(dropped)
+                dropped_key, dropped = self._entries.popitem(last=False)
+                self._tokens -= _size(dropped_key, dropped)
