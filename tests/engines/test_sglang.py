@@ -574,6 +574,25 @@ def test_a_server_that_drops_a_batchs_namespace_is_found_out():
         assert protocol.batch_body is not None and protocol.batch_keeps_namespace is not drops
 
 
+def test_a_server_that_saw_earlier_probes_still_keeps_its_namespace():
+    """A restart, or a second openjev on the same server: the keyless cache already holds
+    sequences that start with every token the probe draws from, so the probe's lone request
+    finds a token or two cached. That is not a dropped key (which leaves all but the last
+    token cached): batching stays on (it turned off, and every request of a keyed server
+    went one call per branch)."""
+    from openjev.engines.http.sglang import capabilities
+    from openjev.engines.http.sglang_protocol import request_body
+
+    ids = [5, 6, 7]
+    for drops in (False, True):
+        fake = FakeSGLang(batch_drops_namespace=drops)
+        client = httpx.Client(transport=fake.sync_transport())
+        for first in ids:  # what earlier start-ups' probes left in the keyless cache
+            client.post("http://sglang.test/generate", json=request_body("seen", [first, first], [5], ""))
+        protocol = capabilities("http://sglang.test", ids, client=client)
+        assert protocol.batch_body is not None and protocol.batch_keeps_namespace is not drops
+
+
 async def test_namespaced_plans_are_not_batched_where_the_server_would_drop_the_namespace():
     """SGLang-JAX 0.1.0rc0 loses `extra_key` when it splits a batch: a key's branches would
     enter (and be served from) the shared cache. Keyless plans are still batched."""
