@@ -106,7 +106,8 @@ async def test_stats_count_the_calls_made_and_in_flight(server):
     fake = server.fake(delay_s=0.05)
     engine = server.engine(fake, strategy="all", max_calls=2)
     assert engine.parallel_layouts is False
-    assert engine.stats() == {"engine_http_calls": 0, "engine_http_calls_in_flight": 0}
+    calls = {"engine_http_calls", "engine_http_calls_in_flight"}
+    assert {k: v for k, v in engine.stats().items() if k in calls} == dict.fromkeys(calls, 0)
     try:
         running = asyncio.gather(*(engine.run(_plan(8)) for _ in range(3)))
         await asyncio.sleep(0.02)  # the first calls are out, the rest wait for a slot
@@ -114,7 +115,8 @@ async def test_stats_count_the_calls_made_and_in_flight(server):
         await running
     finally:
         await engine.close()
-    assert engine.stats() == {"engine_http_calls": len(fake.calls), "engine_http_calls_in_flight": 0}
+    stats = engine.stats()
+    assert stats["engine_http_calls"] == len(fake.calls) and stats["engine_http_calls_in_flight"] == 0
 
 
 # ---- failures

@@ -11,7 +11,8 @@ never restarted. What a client sees is asserted, with bounds on how long each an
   seconds, new requests too, and /health says the engine is unreachable;
 - back on the same port: openjev uses it again (200), /health is 200;
 - and first, a client that leaves mid-request: every branch of its call is aborted on the
-  server (one /abort_request per branch rid).
+  server (one /abort_request per branch rid); then one that leaves a call it shares with
+  another request (--coalesce-calls 1): its branches only are aborted, the other is answered.
 
 openjev runs `--strategy all` here, so that each request's branches are one batched call
 where the server takes them (SGLang 0.5.23): the faults hit batched calls.
@@ -150,6 +151,10 @@ def scene(sgl_server):
             str(DEADLINE_S),
             "--strategy",
             "all",  # a request's branches in one call (batched): what the faults below hit
+            # one call in flight before concurrent requests' stages wait to share the next
+            # (where the server takes shared calls): the faults below hit shared calls too
+            "--coalesce-calls",
+            "1",
             # Admission would refuse (529) what this CPU server, measured during the warm-up,
             # cannot serve before half the deadline: these tests need requests in flight.
             "--max-queue-wait-s",
@@ -185,6 +190,70 @@ def test_a_client_that_leaves_has_every_branch_of_its_call_aborted_on_the_server
     after, failed = until_ok(api.url, 31, 120)
     print(f"client left: {aborts} aborts logged; then 200 in {after.seconds:.1f} s after {summary(failed)}")
     assert aborts == len(QUESTIONS)  # each branch once, nothing else aborted
+
+
+def _shared(url: str) -> tuple[float, float] | None:
+    """openjev's (shared calls, parts sent in them) since start; None where the server's
+    batches are not shared (SGLang-JAX 0.1.0rc0: openjev_engine_shared_calls absent)."""
+    text = httpx.get(url + "/metrics", timeout=30).text
+    values = {
+        line.split()[0]: float(line.split()[1])
+        for line in text.splitlines()
+        if line.startswith("openjev_engine_shared_call")
+    }
+    if not values:
+        return None
+    return values["openjev_engine_shared_calls_total"], values["openjev_engine_shared_call_parts_total"]
+
+
+def test_a_client_that_leaves_a_shared_call_aborts_its_own_branches_and_the_others_are_answered(scene):
+    """Two requests that waited behind a third share the next call (--coalesce-calls 1);
+    one client leaves while that call is being prefilled: the server is asked to drop that
+    request's branches only (one /abort_request per rid, in its access log) and answers the
+    other request's in full, the same answer as that request sent again alone (1e-3)."""
+    import asyncio
+
+    api, server = scene["api"], scene["sgl"]
+    before = _shared(api.url)
+    if before is None:
+        pytest.skip("this server's batched calls are not shared (its batches lose extra_key)")
+    mark = len(server.log_tail(10**9))
+    repeat = IN_FLIGHT_REPEAT[scene["kind"]]
+
+    async def post(client: httpx.AsyncClient, n: int) -> httpx.Response:
+        body = {"state": TEXT.format(n=n) * repeat, "questions": QUESTIONS}
+        headers = {"x-openjev-rotations": "1", "x-openjev-calibration": "none"}
+        return await client.post(api.url + "/v1/systemone", json=body, headers=headers, timeout=300)
+
+    async def scenario() -> tuple[httpx.Response, httpx.Response]:
+        async with httpx.AsyncClient() as first_client, httpx.AsyncClient() as stay_client:
+            async with httpx.AsyncClient() as leave_client:
+                first = asyncio.create_task(post(first_client, 40))
+                await asyncio.sleep(0.5)  # its call is out: the next two wait for it
+                stay = asyncio.create_task(post(stay_client, 41))
+                leave = asyncio.create_task(post(leave_client, 42))
+                answered = await first
+                await asyncio.sleep(1.0)  # the shared call is out, seconds of prefill ahead
+                assert not stay.done() and not leave.done(), "the shared call ended before the client left"
+                leave.cancel()
+            stayed = await stay
+            again = await post(stay_client, 41)
+            return answered, stayed, again
+
+    first, stayed, again = asyncio.run(scenario())
+    assert first.status_code == 200 and stayed.status_code == 200, (first.text[:300], stayed.text[:300])
+    calls, parts = _shared(api.url)
+    # the first alone, then the two together, then the one sent again alone
+    assert (calls - before[0], parts - before[1]) == (3, 4)
+    deadline = time.monotonic() + 10
+    while (aborts := server.log_tail(10**9)[mark:].count("POST /abort_request")) < len(QUESTIONS):
+        assert time.monotonic() < deadline, f"{aborts} aborts logged, expected {len(QUESTIONS)}"
+        time.sleep(0.2)
+    time.sleep(1.0)
+    assert server.log_tail(10**9)[mark:].count("POST /abort_request") == len(QUESTIONS)  # the leaver's only
+    shared, alone = stayed.json()["answers"], again.json()["answers"]
+    for qid in QUESTIONS:
+        assert abs(shared[qid]["noul"] - alone[qid]["noul"]) < 1e-3, (qid, shared[qid], alone[qid])
 
 
 def test_a_stalled_engine_is_answered_504_at_the_deadline_and_recovers(scene):

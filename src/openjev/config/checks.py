@@ -19,7 +19,7 @@ _POSITIVE = """max_questions max_body_bytes max_json_depth max_branch_tokens max
     startup_timeout_s rotations max_rotations rotation_max_options max_batch_items max_batch_tokens slice_ms
     warmup_min_tokens max_connections head_timeout_s body_timeout_s send_timeout_s max_body_chunks""".split()
 _NOT_NEGATIVE = """prefix_cache_bytes batch_window_ms max_tokens_in_flight drain_timeout_s max_queue_wait_s
-    key_requests_per_min key_tokens_per_min""".split()
+    key_requests_per_min key_tokens_per_min coalesce_calls""".split()
 # Upper bounds: beyond them a value is a typo, and some would overflow a timer or a tensor.
 _AT_MOST: dict[str, float] = {
     "temperature": 1000.0,
@@ -34,6 +34,7 @@ _AT_MOST: dict[str, float] = {
     "max_body_bytes": 1 << 30,
     "max_head_bytes": 1 << 24,
     "max_connections": 1 << 20,
+    "coalesce_calls": 1 << 16,
 }
 _FRACTIONS = ("abstain_min_label_mass", "abstain_min_order_agreement", "abstain_min_confidence")
 

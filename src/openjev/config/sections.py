@@ -138,6 +138,11 @@ class RemoteSettings:
     strategy: str = opt("auto", "sglang/vllm engine: submission strategy: auto, all, warmup, staged")
     max_engine_calls: int = opt(64, "sglang/vllm engine: generate calls in flight, shared by all requests")
     warmup_min_tokens: int = opt(256, "sglang engine: shortest shared prefix worth a seeding round (auto)")
+    coalesce_calls: int = opt(
+        2,
+        "sglang engine: batched calls in flight before concurrent requests' stages wait to share "
+        "the next one (0: every stage its own call; set 0 behind a router)",
+    )
     startup_timeout_s: float = opt(900.0, "sglang/vllm engine: how long to wait for the server's /health")
 
 

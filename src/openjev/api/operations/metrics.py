@@ -58,6 +58,8 @@ class _Live:
             "prefix_cache_hits": "prefix-cache lookups that matched at least one token",
             "engine_forwards": "model forwards run by the in-process engine",
             "engine_http_calls": "HTTP calls made to the engine server (sglang, vllm: one per branch or per batched stage)",
+            "engine_shared_calls": "batched calls that carried concurrent requests' stages together (--coalesce-calls)",
+            "engine_shared_call_parts": "requests' stages sent in those shared calls",
             "connections_refused": "connections refused with 503 at --max-connections, before any request",
             "connections_head_timeouts": "connections closed at --head-timeout-s (408 for a partial head)",
             "connections_heads_too_large": "requests refused with 431 (head over --max-head-bytes)",

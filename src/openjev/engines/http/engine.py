@@ -18,7 +18,6 @@ sglang.py's and vllm.py's.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import math
 import time
@@ -32,9 +31,10 @@ import orjson
 from openjev.config import LimitSettings, RemoteSettings
 from openjev.core.plan import Plan
 from openjev.core.ports import BranchResult, PlanResult
-from openjev.engines.http.protocol import HTTPProtocol, Reply
-from openjev.engines.http.submission import CallCosts, RecentPrefixes, choose, execute, together
-from openjev.errors import EngineError, EngineTimeout, EngineUnavailable, OpenjevError, TokensExceeded
+from openjev.engines.http.coalesce import Coalescer
+from openjev.engines.http.protocol import HTTPProtocol, Item, Reply, computed, json_of
+from openjev.engines.http.submission import CallCosts, RecentPrefixes, choose, execute, first_error, together
+from openjev.errors import EngineError, EngineTimeout, EngineUnavailable, TokensExceeded
 
 if TYPE_CHECKING:
     from openjev.engines.http.server_process import ServerProcess
@@ -58,6 +58,7 @@ class HTTPEngine:
         max_calls: int = RemoteSettings.max_engine_calls,
         call_timeout_s: float = LimitSettings.engine_timeout_s,
         warmup_min_tokens: int = RemoteSettings.warmup_min_tokens,
+        coalesce_calls: int = RemoteSettings.coalesce_calls,
         stage_min_tokens: int = 32,
         retry_after_s: int = LimitSettings.retry_after_s,
         probe_timeout_s: float = 5.0,
@@ -84,6 +85,12 @@ class HTTPEngine:
         self.costs = CallCosts()  # what a call costs this server, from the calls made (auto's choice)
         self.strategies_used: dict[str, int] = {}
         self._aborts: set[asyncio.Task] = set()  # fire-and-forget aborts, kept alive until done
+        # concurrent requests' stages in shared calls, where the protocol reads a call by parts
+        self.coalescer = (
+            Coalescer(self._shared_call, self._abort_rids, depth=coalesce_calls)
+            if coalesce_calls > 0 and protocol.parse_batch_parts is not None and protocol.batch_body is not None
+            else None
+        )
         self.process: ServerProcess | None = None  # the child server, when we started it (stopped on close)
 
     def _http(self) -> tuple[httpx.AsyncClient, asyncio.Semaphore]:
@@ -150,17 +157,20 @@ class HTTPEngine:
             results[i] = BranchResult(values)
             account(prompt, cached)
 
-        async def batch(indices: Sequence[int]) -> None:
+        async def batch(indices: Sequence[int], shared: bool) -> None:
             items = [(plan.branches[i].input_ids, plan.branches[i].label_ids) for i in indices]
-            for i, (values, prompt, cached) in zip(
-                indices, await self._call_batch(items, plan.cache_namespace), strict=True
-            ):
+            salt = plan.cache_namespace
+            got = await (
+                self.coalescer.submit(items, salt) if shared and self.coalescer else self._call_batch(items, salt)
+            )
+            for i, (values, prompt, cached) in zip(indices, got, strict=True):
                 results[i] = BranchResult(values)
                 account(prompt, cached)
 
         async def branches(indices: Sequence[int]) -> None:
             groups = self._groups(plan, indices)
-            await together([batch(g) if len(g) > 1 else branch(g[0]) for g in groups])
+            shared = self._shares_calls(plan, groups)
+            await together([batch(g, shared) if len(g) > 1 or shared else branch(g[0]) for g in groups])
 
         async def prefix(tokens: Sequence[int]) -> None:
             # Any label id will do: the point is a selected-logprob request (sglang#34719).
@@ -170,7 +180,7 @@ class HTTPEngine:
         try:
             await execute(strategy, plan, branches, prefix, stage_min_tokens=self._stage_min)
         except BaseExceptionGroup as group:
-            raise _first_error(group) from None
+            raise first_error(group) from None
         self.recent.add(plan.root.tokens, plan.cache_namespace)
         t2 = time.perf_counter()
         t1 = first_done[0] if first_done else t2
@@ -194,6 +204,17 @@ class HTTPEngine:
             step_tokens=self.step_tokens,
             stage_min_tokens=self._stage_min,
             costs=self.costs.estimate() if self.protocol.batch_body is not None else None,
+        )
+
+    def _shares_calls(self, plan: Plan, groups: Sequence[Sequence[int]]) -> bool:
+        """Whether these calls of `plan` go through the coalescer: where there is one, and
+        each call is a batch the protocol takes whole (not a lone branch whose labels are
+        split over calls, not a namespace the batch form would drop)."""
+        per_call = self.protocol.max_ids_per_call
+        return (
+            self.coalescer is not None
+            and (not plan.cache_namespace or self.protocol.batch_keeps_namespace)
+            and all(per_call is None or len(plan.branches[g[0]].label_ids) <= per_call for g in groups if len(g) == 1)
         )
 
     def _too_long(self, tokens: int) -> TokensExceeded:
@@ -255,7 +276,7 @@ class HTTPEngine:
             payload = await self._post(self.protocol.generate_path, body, [self.protocol.abort_body(rid)])
             replies.append(self.protocol.parse_reply(payload, label_ids))
         finally:
-            self.costs.end(ticket, _computed(replies), time.perf_counter() - t0)
+            self.costs.end(ticket, computed(replies), time.perf_counter() - t0)
         return replies[0]
 
     async def _call_batch(self, items: Sequence[tuple[Sequence[int], Sequence[int]]], salt: str) -> list[Reply]:
@@ -275,8 +296,30 @@ class HTTPEngine:
             payload = await self._post(p.batch_path or p.generate_path, batch_body(rids, items, salt), aborts)
             replies = parse(payload, rids, [labels for _, labels in items])
         finally:
-            self.costs.end(ticket, _computed(replies), time.perf_counter() - t0)
+            self.costs.end(ticket, computed(replies), time.perf_counter() - t0)
         return replies
+
+    async def _shared_call(self, parts: Sequence[tuple[Sequence[str], Sequence[Item]]], salt: str) -> list:
+        """One batched call carrying several requests' parts (coalesce.py): per part, its
+        replies or the EngineError that fails it; raises what fails the call as a whole."""
+        p = self.protocol
+        if p.batch_body is None or p.parse_batch_parts is None:
+            raise ValueError(f"the {p.name} protocol does not share batched calls")
+        rids = [rid for part_rids, _ in parts for rid in part_rids]
+        items = [item for _, part_items in parts for item in part_items]
+        ticket, t0 = self.costs.begin(), time.perf_counter()
+        got: list = []
+        try:
+            body = p.batch_body(rids, items, salt)
+            payload = await self._post(p.batch_path or p.generate_path, body, [p.abort_body(rid) for rid in rids])
+            got = p.parse_batch_parts(payload, [r for r, _ in parts], [[lb for _, lb in its] for _, its in parts])
+        finally:
+            whole = bool(got) and not any(isinstance(g, BaseException) for g in got)
+            self.costs.end(ticket, computed([r for g in got for r in g] if whole else []), time.perf_counter() - t0)
+        return got
+
+    def _abort_rids(self, rids: Sequence[str]) -> None:
+        self._abort([self.protocol.abort_body(rid) for rid in rids])
 
     async def _post(self, path: str, body: dict, aborts: Sequence[dict]) -> object:
         """One call: capped by the server-wide slots, aborted server-side (the `aborts`
@@ -315,12 +358,16 @@ class HTTPEngine:
             raise EngineError(
                 f"the engine answered {response.status_code}", detail=f"{self.url}: {response.text[:300]!r}"
             )
-        return _json_of(response.content)
+        return json_of(response.content)
 
     def stats(self) -> dict[str, float]:
         """The HTTP calls made to the server (one per branch, or one per batched stage) and
         those in flight now (at most --max-engine-calls)."""
-        return {"engine_http_calls": self._calls, "engine_http_calls_in_flight": self._calls_in_flight}
+        out: dict[str, float] = {"engine_http_calls": self._calls, "engine_http_calls_in_flight": self._calls_in_flight}
+        if self.coalescer is not None:
+            out["engine_shared_calls"] = self.coalescer.calls
+            out["engine_shared_call_parts"] = self.coalescer.parts
+        return out
 
     def _abort(self, bodies: Sequence[dict]) -> None:
         """Post every abort body (fire and forget: the caller is already leaving): one per
@@ -345,41 +392,3 @@ class HTTPEngine:
 
 
 _JSON = {"content-type": "application/json"}
-
-
-def _json_of(content: bytes) -> object:
-    """A reply's JSON: orjson first (fast), the stdlib where orjson refuses what Python's own
-    encoder writes (a server that sends `-Infinity`, which orjson does not read)."""
-    try:
-        return orjson.loads(content)
-    except orjson.JSONDecodeError:
-        pass
-    try:
-        return json.loads(content)
-    except ValueError:
-        raise EngineError("the engine's reply is not JSON") from None
-
-
-def _first_error(group: BaseExceptionGroup) -> BaseException:
-    """The error to report for a failed request: ours if any, else the first."""
-    flat: list[BaseException] = []
-
-    def walk(g: BaseExceptionGroup) -> None:
-        for e in g.exceptions:
-            walk(e) if isinstance(e, BaseExceptionGroup) else flat.append(e)
-
-    walk(group)
-    return next((e for e in flat if isinstance(e, OpenjevError)), flat[0])
-
-
-def _computed(replies: Sequence[Reply]) -> int | None:
-    """The tokens an answered call computed, for the cost model; None where it failed (no
-    replies) or the server did not say what it found cached in every item."""
-    if not replies:
-        return None
-    computed = 0
-    for _, prompt, cached in replies:
-        if prompt is None or cached is None:
-            return None
-        computed += prompt - cached
-    return computed

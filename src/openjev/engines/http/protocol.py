@@ -5,9 +5,14 @@ vllm_protocol.py), and the shapes its functions exchange. No I/O here.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+import orjson
+
+from openjev.errors import EngineError
 
 # (label log-probs aligned with the label ids, prompt tokens, cached tokens); None where
 # the server does not say.
@@ -57,3 +62,35 @@ class HTTPProtocol:
     # The bodies that abort every item of a batched call, given its rids (None: one
     # abort_body per rid).
     batch_abort_bodies: Callable[[Sequence[str]], list[dict]] | None = None
+    # A batched call's reply read as several requests' parts, each on its own (the reply,
+    # each part's rids, each part's items' label ids) -> per part, its replies or the
+    # EngineError that fails it (an EngineError raised: the reply fails as a whole). Where
+    # set, concurrent requests' stages may share one call (coalesce.py); the server must
+    # answer an item aborted alone and the others in full.
+    parse_batch_parts: Callable[[Any, Sequence[Sequence[str]], Sequence[Sequence[Sequence[int]]]], list] | None = None
+
+
+def json_of(content: bytes) -> object:
+    """A reply's JSON: orjson first (fast), the stdlib where orjson refuses what Python's own
+    encoder writes (a server that sends `-Infinity`, which orjson does not read)."""
+    try:
+        return orjson.loads(content)
+    except orjson.JSONDecodeError:
+        pass
+    try:
+        return json.loads(content)
+    except ValueError:
+        raise EngineError("the engine's reply is not JSON") from None
+
+
+def computed(replies: Sequence[Reply]) -> int | None:
+    """The tokens an answered call computed, for the cost model; None where it failed (no
+    replies) or the server did not say what it found cached in every item."""
+    if not replies:
+        return None
+    computed = 0
+    for _, prompt, cached in replies:
+        if prompt is None or cached is None:
+            return None
+        computed += prompt - cached
+    return computed

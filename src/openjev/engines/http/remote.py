@@ -185,5 +185,6 @@ def engine_options(http: RemoteSettings, limits: LimitSettings) -> dict[str, Any
         "max_calls": http.max_engine_calls,
         "call_timeout_s": limits.engine_timeout_s,
         "warmup_min_tokens": http.warmup_min_tokens,
+        "coalesce_calls": http.coalesce_calls,
         "retry_after_s": limits.retry_after_s,
     }

@@ -88,6 +88,28 @@ def parse_batch_reply(
     return replies
 
 
+def parse_batch_parts(
+    body: Any, rids: Sequence[Sequence[str]], label_ids: Sequence[Sequence[Sequence[int]]], new_tokens: int = 0
+) -> list[list[Reply] | EngineError]:
+    """A batch_body call that carried several requests' parts (coalesce.py), each part's
+    slice of the reply list read by parse_batch_reply on its own: an item of one part that
+    is unusable (aborted: its request left) fails that part only. A reply that is not a list
+    of every item raises."""
+    total = sum(len(r) for r in rids)
+    if not isinstance(body, list) or len(body) != total:
+        got = f"{len(body)} items" if isinstance(body, list) else type(body).__name__
+        raise EngineError("the engine's reply is unusable", detail=f"{got} for a batch of {total}")
+    out: list[list[Reply] | EngineError] = []
+    at = 0
+    for part_rids, part_labels in zip(rids, label_ids, strict=True):
+        try:
+            out.append(parse_batch_reply(body[at : at + len(part_rids)], part_rids, part_labels, new_tokens))
+        except EngineError as e:
+            out.append(e)
+        at += len(part_rids)
+    return out
+
+
 def abort_body(rid: str) -> dict:
     return {"rid": rid}
 
@@ -164,6 +186,9 @@ def sglang(*, batch: bool, prefill_only: bool, keeps_namespace: bool = True) -> 
         context_flag="--context-length",
         batch_body=partial(batch_body, new_tokens=new) if batch else None,
         parse_batch_reply=partial(parse_batch_reply, new_tokens=new) if batch else None,
+        # calls shared by requests only where the batch form is faithful (SGLang-JAX 0.1.0rc0,
+        # whose batches lose extra_key, is not trusted to answer an item aborted alone)
+        parse_batch_parts=partial(parse_batch_parts, new_tokens=new) if batch and keeps_namespace else None,
         prefill_only=prefill_only,
         batch_keeps_namespace=batch and keeps_namespace,
     )

@@ -28,6 +28,7 @@ from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
 from openjev.core.plan import Plan, TrieNode
+from openjev.errors import OpenjevError
 
 STRATEGIES = ("all", "warmup", "staged", "auto")
 
@@ -232,3 +233,15 @@ async def together(aws: list[Coroutine[Any, Any, None]]) -> None:
     async with asyncio.TaskGroup() as group:
         for aw in aws:
             group.create_task(aw)
+
+
+def first_error(group: BaseExceptionGroup) -> BaseException:
+    """The error to report for a failed request: ours if any, else the first."""
+    flat: list[BaseException] = []
+
+    def walk(g: BaseExceptionGroup) -> None:
+        for e in g.exceptions:
+            walk(e) if isinstance(e, BaseExceptionGroup) else flat.append(e)
+
+    walk(group)
+    return next((e for e in flat if isinstance(e, OpenjevError)), flat[0])
