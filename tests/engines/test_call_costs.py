@@ -107,7 +107,12 @@ async def test_the_engine_learns_from_its_calls_and_sends_one_batch_where_tokens
     """A server whose calls cost 20 ms whatever their size: after the calls of a few single
     questions (of different sizes), a cold 8-branch request goes in one call, not two."""
     fake = FakeSGLang(delay_s=0.02)
-    engine = HTTPEngine("http://sglang.test", SGLANG_BATCHED, transport=fake.transport(), strategy="auto")
+    # each request's own calls (--coalesce-calls 0): what is tested is auto's choice per
+    # request; requests sharing calls are tests/engines/test_coalesce.py's (and a shared
+    # call's 16 items, timed on a busy machine, move this fake's per-token fit)
+    engine = HTTPEngine(
+        "http://sglang.test", SGLANG_BATCHED, transport=fake.transport(), strategy="auto", coalesce_calls=0
+    )
     try:
         for i in range(16):
             await engine.run(_long(n=1, state_len=100 + 150 * i, first=10_000 * (i + 1)))
@@ -124,7 +129,12 @@ async def test_the_engine_learns_from_its_calls_and_sends_one_batch_where_tokens
 async def test_the_engine_stages_where_the_forward_dominates():
     """A server that takes 40 us per computed token: the prefix is computed once (staged)."""
     fake = FakeSGLang(delay_s=0.001, token_delay_s=40e-6)
-    engine = HTTPEngine("http://sglang.test", SGLANG_BATCHED, transport=fake.transport(), strategy="auto")
+    # each request's own calls (--coalesce-calls 0): what is tested is auto's choice per
+    # request; requests sharing calls are tests/engines/test_coalesce.py's (and a shared
+    # call's 16 items, timed on a busy machine, move this fake's per-token fit)
+    engine = HTTPEngine(
+        "http://sglang.test", SGLANG_BATCHED, transport=fake.transport(), strategy="auto", coalesce_calls=0
+    )
     try:
         for i in range(16):
             await engine.run(_long(n=1, state_len=100 + 150 * i, first=10_000 * (i + 1)))
@@ -183,7 +193,12 @@ async def _quiet_start_then_four_clients(fake, plans_of_client) -> HTTPEngine:
     the costs are learned), then 4 clients at once, client k running plans_of_client(k)."""
     import asyncio
 
-    engine = HTTPEngine("http://sglang.test", SGLANG_BATCHED, transport=fake.transport(), strategy="auto")
+    # each request's own calls (--coalesce-calls 0): what is tested is auto's choice per
+    # request; requests sharing calls are tests/engines/test_coalesce.py's (and a shared
+    # call's 16 items, timed on a busy machine, move this fake's per-token fit)
+    engine = HTTPEngine(
+        "http://sglang.test", SGLANG_BATCHED, transport=fake.transport(), strategy="auto", coalesce_calls=0
+    )
     try:
         for i in range(16):
             await engine.run(_long(n=1, state_len=100 + 150 * i, first=10_000 * (i + 1)))
