@@ -65,6 +65,7 @@ class Coalescer:
         self._max_items = max_items
         self._waiting: dict[str, deque[_Part]] = {}
         self._in_flight = 0
+        self._tasks: set[asyncio.Task] = set()  # the shared calls running, kept alive until done
         self.calls = 0  # shared calls sent
         self.parts = 0  # parts sent in them
 
@@ -107,6 +108,8 @@ class Coalescer:
         self.calls += 1
         self.parts += len(call.parts)
         call.task = asyncio.get_running_loop().create_task(self._run(call, salt))
+        self._tasks.add(call.task)
+        call.task.add_done_callback(self._tasks.discard)
 
     async def _run(self, call: _Call, salt: str) -> None:
         try:
