@@ -37,7 +37,6 @@ SharedCall = Callable[[Sequence[tuple[Sequence[str], Sequence[Item]]], str], Cor
 @dataclass(eq=False)
 class _Part:
     items: list[Item]
-    salt: str
     future: asyncio.Future
     rids: list[str] = field(default_factory=list)
     call: _Call | None = None
@@ -72,7 +71,7 @@ class Coalescer:
     async def submit(self, items: Sequence[Item], salt: str) -> list[Reply]:
         """The replies to `items` (one per item, in order), sent in a call shared with other
         requests' parts of the same namespace `salt`; raises what fails this part."""
-        part = _Part(list(items), salt, asyncio.get_running_loop().create_future())
+        part = _Part(list(items), asyncio.get_running_loop().create_future())
         self._waiting.setdefault(salt, deque()).append(part)
         self._flush()
         try:

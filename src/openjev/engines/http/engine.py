@@ -22,8 +22,8 @@ import logging
 import math
 import time
 import uuid
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import orjson
@@ -87,7 +87,11 @@ class HTTPEngine:
         self._aborts: set[asyncio.Task] = set()  # fire-and-forget aborts, kept alive until done
         # concurrent requests' stages in shared calls, where the protocol reads a call by parts
         self.coalescer = (
-            Coalescer(self._shared_call, self._abort_rids, depth=coalesce_calls)
+            Coalescer(
+                self._shared_call,
+                lambda rids: self._abort([protocol.abort_body(r) for r in rids]),
+                depth=coalesce_calls,
+            )
             if coalesce_calls > 0 and protocol.parse_batch_parts is not None and protocol.batch_body is not None
             else None
         )
@@ -281,45 +285,47 @@ class HTTPEngine:
 
     async def _call_batch(self, items: Sequence[tuple[Sequence[int], Sequence[int]]], salt: str) -> list[Reply]:
         """Many branches in one call (protocol.batch_body), one Reply each, in order."""
-        batch_body, parse = self.protocol.batch_body, self.protocol.parse_batch_reply
-        if batch_body is None or parse is None:
+        parse = self.protocol.parse_batch_reply
+        if parse is None:
             raise ValueError(f"the {self.protocol.name} protocol has no batched calls")
-        for ids, _ in items:
-            if self.max_prompt_tokens is not None and len(ids) > self.max_prompt_tokens:
-                raise self._too_long(len(ids))
-        rids = [uuid.uuid4().hex for _ in items]
-        p = self.protocol
-        aborts = p.batch_abort_bodies(rids) if p.batch_abort_bodies else [p.abort_body(rid) for rid in rids]
-        ticket, t0 = self.costs.begin(), time.perf_counter()
-        replies: list[Reply] = []
-        try:
-            payload = await self._post(p.batch_path or p.generate_path, batch_body(rids, items, salt), aborts)
-            replies = parse(payload, rids, [labels for _, labels in items])
-        finally:
-            self.costs.end(ticket, computed(replies), time.perf_counter() - t0)
-        return replies
+        rids = [uuid.uuid4().hex for _ in items]  # (run refused any branch too long before a call)
+
+        def read(payload: object) -> tuple[list[Reply], list[Reply]]:
+            return (replies := parse(payload, rids, [lb for _, lb in items])), replies
+
+        return await self._batched(rids, items, salt, read)
 
     async def _shared_call(self, parts: Sequence[tuple[Sequence[str], Sequence[Item]]], salt: str) -> list:
         """One batched call carrying several requests' parts (coalesce.py): per part, its
         replies or the EngineError that fails it; raises what fails the call as a whole."""
-        p = self.protocol
-        if p.batch_body is None or p.parse_batch_parts is None:
-            raise ValueError(f"the {p.name} protocol does not share batched calls")
+        parse = self.protocol.parse_batch_parts
+        if parse is None:
+            raise ValueError(f"the {self.protocol.name} protocol does not share batched calls")
         rids = [rid for part_rids, _ in parts for rid in part_rids]
         items = [item for _, part_items in parts for item in part_items]
-        ticket, t0 = self.costs.begin(), time.perf_counter()
-        got: list = []
-        try:
-            body = p.batch_body(rids, items, salt)
-            payload = await self._post(p.batch_path or p.generate_path, body, [p.abort_body(rid) for rid in rids])
-            got = p.parse_batch_parts(payload, [r for r, _ in parts], [[lb for _, lb in its] for _, its in parts])
-        finally:
-            whole = bool(got) and not any(isinstance(g, BaseException) for g in got)
-            self.costs.end(ticket, computed([r for g in got for r in g] if whole else []), time.perf_counter() - t0)
-        return got
 
-    def _abort_rids(self, rids: Sequence[str]) -> None:
-        self._abort([self.protocol.abort_body(rid) for rid in rids])
+        def read(payload: object) -> tuple[list, list[Reply]]:
+            got = parse(payload, [r for r, _ in parts], [[lb for _, lb in its] for _, its in parts])
+            whole = not any(isinstance(g, BaseException) for g in got)  # else the cost is not known
+            return got, [r for g in got for r in g] if whole else []
+
+        return await self._batched(rids, items, salt, read)
+
+    async def _batched(self, rids: Sequence[str], items: Sequence[Item], salt: str, read: Callable) -> Any:
+        """One batch_body call of `items` (named by `rids`), aborted whole where cancelled;
+        `read(reply)` gives (the result, the replies the cost model learns from)."""
+        p = self.protocol
+        if p.batch_body is None:
+            raise ValueError(f"the {p.name} protocol has no batched calls")
+        aborts = p.batch_abort_bodies(rids) if p.batch_abort_bodies else [p.abort_body(rid) for rid in rids]
+        ticket, t0 = self.costs.begin(), time.perf_counter()
+        learned: list[Reply] = []
+        try:
+            payload = await self._post(p.batch_path or p.generate_path, p.batch_body(rids, items, salt), aborts)
+            result, learned = read(payload)
+        finally:
+            self.costs.end(ticket, computed(learned), time.perf_counter() - t0)
+        return result
 
     async def _post(self, path: str, body: dict, aborts: Sequence[dict]) -> object:
         """One call: capped by the server-wide slots, aborted server-side (the `aborts`
