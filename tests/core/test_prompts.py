@@ -111,6 +111,27 @@ def _state_encodings(tok: _CountingTokenizer, state: State) -> int:
     return sum(1 for text in tok.encoded if head in text)
 
 
+class _UnsureTokenizer(_CountingTokenizer):
+    """The counting fake, claiming no piece ever starts a new run of text."""
+
+    def breaks_before(self, piece) -> bool:
+        return False
+
+
+def test_readings_opening_with_a_special_token_skip_the_token_stability_check():
+    """ChatML's question turn opens with <|im_start|>, where every encoding splits: the
+    split is stable by construction and its window is not encoded; the plan is the one the
+    check would have passed."""
+    sure, unsure = _CountingTokenizer(), _UnsureTokenizer()
+    plans = []
+    for tok in (sure, unsure):
+        compiler = PromptCompiler(tok, max_labels=255)
+        tok.encoded.clear()
+        plans.append(compiler.compile(DecisionRequest(STATE, QUESTIONS)).plan)
+    assert plans[0].branches == plans[1].branches
+    assert len(unsure.encoded) == len(sure.encoded) + 3  # the window, a reading, and both together
+
+
 def test_a_state_asked_again_is_encoded_once_per_namespace_with_the_same_ids():
     tok = _CountingTokenizer()
     compiler = PromptCompiler(tok, max_labels=255)

@@ -104,3 +104,22 @@ def test_the_plain_copy_is_the_same_pipeline_without_its_added_tokens():
         assert plain.encode(text, add_special_tokens=False).ids == by_json.encode(text, add_special_tokens=False).ids
     assert backend.encode("<|im_start|>").ids == [9] and plain.encode("<|im_start|>").ids != [9]
     assert plain.encode("he\u0301llo").ids == [1]  # the normalizer came along
+
+
+def test_a_template_piece_opening_with_a_special_token_breaks_the_text_before_it():
+    """breaks_before is what the compiler trusts to skip its token-stability check: true only
+    where encoding apart equals encoding together. Without the special token, "hello" and
+    "world" merge into one token across the boundary, and it says so."""
+    vocab = {"[UNK]": 0, "hello": 1, "world": 2, "helloworld": 3, "<|im_start|>": 4}
+    backend = Tokenizer(WordLevel(vocab, unk_token="[UNK]"))
+    backend.pre_tokenizer = Whitespace()
+    hf = PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="[UNK]")
+    hf.add_special_tokens({"additional_special_tokens": ["<|im_start|>"]})
+    hf.chat_template = ALTERNATING
+    tok = HFChatTokenizer(hf)
+    before = (("hello", False),)
+    for piece, breaks in ((("<|im_start|>world", True), True), (("world", True), False)):
+        assert tok.breaks_before(piece) is breaks
+        apart = tok.encode_pieces(before) + tok.encode_pieces((piece,))
+        assert (tok.encode_pieces((*before, piece)) == apart) is breaks
+    assert not tok.breaks_before(("<|im_start|>world", False))  # a caller's text spells no special token

@@ -52,6 +52,10 @@ class FakeTokenizer:
     def encode(self, text: str) -> list[int]:
         return self.encode_pieces(((text, True),))
 
+    def breaks_before(self, piece: tuple[str, bool]) -> bool:
+        """As HFChatTokenizer's: a template piece opening with a special token."""
+        return piece[1] and _SPECIAL.match(piece[0]) is not None
+
     def encode_pieces(self, pieces: Sequence[tuple[str, bool]]) -> list[int]:
         """As a real tokenizer's: special tokens only from template pieces; plain pieces'
         text (a caller's) is words and punctuation whatever it spells."""

@@ -89,3 +89,10 @@ class ChatTokenizer(Protocol):
         (`<|im_start|>` in a caller's text is as many tokens as its characters). For joined
         text that spells no special token in its plain pieces, this equals encode(joined)."""
         ...
+
+    def breaks_before(self, piece: tuple[str, bool]) -> bool:
+        """Whether no token can span the start of `piece`: True only where, for all pieces
+        `a` and `b` with `b` starting with `piece`, encode_pieces(a + b) equals
+        encode_pieces(a) + encode_pieces(b) (a template piece opening with a special token
+        that the encoding always splits at). False where it cannot tell."""
+        ...

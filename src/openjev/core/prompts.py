@@ -240,9 +240,12 @@ class PromptCompiler:
         shorter), so the check costs the same for a 2 MB state as for a short one. One
         text suffices where every text starts with the same boundary text (`same_lead`).
         """
+        checked = [t for t in (texts[:1] if same_lead else texts) if not (t and self._tok.breaks_before(t[0]))]
+        if not checked:  # every text opens with a special token the encoding splits at
+            return True
         window = tail_chars(shared_text, STABILITY_WINDOW)
         window_ids = self._tok.encode_pieces(window)
-        for text in texts[:1] if same_lead else texts:
+        for text in checked:
             if self._tok.encode_pieces(window + text) != window_ids + self._tok.encode_pieces(text):
                 return False
         return True
