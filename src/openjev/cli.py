@@ -4,6 +4,7 @@ the settings' fields, each with its OPENJEV_* environment twin (config/sections.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import logging
 import os
@@ -104,6 +105,17 @@ def _settings(args: argparse.Namespace, passthrough: Sequence[str] = ()) -> Sett
     return settings
 
 
+def settle_heap() -> None:
+    """Once the model is loaded (the serving process's own, never a library caller's): collect
+    what loading left, then move every object alive into the collector's permanent generation
+    (gc.freeze). Those objects live as long as the process; left in the oldest generation,
+    each full collection walked all of them (about 350,000 over SGLang: 150 ms with the event
+    loop stopped, every 10-20 s under load), where it now walks what requests made since
+    (about 4,000: 2 ms). Frozen objects are still freed when their last reference goes."""
+    gc.collect()
+    gc.freeze()
+
+
 def serve(settings: Settings) -> int:
     from openjev import calibrations
     from openjev.engines import preflight_engine, prestart_engine
@@ -137,7 +149,7 @@ def serve(settings: Settings) -> int:
             server.should_exit = True
 
     try:
-        app = create_app(settings, on_fatal=on_fatal)  # a keys file that cannot be read: exit 2
+        app = create_app(settings, on_fatal=on_fatal, on_loaded=settle_heap)  # unreadable keys file: exit 2
     except BaseException:
         listener.close()
         raise

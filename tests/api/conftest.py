@@ -25,10 +25,13 @@ def fake_loader(engine: FakeEngine, gate: threading.Event | None = None, fail: E
 
 
 @asynccontextmanager
-async def running_app(engine: FakeEngine | None = None, *, gate=None, fail=None, on_fatal=None, wait=True, **settings):
+async def running_app(
+    engine: FakeEngine | None = None, *, gate=None, fail=None, on_fatal=None, on_loaded=None, wait=True, **settings
+):
     """The app with its lifespan running, and an httpx client on it (in-process ASGI)."""
     engine = engine or FakeEngine()
-    app = create_app(load_settings(settings, environ={}), loader=fake_loader(engine, gate, fail), on_fatal=on_fatal)
+    loader = fake_loader(engine, gate, fail)
+    app = create_app(load_settings(settings, environ={}), loader=loader, on_fatal=on_fatal, on_loaded=on_loaded)
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as client:

@@ -1,6 +1,7 @@
 """Transport concerns: auth, body limits and encodings, health while loading, docs."""
 
 import asyncio
+import gc
 import gzip
 import json
 import threading
@@ -120,6 +121,38 @@ async def test_load_failure_is_reported_and_fatal():
         r = await client.post("/v1/systemone", json=VALID)
         assert r.status_code == 503 and "weights are corrupt" not in r.text
     assert isinstance(fatal[0], RuntimeError)
+
+
+async def test_the_loaded_hook_runs_once_before_the_first_decision():
+    """`on_loaded` (the CLI's settle_heap) runs once the service is built, before the
+    service answers: a request meanwhile gets the same 503 as during the load."""
+    calls, entered, release = [], threading.Event(), threading.Event()
+
+    def hook():
+        calls.append(threading.current_thread() is threading.main_thread())
+        entered.set()
+        release.wait(10)
+
+    async with running_app(on_loaded=hook, wait=False) as (client, _):
+        await asyncio.to_thread(entered.wait, 10)
+        assert (await client.post("/v1/systemone", json=VALID)).status_code == 503
+        release.set()
+        for _ in range(200):
+            if (await client.get("/health")).status_code == 200:
+                break
+            await asyncio.sleep(0.01)
+        assert (await client.post("/v1/systemone", json=VALID)).status_code == 200
+    assert calls == [False]  # once, off the event loop's thread
+
+
+def test_settle_heap_freezes_what_is_alive():
+    from openjev.cli import settle_heap
+
+    try:
+        settle_heap()
+        assert gc.get_freeze_count() > 0
+    finally:
+        gc.unfreeze()
 
 
 async def test_models_limits_and_request_ids(api):

@@ -207,6 +207,13 @@ def test_drain_rate_counts_busy_time_only():
     now[0] = 262.0
     rate.finished(100)  # a new measurement replaces the remembered one
     assert rate.per_second() == pytest.approx(50)
+    now[0] = 299.0
+    rate.started()
+    now[0] = 300.0
+    rate.finished(300)
+    assert rate.per_second() == pytest.approx(400 / 3)  # both in the window
+    now[0] = 323.0  # the one at 262 leaves the 60 s window, the one at 300 stays
+    assert rate.per_second() == pytest.approx(300)
 
 
 async def test_work_the_engine_could_not_reach_in_time_is_529_not_a_later_504():

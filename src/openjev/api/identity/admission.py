@@ -61,6 +61,10 @@ class DrainRate:
         self._window = window_s
         self._clock = clock
         self._done: collections.deque[tuple[float, int, float]] = collections.deque()  # (t, tokens, busy s)
+        # their sums, kept as entries come and go: per_second runs twice per request, and
+        # summing a busy minute's entries (thousands) each time was a visible share of it
+        self._tokens = 0
+        self._busy = 0.0
         self._active = 0
         self._mark: float | None = None  # start of the busy time not yet attributed
         self._last: float | None = None  # the latest measurement, kept when the window empties
@@ -80,16 +84,20 @@ class DrainRate:
             self._mark = None
         if tokens > 0:  # a failure measured nothing; its share of the busy time is dropped
             self._done.append((now, tokens, busy))
+            self._tokens += tokens
+            self._busy += busy
             self.per_second()  # remembered now, whenever it is next asked
 
     def per_second(self) -> float | None:
         now = self._clock()
         while self._done and self._done[0][0] < now - self._window:
-            self._done.popleft()
-        tokens = sum(t for _, t, _ in self._done)
-        busy = sum(b for _, _, b in self._done)
-        if tokens and busy > 0:
-            self._last = tokens / busy
+            _, tokens, busy = self._done.popleft()
+            self._tokens -= tokens
+            self._busy -= busy
+        if not self._done:
+            self._busy = 0.0  # no rounding left over from the entries gone
+        if self._tokens and self._busy > 0:
+            self._last = self._tokens / self._busy
         return self._last
 
 

@@ -41,9 +41,11 @@ def create_app(
     settings: Settings,
     loader: Loader = load_engine,
     on_fatal: Callable[[BaseException], None] | None = None,
+    on_loaded: Callable[[], None] | None = None,
 ) -> FastAPI:
     """The ASGI app. `loader` loads the engine (off the event loop, at startup); a failure is
-    kept for /health and passed to `on_fatal` (the CLI exits non-zero on it)."""
+    kept for /health and passed to `on_fatal` (the CLI exits non-zero on it); `on_loaded`
+    runs once the service is built, in a worker thread, before the first decision."""
     runtime = Runtime(settings)
     ops = Operations(  # keys, limits, metrics, drain (api/server/ops.py)
         settings.keys,
@@ -53,7 +55,7 @@ def create_app(
         log_bodies=settings.logging.log_request_bodies,
     )
     meta: dict[str, Any] = {"title": "openjev", "version": __version__, "description": DESCRIPTION}
-    run = lifespan(runtime, ops.gated, loader, on_fatal)
+    run = lifespan(runtime, ops.gated, loader, on_fatal, on_loaded)
     if settings.listen.docs == "off":  # `openjev schema` (app.openapi()) works either way
         app = FastAPI(**meta, lifespan=run, openapi_url=None, docs_url=None, redoc_url=None)
     else:  # docs with their assets served from the package; `auth` is checked in api/identity/admission.py

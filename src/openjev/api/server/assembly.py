@@ -129,10 +129,12 @@ def lifespan(
     gate: Callable[[Engine], Engine],
     loader: Loader,
     on_fatal: Callable[[BaseException], None] | None,
+    on_loaded: Callable[[], None] | None = None,
 ) -> Callable[[Any], AbstractAsyncContextManager[None]]:
     """The app's lifespan: load the engine in the background (a failure is kept for /health
-    and passed to `on_fatal`), close it at shutdown. The service calls the engine through
-    `gate` (admission's token gate)."""
+    and passed to `on_fatal`), then `on_loaded` (in a worker thread) before the service takes
+    decisions; close the engine at shutdown. The service calls the engine through `gate`
+    (admission's token gate)."""
     settings = runtime.settings
 
     def fatal(exc: BaseException) -> None:
@@ -146,7 +148,10 @@ def lifespan(
             loaded = await asyncio.to_thread(loader, settings)
             loaded = dataclasses.replace(loaded, engine=gate(loaded.engine))
             runtime.loaded = loaded
-            runtime.service = await asyncio.to_thread(build_service, settings.quality, settings.limits, loaded)
+            service = await asyncio.to_thread(build_service, settings.quality, settings.limits, loaded)
+            if on_loaded is not None:
+                await asyncio.to_thread(on_loaded)
+            runtime.service = service
             if loaded.supervise is not None:
                 loaded.supervise(fatal)
             log.info("serving %s", loaded.card.name)
