@@ -36,11 +36,16 @@ async def running_app(
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as client:
             if wait:
-                for _ in range(200):
-                    if (await client.get("/health")).status_code == 200:
-                        break
-                    await asyncio.sleep(0.01)
+                await healthy(client)
             yield client, engine
+
+
+async def healthy(client: httpx.AsyncClient) -> None:
+    """Wait (up to ~2 s) until the app's /health says the model is loaded."""
+    for _ in range(200):
+        if (await client.get("/health")).status_code == 200:
+            return
+        await asyncio.sleep(0.01)
 
 
 @pytest.fixture

@@ -8,7 +8,7 @@ import threading
 
 import zstandard
 
-from tests.api.conftest import running_app
+from tests.api.conftest import healthy, running_app
 from tests.api.test_systemone import VALID
 
 
@@ -100,10 +100,7 @@ async def test_health_is_503_while_loading_and_live_answers():
         r = await client.post("/v1/systemone", json=VALID)
         assert r.status_code == 503 and r.headers["retry-after"]
         gate.set()
-        for _ in range(200):
-            if (await client.get("/health")).status_code == 200:
-                break
-            await asyncio.sleep(0.01)
+        await healthy(client)
         assert (await client.post("/v1/systemone", json=VALID)).status_code == 200
 
 
@@ -137,10 +134,7 @@ async def test_the_loaded_hook_runs_once_before_the_first_decision():
         await asyncio.to_thread(entered.wait, 10)
         assert (await client.post("/v1/systemone", json=VALID)).status_code == 503
         release.set()
-        for _ in range(200):
-            if (await client.get("/health")).status_code == 200:
-                break
-            await asyncio.sleep(0.01)
+        await healthy(client)
         assert (await client.post("/v1/systemone", json=VALID)).status_code == 200
     assert calls == [False]  # once, off the event loop's thread
 
