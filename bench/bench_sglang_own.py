@@ -11,7 +11,8 @@ Each is a real HTTP server, measured in one run, systems alternating (bench/comm
 
 - latency: p50 of --repeats, cold (a ~1,000-token state never sent) and warm (the same state,
   new questions), at 1 and 8 questions;
-- throughput: decisions/s with 4 clients (4 questions per request, ~300-token states);
+- throughput: decisions/s with 4 clients (4 questions per request, ~300-token states); with
+  --throughput-rounds N, N rounds in alternating order, each round's ratio and their median;
 - quality on evals/data/test.jsonl (each system's default readout and calibration): accuracy,
   ECE, Brier, mean label mass (x_label_mass);
 - jevcompat's conformance summary (MUST / SHOULD);
@@ -26,7 +27,7 @@ JSON lines on stdout, one per section. The server's scheduler keeps a core busy 
 everything is stopped at the end.
 
     .venv/bin/python bench/bench_sglang_own.py [--repeats 3] [--skip-latency] [--skip-decisions]
-        [--skip-throughput] [--skip-eval] [--skip-jevcompat] [--clients 4] [--skip-inprocess]
+        [--skip-throughput] [--throughput-rounds 1] [--skip-eval] [--skip-jevcompat] [--clients 4] [--skip-inprocess]
         [--tiny 64]
 
 --tiny HIDDEN serves a tiny random model the bench generates (the embedded tokenizer, one
@@ -250,6 +251,12 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--skip-throughput", action="store_true")
     parser.add_argument("--clients", type=int, default=4)
     parser.add_argument("--throughput-requests", type=int, default=8)
+    parser.add_argument(
+        "--throughput-rounds",
+        type=int,
+        default=1,
+        help="measure throughput this many times, the systems' order alternating; report each round's ratio and the median",
+    )
     parser.add_argument("--eval-concurrency", type=int, default=2)
     parser.add_argument("--eval-limit", type=int, default=None, help="an even spread of this many test items")
     parser.add_argument("--skip-jevcompat", action="store_true")
@@ -290,7 +297,7 @@ def sections(
     if not args.skip_decisions:
         emit(asyncio.run(decisions(routes, args.repeats, tuple(args.sizes), emit)))
     if not args.skip_throughput:
-        emit(asyncio.run(throughput(systems, args.clients, args.throughput_requests, 4, cpu)))
+        emit(asyncio.run(throughput(systems, args.clients, args.throughput_requests, 4, cpu, args.throughput_rounds)))
     if not args.skip_jevcompat:
         for s in systems:
             key = None if s.name == "sglang" else KEY

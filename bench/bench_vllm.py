@@ -11,7 +11,8 @@ embedded model's weights and tokenizer (tests/vllm/server.py: qwen3_folder), in 
 Each is a real HTTP server driven with the same wire requests (bench/common.py): latency of
 an 8-question and a 1-question request (`--questions 8,1`) on a ~1,000-token state, cold (a
 state never sent) and warm (the same state, new questions), p50 of --repeats, systems
-alternating; throughput (decisions/s) with 4 clients; and the jevcompat conformance summary
+alternating; throughput (decisions/s) with 4 clients (--throughput-rounds N: N rounds in
+alternating order, each round's ratio and their median); and the jevcompat conformance summary
 of each. JSON lines. Each system is measured with the servers it does not use stopped
 (SIGSTOP; `--beside-vllm` leaves them running idle): on two cores an idle vLLM's wake-ups
 stall the in-process engine's OpenMP threads.
@@ -122,32 +123,54 @@ async def throughput(
     requests: int,
     questions: int,
     cpu: dict[str, dict[str, tuple[int, ...]]] | None = None,
+    rounds: int = 1,
 ) -> dict:
     """Decisions per second of each system, `clients` at a time. `cpu`: per system name, the
     process groups whose CPU time to count (per part: {"openjev": (pgid,), "engine": (...)}),
-    reported as CPU milliseconds per decision, the cost a busy machine pays for each."""
-    row: dict = {"clients": clients}
+    reported as CPU milliseconds per decision, the cost a busy machine pays for each.
+
+    `rounds`: each system is measured that many times, the order alternating round by round
+    (A B, B A, A B, ...), each round with states no round sent before. On two cores one
+    round's decisions/s moves by 15-30 % with the machine (the same route, minutes apart), so
+    each round's ratio to the first system is taken from the systems measured side by side in
+    it, and the row reports every round's figures, their medians and the median ratio."""
+    row: dict = {"clients": clients, "rounds": rounds}
     cpu = cpu or {}
+    rates: dict[str, list[float]] = {s.name: [] for s in systems}
+    spent: dict[str, dict[str, float]] = {s.name: dict.fromkeys(cpu.get(s.name, {}), 0.0) for s in systems}
     async with httpx.AsyncClient(timeout=1800) as client:
-        for s in systems:
-            queue = [payload(questions, tag=30_000 + 100 * systems.index(s) + i, paragraphs=3) for i in range(requests)]
+        for r in range(rounds):
+            for s in systems if r % 2 == 0 else systems[::-1]:
+                tag = 30_000 + 10_000 * r + 100 * systems.index(s)
+                queue = [payload(questions, tag=tag + i, paragraphs=3) for i in range(requests)]
 
-            async def worker(s: System = s, queue: list = queue):
-                while queue:
-                    await s.ask(client, queue.pop())
+                async def worker(s: System = s, queue: list = queue):
+                    while queue:
+                        await s.ask(client, queue.pop())
 
-            parts = cpu.get(s.name, {})
-            with s.alone():
-                before = {part: group_cpu_s(*groups) for part, groups in parts.items()}
-                t0 = time.perf_counter()
-                await asyncio.gather(*(worker() for _ in range(clients)))
-                elapsed = time.perf_counter() - t0
-                spent = {part: group_cpu_s(*groups) - before[part] for part, groups in parts.items()}
-            row[f"{s.name}_decisions_per_s"] = round(requests * questions / elapsed, 2)
-            if spent:
-                row[f"{s.name}_cpu_ms_per_decision"] = {
-                    part: round(1000 * seconds / (requests * questions), 2) for part, seconds in spent.items()
-                }
+                parts = cpu.get(s.name, {})
+                with s.alone():
+                    before = {part: group_cpu_s(*groups) for part, groups in parts.items()}
+                    t0 = time.perf_counter()
+                    await asyncio.gather(*(worker() for _ in range(clients)))
+                    elapsed = time.perf_counter() - t0
+                    for part, groups in parts.items():
+                        spent[s.name][part] += group_cpu_s(*groups) - before[part]
+                rates[s.name].append(requests * questions / elapsed)
+    first = systems[0].name
+    for s in systems:
+        row[f"{s.name}_decisions_per_s"] = round(p50(rates[s.name]), 2)
+        if rounds > 1:
+            row[f"{s.name}_decisions_per_s_rounds"] = [round(x, 2) for x in rates[s.name]]
+            if s.name != first:
+                ratios = [x / y for x, y in zip(rates[s.name], rates[first], strict=True)]
+                row[f"{s.name}_ratio_rounds"] = [round(x, 2) for x in ratios]
+                row[f"{s.name}_ratio_p50"] = round(p50(ratios), 2)
+        if spent[s.name]:
+            row[f"{s.name}_cpu_ms_per_decision"] = {
+                part: round(1000 * seconds / (rounds * requests * questions), 2)
+                for part, seconds in spent[s.name].items()
+            }
     return {
         "section": "throughput",
         "requests": requests,
@@ -204,6 +227,12 @@ def main() -> None:
     )
     parser.add_argument("--clients", type=int, default=4)
     parser.add_argument("--throughput-requests", type=int, default=8)
+    parser.add_argument(
+        "--throughput-rounds",
+        type=int,
+        default=1,
+        help="measure throughput this many times, the systems' order alternating; report each round's ratio and the median",
+    )
     parser.add_argument("--skip-jevcompat", action="store_true")
     parser.add_argument("--skip-inprocess", action="store_true")
     parser.add_argument(
@@ -295,7 +324,15 @@ def main() -> None:
             for n in (int(q) for q in args.questions.split(",")):
                 print(json.dumps({**head, **await latency(systems, args.repeats, n)}), flush=True)
             print(
-                json.dumps({**head, **await throughput(systems, args.clients, args.throughput_requests, 4)}), flush=True
+                json.dumps(
+                    {
+                        **head,
+                        **await throughput(
+                            systems, args.clients, args.throughput_requests, 4, rounds=args.throughput_rounds
+                        ),
+                    }
+                ),
+                flush=True,
             )
 
         asyncio.run(run())
