@@ -116,7 +116,7 @@ def _quiet_logs() -> None:
 
 def _raw_request(body: bytes) -> bytes:
     return (
-        b"POST /v1/systemone HTTP/1.1\r\nHost: bench\r\nContent-Type: application/json\r\n"
+        b"POST /v1/systemone HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
         b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body
     )
 
