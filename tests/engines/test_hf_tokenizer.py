@@ -123,3 +123,19 @@ def test_a_template_piece_opening_with_a_special_token_breaks_the_text_before_it
         apart = tok.encode_pieces(before) + tok.encode_pieces((piece,))
         assert (tok.encode_pieces((*before, piece)) == apart) is breaks
     assert not tok.breaks_before(("<|im_start|>world", False))  # a caller's text spells no special token
+
+
+def test_texts_short_and_long_encode_as_the_tokenizer_does():
+    """encode_pieces takes one path for a request's short texts and another past
+    GIL_FREE_CHARS (a batch call that releases the GIL); both give encode()'s ids, alone and
+    between the template's special tokens."""
+    from openjev.engines.models.tokenizer import GIL_FREE_CHARS
+
+    tok = _with_added_tokens()
+    short = "hi there"
+    long = "hi there " * (GIL_FREE_CHARS // 9 + 10)
+    for text in (short, long):
+        assert tok.encode_pieces(((text, False),)) == tok.encode(text)
+        turn = (("<|im_start|>user\n", True), (text, False), ("<|im_end|>\n", True))
+        assert tok.encode_pieces(turn) == tok.encode(f"<|im_start|>user\n{text}<|im_end|>\n")
+        assert len(tok.encode_pieces(turn)) > len(text) // 2  # every character a token here: nothing dropped
