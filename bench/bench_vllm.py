@@ -141,7 +141,9 @@ async def throughput(
     async with httpx.AsyncClient(timeout=1800) as client:
         for r in range(rounds):
             for s in systems if r % 2 == 0 else systems[::-1]:
-                tag = 30_000 + 10_000 * r + 100 * systems.index(s)
+                # States no other system or round sent: SGLang's and vLLM's own prompts open with
+                # the state as openjev's do, so a state sent to one is cached for the next.
+                tag = 1_000_000 + (r * len(systems) + systems.index(s)) * requests
                 queue = [payload(questions, tag=tag + i, paragraphs=3) for i in range(requests)]
 
                 async def worker(s: System = s, queue: list = queue):
