@@ -12,13 +12,15 @@ Each is a real HTTP server driven with the same wire requests (bench/common.py):
 an 8-question and a 1-question request (`--questions 8,1`) on a ~1,000-token state, cold (a
 state never sent) and warm (the same state, new questions), p50 of --repeats, systems
 alternating; throughput (decisions/s) with 4 clients (--throughput-rounds N: N rounds in
-alternating order, each round's ratio and their median); and the jevcompat conformance summary
+alternating order, each round's ratio and their median; the CPU milliseconds per decision of
+vLLM's processes and of each openjev's own); and the jevcompat conformance summary
 of each. JSON lines. Each system is measured with the servers it does not use stopped
 (SIGSTOP; `--beside-vllm` leaves them running idle): on two cores an idle vLLM's wake-ups
 stall the in-process engine's OpenMP threads.
 
-Both openjev servers read with the default readout (`canonical`: one reading per question,
-order-free, the same on both engines); `--also letters:4` adds a readout as one more system
+Both openjev servers read with the default readout (`canonical`: order-free, one reading per
+noul and choice question and two per score question, the scale and its reverse; the same on
+both engines); `--also letters:4` adds a readout as one more system
 on the openjev-over-vLLM server (the request headers x-openjev-readout and
 x-openjev-rotations), named `openjev_vllm_letters4`.
 
@@ -322,6 +324,14 @@ def main() -> None:
                     others = (inproc.process.pid,) if s.name != "openjev" else (*vllm_side, *base_side)
                     s.alone = functools.partial(paused, *others)
 
+        # CPU per decision in throughput: vLLM's processes (its API server, engine core and
+        # worker: one group), and each openjev's own beside them
+        engine = (server.process.process.pid,)
+        owner = {live.url: live for live in lives}
+        cpu = {"vllm": {"vllm": engine}}
+        for s in systems[1:]:
+            cpu[s.name] = {"openjev": (owner[s.url].process.pid,)} | ({} if s.name == "openjev" else {"vllm": engine})
+
         async def run():
             for n in (int(q) for q in args.questions.split(",")):
                 print(json.dumps({**head, **await latency(systems, args.repeats, n)}), flush=True)
@@ -330,7 +340,7 @@ def main() -> None:
                     {
                         **head,
                         **await throughput(
-                            systems, args.clients, args.throughput_requests, 4, rounds=args.throughput_rounds
+                            systems, args.clients, args.throughput_requests, 4, cpu, args.throughput_rounds
                         ),
                     }
                 ),
