@@ -218,6 +218,19 @@ def jevcompat(system: System, key: str | None, out: Path) -> dict:
     }
 
 
+def cpu_parts(vllm_group: int, lives: list, systems: list[System]) -> dict[str, dict[str, tuple[int, ...]]]:
+    """The process groups whose CPU throughput counts per system: vLLM's (its API server,
+    engine core and worker: one group, `vllm_group`) for every system it serves, and each
+    openjev server's own (`lives`, matched to the systems by URL)."""
+    owner = {live.url: live for live in lives}
+    cpu = {"vllm": {"vllm": (vllm_group,)}}
+    for s in systems[1:]:
+        cpu[s.name] = {"openjev": (owner[s.url].process.pid,)} | (
+            {} if s.name == "openjev" else {"vllm": (vllm_group,)}
+        )
+    return cpu
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeats", type=int, default=3)
@@ -324,13 +337,7 @@ def main() -> None:
                     others = (inproc.process.pid,) if s.name != "openjev" else (*vllm_side, *base_side)
                     s.alone = functools.partial(paused, *others)
 
-        # CPU per decision in throughput: vLLM's processes (its API server, engine core and
-        # worker: one group), and each openjev's own beside them
-        engine = (server.process.process.pid,)
-        owner = {live.url: live for live in lives}
-        cpu = {"vllm": {"vllm": engine}}
-        for s in systems[1:]:
-            cpu[s.name] = {"openjev": (owner[s.url].process.pid,)} | ({} if s.name == "openjev" else {"vllm": engine})
+        cpu = cpu_parts(server.process.process.pid, lives, systems)
 
         async def run():
             for n in (int(q) for q in args.questions.split(",")):
