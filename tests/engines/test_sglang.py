@@ -168,10 +168,10 @@ async def test_a_batched_stage_is_one_prefill_only_call_with_per_item_labels_and
         assert r.logprobs == fake_logprobs(b.input_ids, len(LABELS))
 
 
-@pytest.mark.parametrize(("strategy", "calls"), [("all", 1), ("warmup", 2), ("staged", 4)])
+@pytest.mark.parametrize(("strategy", "calls"), [("all", 1), ("warmup", 2), ("staged", 3)])
 async def test_each_stage_of_a_strategy_is_one_call(strategy, calls):
     """warmup: the prefix, then every branch; staged on two groups of two: the seed, then
-    its group's rest beside the other group's seed (two stages), then that group's rest."""
+    its group's rest and the other group's seed in one call, then that group's rest."""
     fake = FakeSGLang(delay_s=0.01)
     plan = _plan()
     result = await _run(_engine(fake, SGLANG_BATCHED, strategy=strategy, stage_min_tokens=1), plan)
@@ -181,6 +181,25 @@ async def test_each_stage_of_a_strategy_is_one_call(strategy, calls):
     )
     warmups = [c["body"] for c in fake.calls if not isinstance(c["body"]["input_ids"][0], list)]
     assert all(w["token_ids_logprob"] and w["sampling_params"]["max_new_tokens"] == 0 for w in warmups)
+
+
+async def test_staged_sends_what_may_go_at_the_same_moment_in_one_call():
+    """A request's questions as the compiler lays them out: the first shares a short run (a
+    question's opening words, under stage_min) with two others, the rest stand alone. Once
+    the seed has cached the state, every other branch may go: one call, not the seed's
+    group in a call of its own beside the others (which a server may admit a step later)."""
+    branches = []
+    for i in range(6):
+        run = (1000,) * 10 + (1001 + i,) if i % 3 == 0 else (2000 + 10 * i,) * 5
+        branches.append(Branch(STATE + run + (5000 + i, 5001 + i), LABELS))
+    plan = Plan.from_branches(branches)
+    fake = FakeSGLang(delay_s=0.01)
+    result = await _run(_engine(fake, SGLANG_BATCHED, strategy="staged", stage_min_tokens=32), plan)
+    seed, rest = fake.calls
+    assert seed["body"]["input_ids"] == [list(plan.branches[0].input_ids)]
+    assert sorted(map(tuple, rest["body"]["input_ids"])) == sorted(b.input_ids for b in plan.branches[1:])
+    assert rest["start"] >= seed["end"]  # the state cached first
+    assert result.computed_tokens == plan.unique_tokens  # the seed cached its group's short run too
 
 
 async def test_batched_calls_account_each_items_cached_tokens():

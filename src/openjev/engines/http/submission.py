@@ -7,7 +7,8 @@ for it. The strategies order submissions so that the shared part is computed onc
 - all:    every branch at once (right when the prefix is already cached, or short);
 - warmup: the shared prefix alone first (one extra call), then every branch (seed one);
 - staged: one real branch per group first, then the rest of the group, recursively down
-          the trie; independent groups run together (seed two); no extra call;
+          the trie; what may go at the same moment goes in one stage (the rest of a
+          group beside the other groups' seeds: seed two); no extra call;
 - auto:   per request: `all` when there is one branch, the shared prefix is short, it was
           sent recently (likely still cached), one batched call computes it about once
           anyway (the server's chunked prefill admits the other branches once the first
@@ -207,23 +208,38 @@ async def execute(
 async def _staged(
     node: TrieNode, seed: int | None, branches: Callable[[Sequence[int]], Coroutine[Any, Any, None]], stage_min: int
 ) -> None:
-    """Precondition: the path down to `node` is cached iff `seed` (a branch below it) is done."""
+    """Precondition: the path down to `node` is cached iff `seed` (a branch below it) is done.
+
+    Once `seed` is done, everything that may go goes in ONE stage: the branches whose runs
+    below the cached path are too short to be worth a round trip (or are cached by then),
+    and one seed for each group below that shares a run worth staging; each such group's
+    rest follows once that stage is done, the groups side by side. One stage rather than a
+    call per group: a server admits one call's items in the same scheduling step, where
+    calls sent side by side may land a step apart (and each costs its round trip)."""
     if seed is None:
         seed = node.branch_indices()[0]
         await branches([seed])
-    now = [i for i in node.ends if i != seed]  # ready now: one stage
-    work = []
+    now: list[int] = []
+    groups: list[TrieNode] = []
+    _ready(node, seed, stage_min, now, groups)
+    seeds = [group.branch_indices()[0] for group in groups]
+    if now or seeds:
+        await branches(now + seeds)
+    await together([_staged(group, s, branches, stage_min) for group, s in zip(groups, seeds, strict=True)])
+
+
+def _ready(node: TrieNode, seed: int, stage_min: int, now: list[int], groups: list[TrieNode]) -> None:
+    """Below `node`, once `seed` is done: the branches that may go now (into `now`) and the
+    groups that need a seed of their own first (into `groups`)."""
+    now += [i for i in node.ends if i != seed]
     for child in node.children:
         below = child.branch_indices()
         if seed in below:
-            work.append(_staged(child, seed, branches, stage_min))
+            _ready(child, seed, stage_min, now, groups)
         elif len(below) > 1 and len(child.tokens) >= stage_min:
-            work.append(_staged(child, None, branches, stage_min))
+            groups.append(child)
         else:  # one branch, or a run too short to be worth a round trip
             now += below
-    if now:
-        work.append(branches(now))
-    await together(work)
 
 
 async def together(aws: list[Coroutine[Any, Any, None]]) -> None:
