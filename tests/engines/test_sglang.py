@@ -185,7 +185,7 @@ async def test_each_stage_of_a_strategy_is_one_call(strategy, calls):
 
 async def test_staged_sends_what_may_go_at_the_same_moment_in_one_call():
     """A request's questions as the compiler lays them out: the first shares a short run (a
-    question's opening words, under stage_min) with two others, the rest stand alone. Once
+    question's opening words, under stage_min) with the fourth, the rest stand alone. Once
     the seed has cached the state, every other branch may go: one call, not the seed's
     group in a call of its own beside the others (which a server may admit a step later)."""
     branches = []
