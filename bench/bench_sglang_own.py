@@ -53,7 +53,7 @@ sys.path.insert(1, str(Path(__file__).resolve().parent.parent))  # the repo root
 
 import httpx
 import openai
-from bench_vllm import System, jevcompat, throughput
+from bench_vllm import System, cpu_parts, jevcompat, throughput
 from common import machine, p50, payload, questions, state_text
 from tests.integration.conftest import start_server, stop_server
 from tests.sglang import server as sgl
@@ -362,10 +362,7 @@ def main() -> None:
         if inproc is not None:
             routes.append(DecisionsSystem("openjev", inproc.url, KEY, "jev-latest", own_format=False))
         # CPU per decision in throughput: SGLang's processes, and each openjev's own beside them
-        engine = (server.process.process.pid,)
-        cpu = {"sglang": {"sglang": engine}}
-        for live, s in zip(lives, systems[1:], strict=False):
-            cpu[s.name] = {"openjev": (live.process.pid,)} | ({} if s.name == "openjev" else {"sglang": engine})
+        cpu = cpu_parts("sglang", server.process.process.pid, lives, systems)
         sections(args, systems, routes, root, lambda row: print(json.dumps({**head, **row}), flush=True), cpu)
     finally:
         for live in lives:

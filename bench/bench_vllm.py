@@ -218,15 +218,18 @@ def jevcompat(system: System, key: str | None, out: Path) -> dict:
     }
 
 
-def cpu_parts(vllm_group: int, lives: list, systems: list[System]) -> dict[str, dict[str, tuple[int, ...]]]:
-    """The process groups whose CPU throughput counts per system: vLLM's (its API server,
-    engine core and worker: one group, `vllm_group`) for every system it serves, and each
-    openjev server's own (`lives`, matched to the systems by URL)."""
+def cpu_parts(
+    engine: str, engine_group: int, lives: list, systems: list[System]
+) -> dict[str, dict[str, tuple[int, ...]]]:
+    """The process groups whose CPU throughput counts per system: the engine server's
+    (`engine_group`, all its processes; the first system is its own route, named `engine`)
+    for every system it serves, and each openjev server's own (`lives`, matched to the
+    systems by URL; the one named "openjev" runs its model in-process)."""
     owner = {live.url: live for live in lives}
-    cpu = {"vllm": {"vllm": (vllm_group,)}}
+    cpu = {engine: {engine: (engine_group,)}}
     for s in systems[1:]:
         cpu[s.name] = {"openjev": (owner[s.url].process.pid,)} | (
-            {} if s.name == "openjev" else {"vllm": (vllm_group,)}
+            {} if s.name == "openjev" else {engine: (engine_group,)}
         )
     return cpu
 
@@ -337,7 +340,7 @@ def main() -> None:
                     others = (inproc.process.pid,) if s.name != "openjev" else (*vllm_side, *base_side)
                     s.alone = functools.partial(paused, *others)
 
-        cpu = cpu_parts(server.process.process.pid, lives, systems)
+        cpu = cpu_parts("vllm", server.process.process.pid, lives, systems)
 
         async def run():
             for n in (int(q) for q in args.questions.split(",")):
