@@ -353,7 +353,7 @@ def main() -> None:
         if not args.skip_inprocess:
             inproc = start_server(root, "--model", str(folder), "--dtype", "float32", *common, key=KEY)
             lives.append(inproc)
-            systems.append(System("openjev", inproc.url, inproc.headers(), "jev-latest"))
+            systems.append(System("openjev", inproc.url, inproc.headers(), "jev-latest", in_process=True))
 
         routes = [
             DecisionsSystem("sglang", server.url, None, model, own_format=True),

@@ -11,10 +11,11 @@ embedded model's weights and tokenizer (tests/vllm/server.py: qwen3_folder), in 
 Each is a real HTTP server driven with the same wire requests (bench/common.py): latency of
 an 8-question and a 1-question request (`--questions 8,1`) on a ~1,000-token state, cold (a
 state never sent) and warm (the same state, new questions), p50 of --repeats, systems
-alternating; throughput (decisions/s) with 4 clients (--throughput-rounds N: N rounds in
-alternating order, each round's ratio and their median; the CPU milliseconds per decision of
-vLLM's processes and of each openjev's own); and the jevcompat conformance summary
-of each. JSON lines. Each system is measured with the servers it does not use stopped
+alternating, with what each request cost vLLM's engine by its own /metrics (engine
+requests, tokens computed, summed prefill time: `engine_cost`); throughput (decisions/s)
+with 4 clients (--throughput-rounds N: N rounds in alternating order, each round's ratio and
+their median; the CPU milliseconds per decision of vLLM's processes and of each openjev's
+own); and the jevcompat conformance summary of each. JSON lines. Each system is measured with the servers it does not use stopped
 (SIGSTOP; `--beside-vllm` leaves them running idle): on two cores an idle vLLM's wake-ups
 stall the in-process engine's OpenMP threads.
 
@@ -56,6 +57,7 @@ sys.path.insert(1, str(Path(__file__).resolve().parent.parent))  # the repo root
 
 import httpx
 from common import group_cpu_s, machine, p50, payload
+from prometheus_client.parser import text_string_to_metric_families
 from tests.integration.conftest import start_server, stop_server
 from tests.sglang.server import embedded_model_folder, tiny_model_folder
 from tests.vllm import server as vl
@@ -67,10 +69,14 @@ REPO = Path(__file__).resolve().parent.parent
 
 class System:
     """`alone`: a context in which the system is measured (with the servers it does not use
-    stopped, see `paused`)."""
+    stopped, see `paused`). `in_process`: it runs its model itself, not over the engine
+    server (which may be stopped meanwhile)."""
 
-    def __init__(self, name: str, url: str, headers: dict, model: str, alone=contextlib.nullcontext) -> None:
+    def __init__(
+        self, name: str, url: str, headers: dict, model: str, alone=contextlib.nullcontext, in_process: bool = False
+    ) -> None:
         self.name, self.url, self.headers, self.model, self.alone = name, url, headers, model, alone
+        self.in_process = in_process
         self.timings: list[dict[str, float]] = []  # each answer's Server-Timing (openjev's phases), if any
 
     async def ask(self, client: httpx.AsyncClient, wire: dict) -> float:
@@ -85,15 +91,66 @@ class System:
         return ms
 
 
-async def latency(systems: list[System], repeats: int, n: int) -> dict:
+# vLLM's own counters (GET /metrics, Prometheus text; summed over their label sets)
+ENGINE_COUNTERS = {
+    "requests": "vllm:e2e_request_latency_seconds_count",
+    "prompt_tokens": "vllm:prompt_tokens",
+    "cached_tokens": "vllm:prefix_cache_hits",
+    "prefill_s": "vllm:request_prefill_time_seconds_sum",
+}
+
+
+async def engine_counters(client: httpx.AsyncClient, url: str) -> dict[str, float]:
+    """vLLM's request count, prompt and prefix-cache-hit tokens and summed prefill seconds so
+    far (its /metrics). Read before and after one request with nothing else in flight, the
+    differences are what that request cost the engine, whoever sent it."""
+    text = (await client.get(url + "/metrics")).text
+    totals = dict.fromkeys(ENGINE_COUNTERS, 0.0)
+    names = {metric: key for key, metric in ENGINE_COUNTERS.items()}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            # counters' samples carry "_total"; the histogram's sum and count are their own names
+            key = names.get(sample.name.removesuffix("_total"))
+            if key is not None:
+                totals[key] += sample.value
+    return totals
+
+
+def engine_cost(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """What the engine did between two readings: its requests, the prompt tokens it computed
+    (prompt minus prefix-cache hits) and the sum of its requests' prefill times (requests in
+    one step each count the step)."""
+    d = {k: after[k] - before[k] for k in ENGINE_COUNTERS}
+    return {
+        "requests": d["requests"],
+        "computed_tokens": d["prompt_tokens"] - d["cached_tokens"],
+        "prefill_ms_sum": 1000 * d["prefill_s"],
+    }
+
+
+async def latency(systems: list[System], repeats: int, n: int, engine_url: str | None = None) -> dict:
     """Cold and warm p50 of an n-question request, systems alternating; for openjev's
     systems, the p50 of each phase of its Server-Timing header too (prepare: compile and
     encode; engine: the engine calls, the hop included; the rest of total: the edge, JSON
-    both ways and HTTP)."""
+    both ways and HTTP). With `engine_url` (the vLLM server every system but the in-process
+    one uses), the p50 of what each request cost that engine (engine_cost), so a row's ratio
+    can be read apart into the engine's work and the rest."""
     cold = {s.name: [] for s in systems}
     warm = {s.name: [] for s in systems}
     phases: dict[str, list[dict]] = {f"{s.name}_{w}": [] for s in systems for w in ("cold", "warm")}
+    costs: dict[str, list[dict]] = {f"{s.name}_{w}": [] for s in systems for w in ("cold", "warm")}
     async with httpx.AsyncClient(timeout=1800) as client:
+
+        async def ask(s: System, wire: dict, kind: str) -> float:
+            before = await engine_counters(client, engine_url) if engine_url and not s.in_process else None
+            seen = len(s.timings)
+            ms = await s.ask(client, wire)
+            phases[f"{s.name}_{kind}"] += s.timings[seen:]
+            if before is not None:
+                cost = engine_cost(before, await engine_counters(client, engine_url))
+                costs[f"{s.name}_{kind}"].append(cost)
+            return ms
+
         for s in systems:  # warm-up: kernels, compile caches
             with s.alone():
                 await s.ask(client, payload(n, tag=7000 + 1000 * n + systems.index(s)))
@@ -102,12 +159,8 @@ async def latency(systems: list[System], repeats: int, n: int) -> dict:
                 # a state no earlier row sent (the rows share the servers' prefix caches)
                 tag = 100_000 + 1000 * n + 100 * systems.index(s) + rep
                 with s.alone():
-                    seen = len(s.timings)
-                    cold[s.name].append(await s.ask(client, payload(n, tag=tag)))
-                    phases[f"{s.name}_cold"] += s.timings[seen:]
-                    seen = len(s.timings)
-                    warm[s.name].append(await s.ask(client, payload(n, tag=tag, qtag=tag + 5000)))
-                    phases[f"{s.name}_warm"] += s.timings[seen:]
+                    cold[s.name].append(await ask(s, payload(n, tag=tag), "cold"))
+                    warm[s.name].append(await ask(s, payload(n, tag=tag, qtag=tag + 5000), "warm"))
     row: dict = {"questions": n}
     for s in systems:
         row[f"{s.name}_cold_p50_ms"] = round(p50(cold[s.name]))
@@ -116,6 +169,9 @@ async def latency(systems: list[System], repeats: int, n: int) -> dict:
         if seen_phases:
             keys = sorted({k for t in seen_phases for k in t})
             row[f"{name}_phases_p50_ms"] = {k: round(p50([t[k] for t in seen_phases if k in t]), 1) for k in keys}
+    for name, seen_costs in costs.items():
+        if seen_costs:
+            row[f"{name}_engine_p50"] = {k: round(p50([c[k] for c in seen_costs]), 1) for k in seen_costs[0]}
     return {"section": "latency", "repeats": repeats, "results": [row]}
 
 
@@ -332,7 +388,7 @@ def main() -> None:
                 key=KEY,
             )
             lives.append(inproc)
-            systems.append(System("openjev", inproc.url, inproc.headers(), "jev-latest"))
+            systems.append(System("openjev", inproc.url, inproc.headers(), "jev-latest", in_process=True))
             if not args.beside_vllm:  # every server started in its own session: pid = group id
                 vllm_side = (server.process.process.pid, over.process.pid)
                 base_side = (base.process.pid,) if args.baseline_src else ()
@@ -344,7 +400,7 @@ def main() -> None:
 
         async def run():
             for n in (int(q) for q in args.questions.split(",")):
-                print(json.dumps({**head, **await latency(systems, args.repeats, n)}), flush=True)
+                print(json.dumps({**head, **await latency(systems, args.repeats, n, server.url)}), flush=True)
             print(
                 json.dumps(
                     {
