@@ -12,8 +12,8 @@ Each is a real HTTP server driven with the same wire requests (bench/common.py):
 an 8-question and a 1-question request (`--questions 8,1`) on a ~1,000-token state, cold (a
 state never sent) and warm (the same state, new questions), p50 of --repeats, systems
 alternating, with what each request cost vLLM's engine by its own /metrics (engine
-requests, tokens computed, summed prefill time: `engine_cost`); throughput (decisions/s)
-with 4 clients (--throughput-rounds N: N rounds in alternating order, each round's ratio and
+requests, tokens computed, summed prefill time: tests/vllm/server.py `engine_cost`);
+throughput (decisions/s) with 4 clients (--throughput-rounds N: N rounds in alternating order, each round's ratio and
 their median; the CPU milliseconds per decision of vLLM's processes and of each openjev's
 own); and the jevcompat conformance summary of each. JSON lines. Each system is measured with the servers it does not use stopped
 (SIGSTOP; `--beside-vllm` leaves them running idle): on two cores an idle vLLM's wake-ups
@@ -57,7 +57,6 @@ sys.path.insert(1, str(Path(__file__).resolve().parent.parent))  # the repo root
 
 import httpx
 from common import group_cpu_s, machine, p50, payload
-from prometheus_client.parser import text_string_to_metric_families
 from tests.integration.conftest import start_server, stop_server
 from tests.sglang.server import embedded_model_folder, tiny_model_folder
 from tests.vllm import server as vl
@@ -91,41 +90,8 @@ class System:
         return ms
 
 
-# vLLM's own counters (GET /metrics, Prometheus text; summed over their label sets)
-ENGINE_COUNTERS = {
-    "requests": "vllm:e2e_request_latency_seconds_count",
-    "prompt_tokens": "vllm:prompt_tokens",
-    "cached_tokens": "vllm:prefix_cache_hits",
-    "prefill_s": "vllm:request_prefill_time_seconds_sum",
-}
-
-
-async def engine_counters(client: httpx.AsyncClient, url: str) -> dict[str, float]:
-    """vLLM's request count, prompt and prefix-cache-hit tokens and summed prefill seconds so
-    far (its /metrics). Read before and after one request with nothing else in flight, the
-    differences are what that request cost the engine, whoever sent it."""
-    text = (await client.get(url + "/metrics")).text
-    totals = dict.fromkeys(ENGINE_COUNTERS, 0.0)
-    names = {metric: key for key, metric in ENGINE_COUNTERS.items()}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            # counters' samples carry "_total"; the histogram's sum and count are their own names
-            key = names.get(sample.name.removesuffix("_total"))
-            if key is not None:
-                totals[key] += sample.value
-    return totals
-
-
-def engine_cost(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
-    """What the engine did between two readings: its requests, the prompt tokens it computed
-    (prompt minus prefix-cache hits) and the sum of its requests' prefill times (requests in
-    one step each count the step)."""
-    d = {k: after[k] - before[k] for k in ENGINE_COUNTERS}
-    return {
-        "requests": d["requests"],
-        "computed_tokens": d["prompt_tokens"] - d["cached_tokens"],
-        "prefill_ms_sum": 1000 * d["prefill_s"],
-    }
+async def counters(client: httpx.AsyncClient, url: str) -> dict[str, float]:
+    return vl.engine_counters((await client.get(url + "/metrics")).text)
 
 
 async def latency(systems: list[System], repeats: int, n: int, engine_url: str | None = None) -> dict:
@@ -133,7 +99,7 @@ async def latency(systems: list[System], repeats: int, n: int, engine_url: str |
     systems, the p50 of each phase of its Server-Timing header too (prepare: compile and
     encode; engine: the engine calls, the hop included; the rest of total: the edge, JSON
     both ways and HTTP). With `engine_url` (the vLLM server every system but the in-process
-    one uses), the p50 of what each request cost that engine (engine_cost), so a row's ratio
+    one uses), the p50 of what each request cost that engine (vl.engine_cost), so a row's ratio
     can be read apart into the engine's work and the rest."""
     cold = {s.name: [] for s in systems}
     warm = {s.name: [] for s in systems}
@@ -142,12 +108,12 @@ async def latency(systems: list[System], repeats: int, n: int, engine_url: str |
     async with httpx.AsyncClient(timeout=1800) as client:
 
         async def ask(s: System, wire: dict, kind: str) -> float:
-            before = await engine_counters(client, engine_url) if engine_url and not s.in_process else None
+            before = await counters(client, engine_url) if engine_url and not s.in_process else None
             seen = len(s.timings)
             ms = await s.ask(client, wire)
             phases[f"{s.name}_{kind}"] += s.timings[seen:]
             if before is not None:
-                cost = engine_cost(before, await engine_counters(client, engine_url))
+                cost = vl.engine_cost(before, await counters(client, engine_url))
                 costs[f"{s.name}_{kind}"].append(cost)
             return ms
 

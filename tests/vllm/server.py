@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
 
 from openjev.engines.http.server_process import ServerProcess
 from openjev.engines.http.vllm import child_args
@@ -177,3 +178,41 @@ def qwen3_folder(source: Path, target: Path) -> Path:
         shutil.rmtree(target)
     tmp.rename(target)
     return target
+
+
+# vLLM's own counters (GET /metrics, Prometheus text), each summed over its label sets
+ENGINE_COUNTERS = {
+    "requests": "vllm:e2e_request_latency_seconds_count",
+    "prompt_tokens": "vllm:prompt_tokens",
+    "cached_tokens": "vllm:prefix_cache_hits",
+    "prefill_s": "vllm:request_prefill_time_seconds_sum",
+}
+
+
+def engine_counters(metrics_text: str) -> dict[str, float]:
+    """vLLM's finished requests, prompt and prefix-cache-hit tokens and summed prefill seconds
+    so far, from its /metrics text. Read before and after work with nothing else in flight,
+    the differences (engine_cost) are what that work cost the engine, whoever sent it (vLLM
+    0.32 records a step's stats in the same turn of its output loop that hands the outputs
+    over, before the reply is written, so a reading after the reply includes them)."""
+    totals = dict.fromkeys(ENGINE_COUNTERS, 0.0)
+    names = {metric: key for key, metric in ENGINE_COUNTERS.items()}
+    for family in text_string_to_metric_families(metrics_text):
+        for sample in family.samples:
+            # a counter's samples carry "_total"; a histogram's sum and count are named as above
+            key = names.get(sample.name.removesuffix("_total"))
+            if key is not None:
+                totals[key] += sample.value
+    return totals
+
+
+def engine_cost(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """What the engine did between two engine_counters readings: its requests, the prompt
+    tokens it computed (prompt less prefix-cache hits) and the sum of those requests' prefill
+    times in ms (requests in one step each count the step)."""
+    d = {k: after[k] - before[k] for k in ENGINE_COUNTERS}
+    return {
+        "requests": d["requests"],
+        "computed_tokens": d["prompt_tokens"] - d["cached_tokens"],
+        "prefill_ms_sum": 1000 * d["prefill_s"],
+    }

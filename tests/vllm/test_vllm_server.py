@@ -225,6 +225,20 @@ async def test_cached_tokens_add_up_and_a_seen_state_comes_from_cache(compiler, 
     assert w.cached_tokens >= len(warm.branches) * (warm.shared_prefix_len - 32)
 
 
+async def test_the_engine_counters_say_what_a_plan_cost_the_engine(compiler, server):
+    """bench/bench_vllm.py reads each request's engine work from vLLM's /metrics: one engine
+    request per branch on the token route, and the tokens the engine computed are the ones
+    the replies say it did not find cached (a vLLM whose metric names change fails here)."""
+    plan = compiler.compile(DecisionRequest(state(210), QUESTIONS)).plan
+    before = vl.engine_counters(httpx.get(server.url + "/metrics").text)
+    result = await run_with(remote(server, "all"), plan)
+    cost = vl.engine_cost(before, vl.engine_counters(httpx.get(server.url + "/metrics").text))
+    print(f"{len(plan.branches)} branches: {cost}; replies: computed {result.computed_tokens}")
+    assert cost["requests"] == len(plan.branches)
+    assert cost["computed_tokens"] == result.computed_tokens
+    assert cost["prefill_ms_sum"] > 0
+
+
 async def test_the_server_keeps_each_cache_namespace_to_itself(compiler, server):
     """Per-key namespaces (api/identity/tenancy.py) reach vLLM as `cache_salt`: a state sent under one
     namespace is found cached by that namespace's next request, and computed again under
