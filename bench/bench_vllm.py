@@ -13,9 +13,10 @@ an 8-question and a 1-question request (`--questions 8,1`) on a ~1,000-token sta
 state never sent) and warm (the same state, new questions), p50 of --repeats, systems
 alternating, with what each request cost vLLM's engine by its own /metrics (engine
 requests, tokens computed, summed prefill time: tests/vllm/server.py `engine_cost`);
-throughput (decisions/s) with 4 clients (--throughput-rounds N: N rounds in alternating order, each round's ratio and
-their median; the CPU milliseconds per decision of vLLM's processes and of each openjev's
-own); and the jevcompat conformance summary of each. JSON lines. Each system is measured with the servers it does not use stopped
+throughput (decisions/s) with 4 clients (--throughput-rounds N: N rounds in alternating
+order, each round's ratio and their median; the CPU milliseconds per decision of vLLM's
+processes and of each openjev's own); and the jevcompat conformance summary of each. JSON
+lines. Each system is measured with the servers it does not use stopped
 (SIGSTOP; `--beside-vllm` leaves them running idle): on two cores an idle vLLM's wake-ups
 stall the in-process engine's OpenMP threads.
 
