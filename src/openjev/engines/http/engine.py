@@ -33,6 +33,7 @@ from openjev.core.plan import Plan
 from openjev.core.ports import BranchResult, PlanResult
 from openjev.engines.http.coalesce import Coalescer
 from openjev.engines.http.protocol import HTTPProtocol, Item, Reply, computed, json_of
+from openjev.engines.http.slots import FairSlots, calling_share
 from openjev.engines.http.submission import CallCosts, RecentPrefixes, choose, execute, first_error, together
 from openjev.errors import EngineError, EngineTimeout, EngineUnavailable, TokensExceeded
 
@@ -78,9 +79,8 @@ class HTTPEngine:
         self._probe_timeout_s = probe_timeout_s
         self._last_reply = -math.inf  # time.monotonic() of the server's last answer to a call
         self._last_unreachable = -math.inf  # ... and of the last call that could not reach it
-        self._calls = self._calls_in_flight = 0
         self._client: httpx.AsyncClient | None = None
-        self._slots: asyncio.Semaphore | None = None
+        self._slots = FairSlots(max_calls)  # calls in flight, in the keys' fair order past the cap
         self.recent = RecentPrefixes()
         self.costs = CallCosts()  # what a call costs this server, from the calls made (auto's choice)
         self.strategies_used: dict[str, int] = {}
@@ -97,16 +97,15 @@ class HTTPEngine:
         )
         self.process: ServerProcess | None = None  # the child server, when we started it (stopped on close)
 
-    def _http(self) -> tuple[httpx.AsyncClient, asyncio.Semaphore]:
+    def _http(self) -> tuple[httpx.AsyncClient, FairSlots]:
         # Created on first use, inside the serving event loop.
-        if self._client is None or self._slots is None:
+        if self._client is None:
             self._client = httpx.AsyncClient(
                 base_url=self.url,
                 timeout=self._timeout,
                 transport=self._transport,
                 limits=httpx.Limits(max_connections=self._max_calls, max_keepalive_connections=self._max_calls),
             )
-            self._slots = asyncio.Semaphore(self._max_calls)
         return self._client, self._slots
 
     async def close(self) -> None:
@@ -139,7 +138,7 @@ class HTTPEngine:
         longest = max(len(b) for b in plan.branches)
         if self.max_prompt_tokens is not None and longest > self.max_prompt_tokens:
             raise self._too_long(longest)  # before any call: no branch of a refused plan is computed
-        strategy = self._strategy(plan)
+        strategy, _ = self._strategy(plan), calling_share.set(plan.share)  # its calls' key at the slots (slots.py)
         self.strategies_used[strategy] = self.strategies_used.get(strategy, 0) + 1
         results: list[BranchResult | None] = [None] * len(plan.branches)
         totals = {"prompt": 0, "cached": 0, "known": True}
@@ -273,11 +272,11 @@ class HTTPEngine:
     async def _call(self, input_ids: Sequence[int], label_ids: Sequence[int], salt: str = "") -> Reply:
         """One branch in one call, its reply validated."""
         rid = uuid.uuid4().hex
-        body = self.protocol.request_body(rid, input_ids, label_ids, salt)
+        body, aborts = self.protocol.request_body(rid, input_ids, label_ids, salt), [self.protocol.abort_body(rid)]
         ticket, t0 = self.costs.begin(), time.perf_counter()
         replies: list[Reply] = []
         try:
-            payload = await self._post(self.protocol.generate_path, body, [self.protocol.abort_body(rid)])
+            payload = await self._post(self.protocol.generate_path, body, aborts, len(input_ids))
             replies.append(self.protocol.parse_reply(payload, label_ids))
         finally:
             self.costs.end(ticket, computed(replies), time.perf_counter() - t0)
@@ -321,20 +320,19 @@ class HTTPEngine:
         ticket, t0 = self.costs.begin(), time.perf_counter()
         learned: list[Reply] = []
         try:
-            payload = await self._post(p.batch_path or p.generate_path, p.batch_body(rids, items, salt), aborts)
+            body, tokens = p.batch_body(rids, items, salt), sum(len(ids) for ids, _ in items)
+            payload = await self._post(p.batch_path or p.generate_path, body, aborts, tokens)
             result, learned = read(payload)
         finally:
             self.costs.end(ticket, computed(learned), time.perf_counter() - t0)
         return result
 
-    async def _post(self, path: str, body: dict, aborts: Sequence[dict]) -> object:
-        """One call: capped by the server-wide slots, aborted server-side (the `aborts`
-        bodies, which name every item in it) when cancelled or timed out, overload and
-        outage mapped to retryable errors; the reply's JSON."""
+    async def _post(self, path: str, body: dict, aborts: Sequence[dict], tokens: int) -> object:
+        """One call of `tokens` tokens: capped by the server-wide slots (slots.py), aborted
+        server-side (the `aborts` bodies, which name every item in it) when cancelled or
+        timed out, overload and outage mapped to retryable errors; the reply's JSON."""
         client, slots = self._http()
-        async with slots:
-            self._calls += 1
-            self._calls_in_flight += 1
+        async with slots.hold(tokens):
             try:
                 # orjson, not httpx's json=: a call carries every branch's token ids, and the
                 # stdlib's encoder was a tenth of this process's work per request (bench_sglang_own --tiny)
@@ -351,8 +349,6 @@ class HTTPEngine:
                 raise EngineUnavailable(
                     "cannot reach the engine", detail=f"{self.url}: {e!r}", headers=self._retry_after
                 ) from None
-            finally:
-                self._calls_in_flight -= 1
         self._last_reply = time.monotonic()
         if response.status_code in (429, 503):
             retry = response.headers.get("retry-after", "").strip()
@@ -369,7 +365,10 @@ class HTTPEngine:
     def stats(self) -> dict[str, float]:
         """The HTTP calls made to the server (one per branch, or one per batched stage) and
         those in flight now (at most --max-engine-calls)."""
-        out: dict[str, float] = {"engine_http_calls": self._calls, "engine_http_calls_in_flight": self._calls_in_flight}
+        out: dict[str, float] = {
+            "engine_http_calls": self._slots.calls,
+            "engine_http_calls_in_flight": self._slots.held,
+        }
         if self.coalescer is not None:
             out["engine_shared_calls"] = self.coalescer.calls
             out["engine_shared_call_parts"] = self.coalescer.parts
