@@ -3,7 +3,8 @@
 - At the door (`AdmissionMiddleware`), before the body is read: which paths need a key,
   the key itself (401), and on the decision routes the key's tokens/min debt (429: a key
   whose earlier work, refused requests' included, overdrew its bucket gets no compile
-  work until it is paid back) and its requests/min bucket (429).
+  work until it is paid back) and its requests/min bucket (429), in one step of the
+  buckets' store (api/identity/buckets.py; Redis for a fleet: api/identity/shared.py).
 - On the engine port (`EngineAdmission`, the core's `Admission` port): each key's share of
   the evaluation slots (`KeyShare`), and the engine wrapped (`GatedEngine`) with a
   server-wide bound on distinct tokens in flight (529 beyond, Retry-After from the measured
@@ -41,10 +42,18 @@ MAX_RETRY_AFTER_S = 60
 
 def charge_refused(key_limits: KeyLimits, exc: TokensExceeded) -> None:
     """Charge the work a refused request cost (`exc.work_tokens`, tokens encoded before the
-    refusal) to the calling key's tokens/min bucket; nothing where no key is in use."""
+    refusal) to the calling key's tokens/min bucket; nothing where no key is in use. From a
+    worker thread (the event loop's twin: `charge_refused_async`)."""
     entry = current_key.get()
     if entry is not None and exc.work_tokens:
-        key_limits.charge_tokens(entry, exc.work_tokens)
+        key_limits.charge_from_thread(entry, exc.work_tokens)
+
+
+async def charge_refused_async(key_limits: KeyLimits, exc: TokensExceeded) -> None:
+    """`charge_refused` on the event loop."""
+    entry = current_key.get()
+    if entry is not None and exc.work_tokens:
+        await key_limits.charge_tokens(entry, exc.work_tokens)
 
 
 class DrainRate:
@@ -214,9 +223,13 @@ class GatedEngine(Engine):
                 detail=f"{self.in_flight_tokens} tokens in flight would take {self.in_flight_tokens / rate:.0f} s",
             )
         entry = current_key.get()
+        self.in_flight_tokens += n  # held while the key's bucket is asked, so no one else passes on it
         if entry is not None:  # after the server-wide check: a 529 costs the key nothing
-            self._keys.take_tokens(entry, n)
-        self.in_flight_tokens += n
+            try:
+                await self._keys.take_tokens(entry, n)
+            except BaseException:
+                self.in_flight_tokens -= n
+                raise
         self.rate.started()
         self._metrics.engine_calls.inc()
         served = 0
@@ -309,8 +322,8 @@ class AdmissionMiddleware:
         # limits to show (api/server/conventions.py).
         state["key_entry"] = entry
         if entry is not None and scope["path"] in DECISION_ROUTES:
-            self.key_limits.refuse_debt(entry)  # before the body is read: a key in debt buys no compile
-            self.key_limits.take_request(entry)
+            # before the body is read: a key in debt buys no compile; one step of the store
+            await self.key_limits.take_request(entry)
         if scope["path"] == "/health":  # open to all; how busy the server is only for a key's holder
             state["sees_load"] = not self.keys.enabled or self._bearer(scope) is not None
         token = current_key.set(entry)

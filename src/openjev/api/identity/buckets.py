@@ -1,7 +1,8 @@
 """Where the per-key token buckets are kept: the store port (`Buckets`) and the in-memory
 store (`MemoryBuckets`). The rule of which limit a key is held to is not here: it is
 `KeyLimits` (api/identity/keys.py), which any store serves unchanged; a store shared by
-replicas implements the three operations of `Buckets`, each atomic."""
+replicas implements the three operations of `Buckets`, each atomic (Redis:
+api/identity/shared.py)."""
 
 from __future__ import annotations
 
@@ -23,19 +24,31 @@ class BucketId:
     per_min: int
 
 
-class Buckets(Protocol):
-    """The buckets' levels; a bucket never touched is full. Safe to call from any thread."""
+@dataclass(frozen=True)
+class Taken:
+    """What `Buckets.take` did: `wait_s` 0.0 where it took the cost, else the seconds until
+    it could; `debt` (not None) where the guard bucket was in debt by that much (its level
+    at or below 0), and then nothing was taken."""
 
-    def take(self, bucket: BucketId, cost: float, burst: float) -> float:
-        """0.0, and `cost` taken (into debt if need be), where the level reaches
-        min(cost, burst); else the seconds until it would, nothing taken."""
+    wait_s: float
+    debt: float | None = None
+
+
+class Buckets(Protocol):
+    """The buckets' levels; a bucket never touched is full. Each operation is one atomic
+    step of the store (one round trip for a shared one), awaited on the event loop."""
+
+    async def take(self, bucket: BucketId, cost: float, burst: float, guard: BucketId | None = None) -> Taken:
+        """Where `guard` (another bucket) is given and its level is at or below 0: nothing
+        taken, its debt returned. Else `cost` taken (into debt if need be) where the level
+        reaches min(cost, burst), or the seconds until it would, nothing taken."""
         ...
 
-    def charge(self, bucket: BucketId, cost: float) -> None:
+    async def charge(self, bucket: BucketId, cost: float) -> None:
         """Take `cost` whatever the level (it may go into debt)."""
         ...
 
-    def level(self, bucket: BucketId) -> float | None:
+    async def level(self, bucket: BucketId) -> float | None:
         """The level refilled to now, nothing taken; None for a bucket never touched."""
         ...
 
@@ -87,15 +100,20 @@ class MemoryBuckets:
             found = self._buckets[bucket] = TokenBucket(bucket.per_min, self._clock)
         return found
 
-    def take(self, bucket: BucketId, cost: float, burst: float) -> float:
+    async def take(self, bucket: BucketId, cost: float, burst: float, guard: BucketId | None = None) -> Taken:
         with self._lock:
-            return self._bucket(bucket).wait_s(cost, burst)
+            found = None if guard is None else self._buckets.get(guard)
+            if found is not None:
+                found.charge(0)  # refilled to now
+                if found.level <= 0:
+                    return Taken(0.0, debt=-found.level)
+            return Taken(self._bucket(bucket).wait_s(cost, burst))
 
-    def charge(self, bucket: BucketId, cost: float) -> None:
+    async def charge(self, bucket: BucketId, cost: float) -> None:
         with self._lock:
             self._bucket(bucket).charge(cost)
 
-    def level(self, bucket: BucketId) -> float | None:
+    async def level(self, bucket: BucketId) -> float | None:
         with self._lock:
             found = self._buckets.get(bucket)
             if found is None:

@@ -49,6 +49,8 @@ class _Live:
             "ready": "1 once the model is loaded and the server answers decisions",
             "connections_open": "HTTP connections open (--max-connections bounds them)",
             "engine_http_calls_in_flight": "HTTP calls to the engine server in flight (--max-engine-calls bounds them)",
+            "limits_store_up": "1 while the shared limits store (--limits-redis-url) answers; 0 while "
+            "--limits-redis-mode holds",
         }
         for name, help_text in gauges.items():
             if name in values:
@@ -68,6 +70,7 @@ class _Live:
             "connections_parse_errors": "requests refused by the HTTP parser (400: malformed or smuggling-shaped "
             "framing; 413: over --max-body-chunks), the connection closed",
             "connections_upgrades_refused": "WebSocket upgrade requests refused (400, the connection closed)",
+            "limits_store_switches": "switches of the shared limits store between answering and not",
         }
         for name, help_text in counters.items():
             if name in values:
