@@ -30,6 +30,7 @@ from openjev.config.sections import (
     RemoteSettings,
     ServedSettings,
 )
+from openjev.config.tasks import TaskSettings
 
 __all__ = [
     "ENV_PREFIX",
@@ -48,6 +49,7 @@ __all__ = [
     "RemoteSettings",
     "ServedSettings",
     "Settings",
+    "TaskSettings",
     "env_name",
     "flag_name",
     "flat_values",
@@ -72,6 +74,7 @@ class Settings:
     limits: LimitSettings = field(default_factory=LimitSettings)
     inprocess: InProcessSettings = field(default_factory=InProcessSettings)
     logging: LogSettings = field(default_factory=LogSettings)
+    tasks: TaskSettings = field(default_factory=TaskSettings)
 
     def validate(self) -> Settings:
         """Every setting checked (config/checks.py); returns self."""
