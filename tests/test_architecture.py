@@ -351,3 +351,29 @@ def test_engine_families_stand_apart():
                 if family in ENGINE_FAMILIES and family != own:
                     crossing.append(f"{path.relative_to(ROOT)}:{node.lineno}: {target}")
     assert not crossing, "engine modules importing another family:\n" + "\n".join(sorted(set(crossing)))
+
+
+def declares(cls: type, port: type) -> bool:
+    """Whether `cls` declares `port` (subclasses it) in a module whose imports the graph reads."""
+    graph = import_graph()
+    return port in cls.__mro__ and port.__module__ in graph.get(cls.__module__, set())
+
+
+async def test_what_the_service_calls_at_run_time_is_declared_where_the_graph_sees_it():
+    """The app wires admission into the service at run time; what the service then calls
+    through its engine port (admission's gate, around the loaded engine) and the admission
+    itself must be declared implementations of the core's ports, so that every call the
+    core makes upward at run time is an arrow of the import graph (implementation -> port),
+    not a climb that only the wiring knows."""
+    from openjev.core.ports import Admission, Engine
+    from openjev.core.service import DecisionService
+    from tests.api.conftest import running_app
+
+    async with running_app() as (client, engine):
+        app = client._transport.app  # the app behind running_app's in-process client
+        service: DecisionService = app.state.runtime.service
+        gate = service._engine  # the object the core calls for every plan
+        admission = app.state.ops.admission
+        assert gate is admission.gated and gate.inner is engine  # guards the guard: the gate is wired
+        assert declares(type(gate), Engine), f"{type(gate).__qualname__} does not declare core.ports.Engine"
+        assert declares(type(admission), Admission), f"{type(admission).__qualname__} does not declare Admission"

@@ -13,13 +13,12 @@ import contextlib
 import math
 import time
 from collections.abc import Callable
-from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 
 from openjev.core import calibration as calib
 from openjev.core import scoring
 from openjev.core.abstain import AbstainRule
-from openjev.core.ports import Engine, PlanResult
+from openjev.core.ports import Admission, Engine, PlanResult
 from openjev.core.prompts import CompiledRequest, CompileLimits, PromptCompiler
 from openjev.core.readouts import (
     READOUT_NAMES,
@@ -144,13 +143,13 @@ class DecisionService:
         abstain: AbstainRule | None = None,
         parallel_layouts: bool = False,
         parallel_fallback: ReadoutSpec = PARALLEL_FALLBACK,
-        admit: Callable[[], AbstractAsyncContextManager[object]] | None = None,
+        admission: Admission | None = None,
     ) -> None:
         self._compiler = compiler
-        self._engine = engine
-        # Entered by every decision before it takes an evaluation slot: the edge's per-caller
-        # share (api/identity/admission.py `GatedEngine.admit`), handed over by the assembly.
-        self._admit = admit
+        # The engine is called through the admission's gate; every decision enters its
+        # `admit` before it takes an evaluation slot.
+        self._engine = admission.gate(engine) if admission is not None else engine
+        self._admit = admission.admit if admission is not None else None
         self._limits = limits
         self._clock = clock
         self._in_flight = 0

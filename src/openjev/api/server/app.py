@@ -55,7 +55,7 @@ def create_app(
         log_bodies=settings.logging.log_request_bodies,
     )
     meta: dict[str, Any] = {"title": "openjev", "version": __version__, "description": DESCRIPTION}
-    run = lifespan(runtime, ops.gated, loader, on_fatal, on_loaded)
+    run = lifespan(runtime, ops.admission, loader, on_fatal, on_loaded)
     if settings.listen.docs == "off":  # `openjev schema` (app.openapi()) works either way
         app = FastAPI(**meta, lifespan=run, openapi_url=None, docs_url=None, redoc_url=None)
     else:  # docs with their assets served from the package; `auth` is checked in api/identity/admission.py

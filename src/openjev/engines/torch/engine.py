@@ -20,7 +20,7 @@ import torch
 
 from openjev.config import InProcessSettings, ServedSettings
 from openjev.core.plan import Plan
-from openjev.core.ports import PlanResult
+from openjev.core.ports import Engine, PlanResult
 from openjev.engines.loaded import LoadedEngine, ModelCard
 from openjev.engines.models.converted import load_model_and_tokenizer
 from openjev.engines.models.source import resolve_source, source_fingerprint
@@ -96,7 +96,7 @@ class TorchRunner:
         return torch.tanh(logits / self._softcap) * self._softcap if self._softcap else logits
 
 
-class TransformersEngine:
+class TransformersEngine(Engine):
     """The Engine port over a loaded causal LM. It runs parallel layouts (packing.py)."""
 
     parallel_layouts = True
