@@ -18,7 +18,7 @@ from typing import Any
 
 from openjev.config.checks import is_loopback_name, validate
 from openjev.config.fields import ENV_PREFIX, env_name, flag_name, parse_value
-from openjev.config.ranges import MAX_CHOICE_OPTIONS, MAX_SCORE_LEVELS, MIN_CHOICE_OPTIONS, MIN_SCORE_LEVELS, READOUTS
+from openjev.config.ranges import MAX_CHOICE_OPTIONS, MAX_SCORE_LEVELS, MIN_CHOICE_OPTIONS, MIN_SCORE_LEVELS
 from openjev.config.sections import (
     ConnectionSettings,
     InProcessSettings,
@@ -37,7 +37,6 @@ __all__ = [
     "MAX_SCORE_LEVELS",
     "MIN_CHOICE_OPTIONS",
     "MIN_SCORE_LEVELS",
-    "READOUTS",
     "ConnectionSettings",
     "InProcessSettings",
     "KeySettings",

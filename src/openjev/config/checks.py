@@ -10,7 +10,8 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from openjev.config.ranges import MAX_CHOICE_OPTIONS, READOUTS
+from openjev.config.ranges import MAX_CHOICE_OPTIONS
+from openjev.core.readouts.spec import READOUT_NAMES
 from openjev.errors import ConfigError
 
 _DAY = 86_400.0
@@ -100,8 +101,8 @@ def _check_names(v: Mapping[str, Any]) -> None:
         raise ConfigError(f"log_format must be text or json, got {v['log_format']!r}")
     if v["log_level"].lower() not in ("debug", "info", "warning", "error", "critical"):
         raise ConfigError(f"log_level must be debug, info, warning, error or critical, got {v['log_level']!r}")
-    if v["readout"] not in READOUTS:
-        raise ConfigError(f"readout must be one of {', '.join(READOUTS)}, got {v['readout']!r}")
+    if v["readout"] not in READOUT_NAMES:
+        raise ConfigError(f"readout must be one of {', '.join(READOUT_NAMES)}, got {v['readout']!r}")
     if v["docs"] not in ("public", "auth", "off"):
         raise ConfigError(f"docs must be public, auth or off, got {v['docs']!r}")
     for name in v["allowed_hosts"]:
