@@ -19,7 +19,7 @@ from typing import Any
 from openjev.config.checks import is_loopback_name, validate
 from openjev.config.fields import ENV_PREFIX, env_name, flag_name, parse_value
 from openjev.config.fleet import FleetSettings
-from openjev.config.ranges import MAX_CHOICE_OPTIONS, MAX_SCORE_LEVELS, MIN_CHOICE_OPTIONS, MIN_SCORE_LEVELS, READOUTS
+from openjev.config.ranges import MAX_CHOICE_OPTIONS, MAX_SCORE_LEVELS, MIN_CHOICE_OPTIONS, MIN_SCORE_LEVELS
 from openjev.config.sections import (
     ConnectionSettings,
     InProcessSettings,
@@ -31,6 +31,7 @@ from openjev.config.sections import (
     RemoteSettings,
     ServedSettings,
 )
+from openjev.config.tasks import TaskSettings
 
 __all__ = [
     "ENV_PREFIX",
@@ -38,7 +39,6 @@ __all__ = [
     "MAX_SCORE_LEVELS",
     "MIN_CHOICE_OPTIONS",
     "MIN_SCORE_LEVELS",
-    "READOUTS",
     "ConnectionSettings",
     "FleetSettings",
     "InProcessSettings",
@@ -50,6 +50,7 @@ __all__ = [
     "RemoteSettings",
     "ServedSettings",
     "Settings",
+    "TaskSettings",
     "env_name",
     "flag_name",
     "flat_values",
@@ -75,6 +76,7 @@ class Settings:
     fleet: FleetSettings = field(default_factory=FleetSettings)
     inprocess: InProcessSettings = field(default_factory=InProcessSettings)
     logging: LogSettings = field(default_factory=LogSettings)
+    tasks: TaskSettings = field(default_factory=TaskSettings)
 
     def validate(self) -> Settings:
         """Every setting checked (config/checks.py); returns self."""
