@@ -96,12 +96,24 @@ class ServiceLimits:
     rotation_max_options: int
     max_branches: int
     max_prompt_tokens: int
+    # The model's positions (None where the engine does not say): a longer branch is refused
+    # while it compiles, before any engine work, as the per-branch budget is.
+    context_tokens: int | None
+
+    @property
+    def branch_tokens(self) -> int:
+        """The longest branch served: the budget, or the model's context where it is less."""
+        if self.context_tokens is not None and self.context_tokens < self.max_branch_tokens:
+            return self.context_tokens
+        return self.max_branch_tokens
 
     def compile_limits(self) -> CompileLimits:
+        by_context = self.branch_tokens < self.max_branch_tokens
         return CompileLimits(
-            max_branch_tokens=self.max_branch_tokens,
+            max_branch_tokens=self.branch_tokens,
             max_branches=self.max_branches,
             max_prompt_tokens=self.max_prompt_tokens,
+            branch_limit="per branch: the model's context length" if by_context else "per branch",
         )
 
 
@@ -302,10 +314,11 @@ class DecisionService:
         plan = compiled.plan
         for (qid, _), (start, count) in zip(request.questions, compiled.spans, strict=True):
             longest = max(len(b) for b in plan.branches[start : start + count])
-            if longest > self._limits.max_branch_tokens:
+            limits = self._limits.compile_limits()
+            if longest > limits.max_branch_tokens:
                 raise TokensExceeded(
                     f"question {qid!r}: the state and this question take {longest} tokens "
-                    f"(limit {self._limits.max_branch_tokens} per branch)"
+                    f"(limit {limits.max_branch_tokens} {limits.branch_limit})"
                 )
         if plan.unique_tokens > self._limits.max_request_tokens:
             exc = TokensExceeded(

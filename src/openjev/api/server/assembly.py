@@ -47,8 +47,9 @@ class Runtime:
         raise NotReady("the model is still loading")
 
 
-def service_limits(quality: QualitySettings, limits: LimitSettings) -> ServiceLimits:
-    """The core's limits, from the settings that define their defaults (the core has none of its own)."""
+def service_limits(quality: QualitySettings, limits: LimitSettings, context_tokens: int | None = None) -> ServiceLimits:
+    """The core's limits, from the settings that define their defaults (the core has none of
+    its own), and the served model's context (`ModelCard.context_length`) where it is known."""
     return ServiceLimits(
         max_branch_tokens=limits.max_branch_tokens,
         max_request_tokens=limits.max_request_tokens,
@@ -59,6 +60,7 @@ def service_limits(quality: QualitySettings, limits: LimitSettings) -> ServiceLi
         rotation_max_options=quality.rotation_max_options,
         max_branches=limits.max_branches,
         max_prompt_tokens=limits.max_prompt_tokens,
+        context_tokens=context_tokens,
     )
 
 
@@ -94,7 +96,7 @@ def build_service(
     return DecisionService(
         compiler,
         loaded.engine,
-        service_limits(quality, limits),
+        service_limits(quality, limits, loaded.card.context_length),
         readout=spec,
         calibration=calibration,
         abstain=abstain,

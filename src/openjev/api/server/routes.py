@@ -54,6 +54,7 @@ def install_models(app: FastAPI, quality: QualitySettings, runtime: Runtime) -> 
                     "description": card.description,
                     "release_date": card.release_date,
                     "x_fingerprint": card.fingerprint,
+                    "x_context_length": card.context_length,
                     "x_prompt_version": PROMPT_VERSION,
                     "x_temperature": quality.temperature,
                     "x_readout": service.default_readout.describe(),
