@@ -30,6 +30,7 @@ from openjev.config.sections import (
     RemoteSettings,
     ServedSettings,
 )
+from openjev.config.tasks import TaskSettings
 
 __all__ = [
     "ENV_PREFIX",
@@ -47,6 +48,7 @@ __all__ = [
     "RemoteSettings",
     "ServedSettings",
     "Settings",
+    "TaskSettings",
     "env_name",
     "flag_name",
     "flat_values",
@@ -71,6 +73,7 @@ class Settings:
     limits: LimitSettings = field(default_factory=LimitSettings)
     inprocess: InProcessSettings = field(default_factory=InProcessSettings)
     logging: LogSettings = field(default_factory=LogSettings)
+    tasks: TaskSettings = field(default_factory=TaskSettings)
 
     def validate(self) -> Settings:
         """Every setting checked (config/checks.py); returns self."""
