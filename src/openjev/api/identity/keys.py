@@ -22,22 +22,18 @@ previous keys and says why in the log; at startup the same file is a ConfigError
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import dataclasses
 import hashlib
 import hmac
 import logging
-import math
 import re
-import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
 
-from openjev.api.identity.buckets import BucketId, Buckets, MemoryBuckets, Taken
-from openjev.errors import ConfigError, RateLimited
+from openjev.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -263,121 +259,3 @@ class Allowance:
     def by_kind(self) -> dict[str, int]:
         """The limits that are set, by bucket kind."""
         return {k: v for k, v in zip(_LIMITS, (self.requests_per_min, self.tokens_per_min), strict=True) if v}
-
-
-class KeyLimits:
-    """Per-key buckets on requests/min and distinct tokens/min (429 beyond, with Retry-After),
-    each key held to its `Allowance`; the buckets are kept in `buckets` (in memory by
-    default, Redis with --limits-redis-url: api/identity/shared.py). Its checks are awaited
-    on the event loop; `charge_from_thread` is the one call for a worker thread."""
-
-    def __init__(
-        self,
-        requests_per_min: int,
-        tokens_per_min: int,
-        clock: Callable[[], float] = time.monotonic,
-        buckets: Buckets | None = None,
-    ) -> None:
-        self.server = Allowance(requests_per_min, tokens_per_min)
-        self.buckets: Buckets = buckets if buckets is not None else MemoryBuckets(clock)
-        self._loop: asyncio.AbstractEventLoop | None = None  # the loop the store is awaited on
-
-    def allowance(self, entry: KeyEntry | None) -> Allowance:
-        return self.server.of(entry)
-
-    def _bucket(self, entry: KeyEntry, kind: str) -> BucketId | None:
-        """The key's bucket of `kind`; None where the key has no such limit."""
-        per_min = self.allowance(entry).by_kind().get(kind, 0)
-        return BucketId(entry.name, kind, per_min) if per_min else None
-
-    async def _take(
-        self, entry: KeyEntry, kind: str, cost: float, what: str, burst_less: float = 0, why: str = ""
-    ) -> None:
-        self._loop = asyncio.get_running_loop()
-        bucket = self._bucket(entry, kind)
-        if bucket is None:
-            return
-        taken = await self.buckets.take(bucket, cost, max(0.0, bucket.per_min - burst_less))
-        if taken.wait_s > 0:
-            raise RateLimited(
-                f"API key {entry.name!r} is over its {bucket.per_min} {what} per minute{why}; retry later",
-                retry_after_s=taken.wait_s,
-            )
-
-    async def charge_tokens(self, entry: KeyEntry, tokens: int) -> None:
-        """Take `tokens` from the key's tokens/min bucket whatever its level (it may go into
-        debt): work already done for a request that was then refused (compile bombs cost the
-        key as if they had run, so they cannot be repeated for free)."""
-        bucket = self._bucket(entry, "tokens_per_min")
-        if bucket is not None and tokens > 0:
-            await self.buckets.charge(bucket, tokens)
-
-    def charge_from_thread(self, entry: KeyEntry, tokens: int) -> None:
-        """`charge_tokens` from a worker thread: run on the store's loop, waited for, so the
-        charge is in the store before the refusal is answered."""
-        if self._loop is None or self._loop.is_closed():
-            asyncio.run(self.charge_tokens(entry, tokens))  # no loop awaited the store yet
-            return
-        asyncio.run_coroutine_threadsafe(self.charge_tokens(entry, tokens), self._loop).result(timeout=30)
-
-    def _debt_refused(self, entry: KeyEntry, bucket: BucketId, debt: float) -> RateLimited:
-        """The 429 of a key whose tokens/min bucket is `debt` in debt; Retry-After: until paid back."""
-        return RateLimited(
-            f"API key {entry.name!r} is over its {bucket.per_min} distinct tokens per minute (in debt by "
-            f"{math.ceil(debt)} tokens of earlier work, refused requests' included): refused before any "
-            "work; retry later",
-            retry_after_s=(debt + 1) / (bucket.per_min / 60.0),
-        )
-
-    async def take_request(self, entry: KeyEntry) -> None:
-        """At the door, before the body is read or anything compiled, in one step of the
-        store: 429 where the key's tokens/min bucket is in debt (earlier work, refused
-        requests' included, took more than it had: a key in debt cannot buy compile work
-        with refused requests), else one of its requests/min (429 beyond)."""
-        self._loop = asyncio.get_running_loop()
-        requests = self._bucket(entry, "requests_per_min")
-        tokens = self._bucket(entry, "tokens_per_min")
-        if requests is None:
-            if tokens is None:
-                return
-            level = await self.buckets.level(tokens)
-            taken = Taken(0.0, None if level is None or level > 0 else -level)
-        else:
-            taken = await self.buckets.take(requests, 1, requests.per_min, guard=tokens)
-        if taken.debt is not None and tokens is not None:
-            raise self._debt_refused(entry, tokens, taken.debt)
-        if taken.wait_s > 0 and requests is not None:
-            raise RateLimited(
-                f"API key {entry.name!r} is over its {requests.per_min} requests per minute; retry later",
-                retry_after_s=taken.wait_s,
-            )
-
-    async def take_batch_items(self, entry: KeyEntry, extra: int) -> None:
-        """A batch's items beyond the first, which its request took at the door: every item
-        is one request. A batch that found the bucket full passes and leaves it in debt (as
-        a large request does with tokens), so a batch larger than the limit is not refused
-        forever but the key waits afterwards."""
-        await self._take(
-            entry,
-            "requests_per_min",
-            extra,
-            "requests",
-            burst_less=1,
-            why=f" (a batch counts one per item, {extra + 1})",
-        )
-
-    async def take_tokens(self, entry: KeyEntry, tokens: int) -> None:
-        await self._take(entry, "tokens_per_min", tokens, "distinct tokens")
-
-    async def standing(self, entry: KeyEntry) -> dict[str, tuple[int, int, float]]:
-        """What the key has left, by kind with a limit ("requests_per_min",
-        "tokens_per_min"): (the limit per minute, what may be taken now, seconds until the
-        bucket is full again). Read only: nothing is taken (OpenAI's x-ratelimit-* headers)."""
-        out: dict[str, tuple[int, int, float]] = {}
-        for kind, per_min in self.allowance(entry).by_kind().items():
-            level = await self.buckets.level(BucketId(entry.name, kind, per_min))
-            if level is None:
-                out[kind] = (per_min, per_min, 0.0)
-                continue
-            out[kind] = (per_min, max(0, int(level)), max(0.0, (per_min - level) / (per_min / 60.0)))
-        return out

@@ -17,14 +17,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from openjev.api.identity.buckets import BucketId, MemoryBuckets, Taken
+from openjev.api.identity.buckets import BucketId, MemoryBuckets, Take, Taken
 from openjev.errors import LimitsUnavailable
 
 log = logging.getLogger(__name__)
@@ -48,29 +49,44 @@ local function store(key, per_min, level)
   redis.call('PEXPIRE', key, math.ceil((per_min - level) * 60000 / per_min) + 1000)
 end
 """
-# KEYS: the bucket[, the guard]; ARGV: per_min, cost, burst[, the guard's per_min]
+# KEYS: the buckets[, the guard]; ARGV: the guard's per_min (0: none), then per bucket:
+# per_min, cost, burst, refund. The refunds first; then every cost, or none (see Buckets.take).
 _TAKE = (
     _COMMON
     + """
-if #KEYS > 1 then
-  local g = refilled(KEYS[2], tonumber(ARGV[4]))
-  if g and g <= 0 then return {'0', tostring(-g)} end
+local n = #KEYS - (tonumber(ARGV[1]) > 0 and 1 or 0)
+local levels = {}
+for i = 1, n do
+  local per_min, refund = tonumber(ARGV[4 * i - 2]), tonumber(ARGV[4 * i + 1])
+  levels[i] = refilled(KEYS[i], per_min) or per_min
+  if refund > 0 then
+    levels[i] = math.min(per_min, levels[i] + refund)
+    store(KEYS[i], per_min, levels[i])
+  end
 end
-local per_min, cost, burst = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
-local level = refilled(KEYS[1], per_min) or per_min
-local need = math.min(cost, burst)
-if level >= need then
-  store(KEYS[1], per_min, level - cost)
-  return {'0', ''}
+if n < #KEYS then
+  local g = refilled(KEYS[#KEYS], tonumber(ARGV[1]))
+  if g and g <= 0 then return {'0', tostring(-g), '-1'} end
 end
-return {tostring((need - level) * 60 / per_min), ''}
+for i = 1, n do
+  local per_min, cost, burst = tonumber(ARGV[4 * i - 2]), tonumber(ARGV[4 * i - 1]), tonumber(ARGV[4 * i])
+  local need = math.min(cost, burst)
+  if levels[i] < need then return {tostring((need - levels[i]) * 60 / per_min), '', tostring(i - 1)} end
+end
+for i = 1, n do
+  store(KEYS[i], tonumber(ARGV[4 * i - 2]), levels[i] - tonumber(ARGV[4 * i - 1]))
+end
+return {'0', '', '-1'}
 """
 )
+# KEYS: the bucket; ARGV: per_min, cost, floor ('' for none), refund
 _CHARGE = (
     _COMMON
     + """
-local per_min = tonumber(ARGV[1])
-store(KEYS[1], per_min, (refilled(KEYS[1], per_min) or per_min) - tonumber(ARGV[2]))
+local per_min, cost = tonumber(ARGV[1]), tonumber(ARGV[2])
+local level = math.min(per_min, (refilled(KEYS[1], per_min) or per_min) + tonumber(ARGV[4]))
+local floor = ARGV[3] == '' and level - cost or tonumber(ARGV[3])
+store(KEYS[1], per_min, math.min(per_min, math.max(math.min(floor, level), level - cost)))
 return 1
 """
 )
@@ -185,27 +201,33 @@ class RedisBuckets:
         """The bucket this replica holds alone while the store is away (mode local)."""
         return BucketId(bucket.key, bucket.kind, max(1, bucket.per_min // self.store.replicas))
 
-    async def take(self, bucket: BucketId, cost: float, burst: float, guard: BucketId | None = None) -> Taken:
-        keys = [self._key(bucket)] + ([] if guard is None else [self._key(guard)])
-        args: list[Any] = [bucket.per_min, cost, burst] + ([] if guard is None else [guard.per_min])
+    def _part(self, bucket: BucketId) -> float:
+        """This replica's part of `bucket` while the store is away: its share's size over the whole's."""
+        return self._share(bucket).per_min / bucket.per_min
+
+    async def take(self, takes: Sequence[Take], guard: BucketId | None = None) -> Taken:
+        keys = [self._key(t.bucket) for t in takes] + ([] if guard is None else [self._key(guard)])
+        args: list[Any] = [0 if guard is None else guard.per_min]
+        for t in takes:
+            args += [t.bucket.per_min, t.cost, t.burst, t.refund]
         ok, answer = await self.store.call(lambda: self.store.take(keys=keys, args=args))
         if ok:
-            wait, debt = answer  # type: ignore[misc]
-            return Taken(float(wait), float(debt) if debt else None)
+            wait, debt, refused = answer  # type: ignore[misc]
+            return Taken(float(wait), float(debt) if debt else None, int(refused))
         mode = self.store.health.mode
         if mode == "closed":
             raise self.store.health.unavailable()
         if mode == "open":
             return Taken(0.0)
-        share = self._share(bucket)
-        return await self._local.take(
-            share, cost, burst * share.per_min / bucket.per_min, None if guard is None else self._share(guard)
-        )
+        local = [Take(self._share(t.bucket), t.cost, t.burst * self._part(t.bucket), t.refund) for t in takes]
+        return await self._local.take(local, None if guard is None else self._share(guard))
 
-    async def charge(self, bucket: BucketId, cost: float) -> None:
-        ok, _ = await self.store.call(lambda: self.store.charge(keys=[self._key(bucket)], args=[bucket.per_min, cost]))
+    async def charge(self, bucket: BucketId, cost: float, floor: float = -math.inf, refund: float = 0.0) -> None:
+        args = [bucket.per_min, cost, "" if math.isinf(floor) else floor, refund]
+        ok, _ = await self.store.call(lambda: self.store.charge(keys=[self._key(bucket)], args=args))
         if not ok and self.store.health.mode == "local":
-            await self._local.charge(self._share(bucket), cost)
+            share = self._share(bucket)
+            await self._local.charge(share, cost, floor * self._part(bucket), refund)
 
     async def level(self, bucket: BucketId) -> float | None:
         ok, answer = await self.store.call(lambda: self.store.level(keys=[self._key(bucket)], args=[bucket.per_min]))

@@ -6,7 +6,7 @@ reads the caller's limits from
     x-ratelimit-limit-tokens   / -remaining-tokens   / -reset-tokens
 
 (limit per minute, what may be taken now, time until the bucket is full: "1m30s", "250ms"),
-sent where the calling key has that limit (api/identity/keys.py `KeyLimits.standing`), on
+sent where the calling key has that limit (api/identity/key_limits.py `KeyLimits.standing`), on
 answers and errors alike (a 429 says when to come back)."""
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ from starlette.datastructures import MutableHeaders
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from openjev.api.contract.formats import format_of
-from openjev.api.identity.keys import KeyEntry, KeyLimits
+from openjev.api.identity.key_limits import KeyLimits
+from openjev.api.identity.keys import KeyEntry
 from openjev.api.operations.middleware import request_id_of
 
 _KINDS = {"requests_per_min": "requests", "tokens_per_min": "tokens"}

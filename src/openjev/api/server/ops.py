@@ -13,7 +13,8 @@ from typing import Any
 
 from openjev.api.identity.admission import EngineAdmission, GatedEngine, KeyShare
 from openjev.api.identity.fleet_share import FleetShare
-from openjev.api.identity.keys import KeyLimits, KeyRing
+from openjev.api.identity.key_limits import KeyLimits
+from openjev.api.identity.keys import KeyRing
 from openjev.api.identity.proxies import TrustedProxies
 from openjev.api.identity.shared import RedisBuckets, RedisStore
 from openjev.api.operations.access import AccessLog
