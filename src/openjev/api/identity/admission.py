@@ -31,6 +31,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from openjev.api.contract.paths import DECISION_ROUTES
 from openjev.api.identity.keys import KeyEntry, KeyLimits, KeyRing, current_key
 from openjev.api.identity.proxies import TrustedProxies
+from openjev.api.identity.reservation import current_reservation, release_current, reserve
 from openjev.api.operations.metrics import Metrics
 from openjev.core.plan import Plan
 from openjev.core.ports import Admission, Engine, PlanResult
@@ -43,6 +44,7 @@ def charge_refused(key_limits: KeyLimits, exc: TokensExceeded) -> None:
     """Charge the work a refused request cost (`exc.work_tokens`, tokens encoded before the
     refusal) to the calling key's tokens/min bucket; nothing where no key is in use."""
     entry = current_key.get()
+    release_current()  # what was reserved at the door is replaced by what the work cost
     if entry is not None and exc.work_tokens:
         key_limits.charge_tokens(entry, exc.work_tokens)
 
@@ -215,6 +217,7 @@ class GatedEngine(Engine):
             )
         entry = current_key.get()
         if entry is not None:  # after the server-wide check: a 529 costs the key nothing
+            release_current()  # the door's reservation, replaced by the request's own tokens
             self._keys.take_tokens(entry, n)
         self.in_flight_tokens += n
         self.rate.started()
@@ -308,15 +311,22 @@ class AdmissionMiddleware:
         # at the door (outside this middleware, where the ContextVar is unset) still knows whose
         # limits to show (api/server/conventions.py).
         state["key_entry"] = entry
+        held = None
         if entry is not None and scope["path"] in DECISION_ROUTES:
             self.key_limits.refuse_debt(entry)  # before the body is read: a key in debt buys no compile
             self.key_limits.take_request(entry)
+            headers = Headers(scope=scope)
+            encoded = headers.get("content-encoding", "identity").strip().lower() != "identity"
+            held = reserve(self.key_limits, entry, headers.get("content-length"), encoded)
         if scope["path"] == "/health":  # open to all; how busy the server is only for a key's holder
             state["sees_load"] = not self.keys.enabled or self._bearer(scope) is not None
-        token = current_key.set(entry)
+        token, reserved = current_key.set(entry), current_reservation.set(held)
         try:
             await self.app(scope, receive, send)
         finally:
+            if held is not None:
+                held.release()
+            current_reservation.reset(reserved)
             current_key.reset(token)
 
     def _bearer(self, scope: Scope) -> KeyEntry | None:

@@ -5,6 +5,7 @@ replicas implements the three operations of `Buckets`, each atomic."""
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -31,8 +32,9 @@ class Buckets(Protocol):
         min(cost, burst); else the seconds until it would, nothing taken."""
         ...
 
-    def charge(self, bucket: BucketId, cost: float) -> None:
-        """Take `cost` whatever the level (it may go into debt)."""
+    def charge(self, bucket: BucketId, cost: float, floor: float = -math.inf) -> None:
+        """Take `cost` whatever the level (it may go into debt, never below `floor`); a
+        negative cost gives back, never past the bucket's capacity."""
         ...
 
     def level(self, bucket: BucketId) -> float | None:
@@ -57,10 +59,10 @@ class TokenBucket:
         self.level = min(self.capacity, self.level + (now - self._t) * self.rate)
         self._t = now
 
-    def charge(self, cost: float) -> None:
-        """Take `cost` now, into debt if need be."""
+    def charge(self, cost: float, floor: float = -math.inf) -> None:
+        """Take `cost` now, into debt if need be (never below `floor`, never above capacity)."""
         self._refill()
-        self.level -= cost
+        self.level = min(self.capacity, max(min(floor, self.level), self.level - cost))
 
     def wait_s(self, cost: float, burst: float | None = None) -> float:
         """0 if `cost` may be taken now (then it is), else seconds until it may. `cost`
@@ -91,9 +93,9 @@ class MemoryBuckets:
         with self._lock:
             return self._bucket(bucket).wait_s(cost, burst)
 
-    def charge(self, bucket: BucketId, cost: float) -> None:
+    def charge(self, bucket: BucketId, cost: float, floor: float = -math.inf) -> None:
         with self._lock:
-            self._bucket(bucket).charge(cost)
+            self._bucket(bucket).charge(cost, floor)
 
     def level(self, bucket: BucketId) -> float | None:
         with self._lock:

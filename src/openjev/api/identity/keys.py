@@ -44,6 +44,8 @@ _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 _HEX = re.compile(r"^[0-9a-fA-F]{64}$")
 _LIMITS = ("requests_per_min", "tokens_per_min")
 _OPTIONS = "requests_per_min=N, tokens_per_min=N or cache_group=NAME"
+# A key's debt for refused work is capped at this many minutes of its tokens/min budget.
+DEBT_MINUTES = 1
 
 
 @dataclass(frozen=True)
@@ -298,12 +300,20 @@ class KeyLimits:
             )
 
     def charge_tokens(self, entry: KeyEntry, tokens: int) -> None:
-        """Take `tokens` from the key's tokens/min bucket whatever its level (it may go into
-        debt): work already done for a request that was then refused (compile bombs cost the
-        key as if they had run, so they cannot be repeated for free)."""
+        """Take `tokens` from the key's tokens/min bucket whatever its level, into debt down to
+        one minute's budget at most (`DEBT_MINUTES`): work already done for a request that was
+        then refused (compile bombs cost the key as if they had run, so they cannot be
+        repeated for free), while one mistake never locks a key out for longer than the cap
+        takes to refill (its Retry-After at most about two minutes)."""
         bucket = self._bucket(entry, "tokens_per_min")
         if bucket is not None and tokens > 0:
-            self._buckets.charge(bucket, tokens)
+            self._buckets.charge(bucket, tokens, floor=-DEBT_MINUTES * bucket.per_min)
+
+    def refund_tokens(self, entry: KeyEntry, tokens: int) -> None:
+        """Give back `tokens` taken earlier (a reservation; the bucket never exceeds its capacity)."""
+        bucket = self._bucket(entry, "tokens_per_min")
+        if bucket is not None and tokens > 0:
+            self._buckets.charge(bucket, -tokens)
 
     def refuse_debt(self, entry: KeyEntry) -> None:
         """429 where the key's tokens/min bucket is in debt (earlier work, refused requests'
@@ -340,8 +350,8 @@ class KeyLimits:
             why=f" (a batch counts one per item, {extra + 1})",
         )
 
-    def take_tokens(self, entry: KeyEntry, tokens: int) -> None:
-        self._take(entry, "tokens_per_min", tokens, "distinct tokens")
+    def take_tokens(self, entry: KeyEntry, tokens: int, why: str = "") -> None:
+        self._take(entry, "tokens_per_min", tokens, "distinct tokens", why=why)
 
     def standing(self, entry: KeyEntry) -> dict[str, tuple[int, int, float]]:
         """What the key has left, by kind with a limit ("requests_per_min",
