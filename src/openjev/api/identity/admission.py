@@ -3,15 +3,18 @@
 - At the door (`AdmissionMiddleware`), before the body is read: which paths need a key,
   the key itself (401), and on the decision routes the key's tokens/min debt (429: a key
   whose earlier work, refused requests' included, overdrew its bucket gets no compile
-  work until it is paid back) and its requests/min bucket (429).
-- In tokens (`GatedEngine`): the engine port wrapped with a server-wide bound on distinct
-  tokens in flight (529 beyond, Retry-After from the measured drain rate) and the calling
-  key's tokens/min bucket (429 beyond); `charge_refused` charges a refused request's work.
+  work until it is paid back), its requests/min bucket and its reservation for the body
+  (429), in one step of the buckets' store (api/identity/key_limits.py).
+- On the engine port (`EngineAdmission`, the core's `Admission` port): each key's share of
+  the evaluation slots (`KeyShare`), and the engine wrapped (`GatedEngine`) with a
+  server-wide bound on distinct tokens in flight (529 beyond, Retry-After from the measured
+  drain rate) and the calling key's tokens/min bucket (429 beyond); `charge_refused`
+  charges a refused request's work.
 
 The gate sits between the DecisionService and the engine, so it sees each plan after the
-compile and the per-request budgets and before any engine work, and it needs no change
-to the core. Fairness between the admitted requests stays inside the engine (the
-in-process scheduler serves them slice by slice, round-robin).
+compile and the per-request budgets and before any engine work. Fairness between the
+admitted requests stays inside the engine (the in-process scheduler serves them slice by
+slice, round-robin).
 """
 
 from __future__ import annotations
@@ -27,11 +30,13 @@ from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from openjev.api.contract.paths import DECISION_ROUTES
-from openjev.api.identity.keys import KeyEntry, KeyLimits, KeyRing, current_key
+from openjev.api.identity.key_limits import KeyLimits
+from openjev.api.identity.keys import KeyEntry, KeyRing, current_key
 from openjev.api.identity.proxies import TrustedProxies
+from openjev.api.identity.reservation import admit, claim_current, current_reservation
 from openjev.api.operations.metrics import Metrics
 from openjev.core.plan import Plan
-from openjev.core.ports import Engine, PlanResult
+from openjev.core.ports import Admission, Engine, PlanResult
 from openjev.errors import AuthenticationError, OpenjevError, Overloaded, RateLimited, TokensExceeded
 
 MAX_RETRY_AFTER_S = 60
@@ -39,10 +44,21 @@ MAX_RETRY_AFTER_S = 60
 
 def charge_refused(key_limits: KeyLimits, exc: TokensExceeded) -> None:
     """Charge the work a refused request cost (`exc.work_tokens`, tokens encoded before the
-    refusal) to the calling key's tokens/min bucket; nothing where no key is in use."""
+    refusal) to the calling key's tokens/min bucket, in place of what was reserved at the
+    door; nothing where no key is in use. From a worker thread (on the loop:
+    `charge_refused_async`)."""
     entry = current_key.get()
-    if entry is not None and exc.work_tokens:
-        key_limits.charge_tokens(entry, exc.work_tokens)
+    refund = claim_current()
+    if entry is not None and (exc.work_tokens or refund):
+        key_limits.from_thread(key_limits.charge_tokens(entry, exc.work_tokens, refund=refund))
+
+
+async def charge_refused_async(key_limits: KeyLimits, exc: TokensExceeded) -> None:
+    """`charge_refused` on the event loop."""
+    entry = current_key.get()
+    refund = claim_current()
+    if entry is not None and (exc.work_tokens or refund):
+        await key_limits.charge_tokens(entry, exc.work_tokens, refund=refund)
 
 
 class DrainRate:
@@ -134,7 +150,7 @@ class KeyShare:
             slots.release()
 
 
-class GatedEngine:
+class GatedEngine(Engine):
     """The Engine port, gated. `in_flight_tokens` counts admitted plans' distinct tokens."""
 
     def __init__(
@@ -147,13 +163,10 @@ class GatedEngine:
         metrics: Metrics,
         retry_after_s: int,
         deadline_s: float | None = None,
-        key_share: int = 0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.inner = inner
         self.deadline_s = deadline_s
-        # the service enters it before each evaluation takes a slot (core/service.py `admit`)
-        self.admit = KeyShare(key_share, max_wait_s, retry_after_s)
         self.parallel_layouts = inner.parallel_layouts  # a capability passes the gate
         self.max_tokens = max_tokens_in_flight
         self.max_wait_s = max_wait_s
@@ -183,8 +196,7 @@ class GatedEngine:
         Nothing is refused before a first measurement."""
         if not self.deadline_s:
             return
-        estimate = getattr(self.inner, "estimate_s", None)
-        seconds = estimate(plan) if callable(estimate) else None
+        seconds = self.inner.estimate_s(plan)
         if seconds is not None and seconds > self.deadline_s:
             raise TokensExceeded(
                 f"the request's {plan.unique_tokens} distinct tokens would take about {seconds:.0f} s of engine "
@@ -216,9 +228,13 @@ class GatedEngine:
                 detail=f"{self.in_flight_tokens} tokens in flight would take {self.in_flight_tokens / rate:.0f} s",
             )
         entry = current_key.get()
+        self.in_flight_tokens += n  # held while the key's bucket is asked, so no one else passes on it
         if entry is not None:  # after the server-wide check: a 529 costs the key nothing
-            self._keys.take_tokens(entry, n)
-        self.in_flight_tokens += n
+            try:  # the door's reservation handed back in the same step as the request's own tokens
+                await self._keys.take_tokens(entry, n, refund=claim_current())
+            except BaseException:
+                self.in_flight_tokens -= n
+                raise
         self.rate.started()
         self._metrics.engine_calls.inc()
         served = 0
@@ -241,12 +257,33 @@ class GatedEngine:
     async def close(self) -> None:
         await self.inner.close()
 
+    def estimate_s(self, plan: Plan) -> float | None:
+        return self.inner.estimate_s(plan)
+
     def stats(self) -> dict[str, float]:
         out = dict(self.inner.stats())
         out["tokens_in_flight"] = self.in_flight_tokens
         out["tokens_in_flight_limit"] = self.max_tokens
         out["drain_rate_tokens_per_second"] = self.rate.per_second() or 0.0
         return out
+
+
+class EngineAdmission(Admission):
+    """The edge's admission as the core's `Admission` port (a decorator on the engine port):
+    `gate` wraps the engine in the `GatedEngine` that `make_gate` builds (kept as `gated`, for
+    /metrics), `admit` is the calling key's share of the evaluation slots (`share`)."""
+
+    def __init__(self, make_gate: Callable[[Engine], GatedEngine], share: KeyShare) -> None:
+        self._make_gate = make_gate
+        self.share = share
+        self.gated: GatedEngine | None = None
+
+    def gate(self, engine: Engine) -> GatedEngine:
+        self.gated = self._make_gate(engine)
+        return self.gated
+
+    def admit(self) -> contextlib.AbstractAsyncContextManager[None]:
+        return self.share()
 
 
 # The API docs: behind the API's key with --docs auth, their static assets too (the largest
@@ -289,15 +326,21 @@ class AdmissionMiddleware:
         # at the door (outside this middleware, where the ContextVar is unset) still knows whose
         # limits to show (api/server/conventions.py).
         state["key_entry"] = entry
+        held = None
         if entry is not None and scope["path"] in DECISION_ROUTES:
-            self.key_limits.refuse_debt(entry)  # before the body is read: a key in debt buys no compile
-            self.key_limits.take_request(entry)
+            headers = Headers(scope=scope)
+            encoded = headers.get("content-encoding", "identity").strip().lower() != "identity"
+            # before the body is read: a key in debt buys no compile (one step of the store)
+            held = await admit(self.key_limits, entry, headers.get("content-length"), encoded)
         if scope["path"] == "/health":  # open to all; how busy the server is only for a key's holder
             state["sees_load"] = not self.keys.enabled or self._bearer(scope) is not None
-        token = current_key.set(entry)
+        token, reserved = current_key.set(entry), current_reservation.set(held)
         try:
             await self.app(scope, receive, send)
         finally:
+            if held is not None:
+                await held.release()
+            current_reservation.reset(reserved)
             current_key.reset(token)
 
     def _bearer(self, scope: Scope) -> KeyEntry | None:

@@ -38,7 +38,6 @@ class FairSlots:
         self._n = self._free = n
         self._waiting: list[_Waiter] = []
         self._turns = FairTurns()
-        self.calls = 0  # slots taken so far
 
     @property
     def held(self) -> int:
@@ -65,7 +64,6 @@ class FairSlots:
                 elif waiter.granted.done() and not waiter.granted.cancelled():
                     self._release()  # granted as it was cancelled: the slot goes on
                 raise
-        self.calls += 1
         try:
             yield
         finally:
