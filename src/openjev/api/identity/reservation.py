@@ -17,7 +17,8 @@ import threading
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 
-from openjev.api.identity.keys import KeyEntry, KeyLimits
+from openjev.api.identity.key_limits import KeyLimits
+from openjev.api.identity.keys import KeyEntry
 
 BYTES_PER_TOKEN = 4  # a token of text is about 4 bytes of JSON: the door's estimate of a body's work
 

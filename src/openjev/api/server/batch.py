@@ -43,7 +43,8 @@ from openjev.api.contract.paths import BATCH
 from openjev.api.identity import tenancy
 from openjev.api.identity.admission import charge_refused
 from openjev.api.identity.auth import require_key
-from openjev.api.identity.keys import KeyLimits, current_key
+from openjev.api.identity.key_limits import KeyLimits
+from openjev.api.identity.keys import current_key
 from openjev.api.operations.middleware import request_id_of
 from openjev.api.server import pipeline
 from openjev.api.server.batch_items import Item, collect, error_line, ndjson, run

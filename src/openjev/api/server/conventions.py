@@ -15,7 +15,8 @@ from starlette.datastructures import MutableHeaders
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from openjev.api.contract.formats import format_of
-from openjev.api.identity.keys import KeyEntry, KeyLimits
+from openjev.api.identity.key_limits import KeyLimits
+from openjev.api.identity.keys import KeyEntry
 from openjev.api.operations.middleware import request_id_of
 
 _KINDS = {"requests_per_min": "requests", "tokens_per_min": "tokens"}

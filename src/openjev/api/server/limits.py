@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from openjev.api.identity.keys import Allowance, KeyEntry
+from openjev.api.identity.key_limits import Allowance
+from openjev.api.identity.keys import KeyEntry
 from openjev.config import (
     MAX_CHOICE_OPTIONS,
     MAX_SCORE_LEVELS,

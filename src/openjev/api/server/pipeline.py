@@ -36,7 +36,7 @@ from openjev.api.contract.responses import FastJSONResponse
 from openjev.api.identity import tenancy
 from openjev.api.identity.admission import charge_refused
 from openjev.api.identity.auth import require_key
-from openjev.api.identity.keys import KeyLimits
+from openjev.api.identity.key_limits import KeyLimits
 from openjev.api.operations.middleware import request_id_of
 from openjev.api.server.assembly import Runtime
 from openjev.config import LimitSettings, QualitySettings

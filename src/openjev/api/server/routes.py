@@ -103,7 +103,7 @@ def install_health(app: FastAPI, runtime: Runtime) -> None:
                     "status": "ok",
                     "model": runtime.loaded.card.name,
                     "load_seconds": round(runtime.loaded.load_seconds, 2),
-                    # how busy others keep the server: a key's holder's to see (api/identity/admission.py)
+                    # how busy others keep the server: a key's holder's to see (api/identity/door.py)
                     **({"in_flight": runtime.service.in_flight} if getattr(request.state, "sees_load", False) else {}),
                 }
             )
