@@ -1,5 +1,5 @@
-"""Admission on the engine port: how much work gets in (who gets in at all is decided at
-the door, api/identity/door.py).
+"""Admission on the engine port: how much work gets in (who gets in at all, and the key's
+requests and reservation, are decided at the door: api/identity/door.py).
 
 - On the engine port (`EngineAdmission`, the core's `Admission` port): each key's share of
   the evaluation slots (`KeyShare`), and the engine wrapped (`GatedEngine`) with a
@@ -24,7 +24,7 @@ from collections.abc import AsyncIterator, Callable
 
 from openjev.api.identity.key_limits import KeyLimits
 from openjev.api.identity.keys import current_key
-from openjev.api.identity.reservation import release_current
+from openjev.api.identity.reservation import claim_current
 from openjev.api.operations.metrics import Metrics
 from openjev.core.plan import Plan
 from openjev.core.ports import Admission, Engine, PlanResult
@@ -35,11 +35,21 @@ MAX_RETRY_AFTER_S = 60
 
 def charge_refused(key_limits: KeyLimits, exc: TokensExceeded) -> None:
     """Charge the work a refused request cost (`exc.work_tokens`, tokens encoded before the
-    refusal) to the calling key's tokens/min bucket; nothing where no key is in use."""
+    refusal) to the calling key's tokens/min bucket, in place of what was reserved at the
+    door; nothing where no key is in use. From a worker thread (on the loop:
+    `charge_refused_async`)."""
     entry = current_key.get()
-    release_current()  # what was reserved at the door is replaced by what the work cost
-    if entry is not None and exc.work_tokens:
-        key_limits.charge_tokens(entry, exc.work_tokens)
+    refund = claim_current()
+    if entry is not None and (exc.work_tokens or refund):
+        key_limits.from_thread(key_limits.charge_tokens(entry, exc.work_tokens, refund=refund))
+
+
+async def charge_refused_async(key_limits: KeyLimits, exc: TokensExceeded) -> None:
+    """`charge_refused` on the event loop."""
+    entry = current_key.get()
+    refund = claim_current()
+    if entry is not None and (exc.work_tokens or refund):
+        await key_limits.charge_tokens(entry, exc.work_tokens, refund=refund)
 
 
 class DrainRate:
@@ -209,10 +219,13 @@ class GatedEngine(Engine):
                 detail=f"{self.in_flight_tokens} tokens in flight would take {self.in_flight_tokens / rate:.0f} s",
             )
         entry = current_key.get()
+        self.in_flight_tokens += n  # held while the key's bucket is asked, so no one else passes on it
         if entry is not None:  # after the server-wide check: a 529 costs the key nothing
-            release_current()  # the door's reservation, replaced by the request's own tokens
-            self._keys.take_tokens(entry, n)
-        self.in_flight_tokens += n
+            try:  # the door's reservation handed back in the same step as the request's own tokens
+                await self._keys.take_tokens(entry, n, refund=claim_current())
+            except BaseException:
+                self.in_flight_tokens -= n
+                raise
         self.rate.started()
         self._metrics.engine_calls.inc()
         served = 0

@@ -1,8 +1,9 @@
 """Admission at the door (`AdmissionMiddleware`), before the body is read: which paths need
 a key, the key itself (401), and on the decision routes the key's tokens/min debt (429: a
 key whose earlier work, refused requests' included, overdrew its bucket gets no compile
-work until it is paid back) and its requests/min bucket (429). How much work a request
-may then start is admission.py's, on the engine port."""
+work until it is paid back), its requests/min bucket and its reservation for the body
+(429), in one step of the buckets' store (api/identity/key_limits.py). How much work a
+request may then start is admission.py's, on the engine port."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from openjev.api.contract.paths import DECISION_ROUTES
 from openjev.api.identity.key_limits import KeyLimits
 from openjev.api.identity.keys import KeyEntry, KeyRing, current_key
 from openjev.api.identity.proxies import TrustedProxies
-from openjev.api.identity.reservation import current_reservation, reserve
+from openjev.api.identity.reservation import admit, current_reservation
 from openjev.errors import AuthenticationError
 
 # The API docs: behind the API's key with --docs auth, their static assets too (the largest
@@ -58,11 +59,10 @@ class AdmissionMiddleware:
         state["key_entry"] = entry
         held = None
         if entry is not None and scope["path"] in DECISION_ROUTES:
-            self.key_limits.refuse_debt(entry)  # before the body is read: a key in debt buys no compile
-            self.key_limits.take_request(entry)
             headers = Headers(scope=scope)
             encoded = headers.get("content-encoding", "identity").strip().lower() != "identity"
-            held = reserve(self.key_limits, entry, headers.get("content-length"), encoded)
+            # before the body is read: a key in debt buys no compile (one step of the store)
+            held = await admit(self.key_limits, entry, headers.get("content-length"), encoded)
         if scope["path"] == "/health":  # open to all; how busy the server is only for a key's holder
             state["sees_load"] = not self.keys.enabled or self._bearer(scope) is not None
         token, reserved = current_key.set(entry), current_reservation.set(held)
@@ -70,7 +70,7 @@ class AdmissionMiddleware:
             await self.app(scope, receive, send)
         finally:
             if held is not None:
-                held.release()
+                await held.release()
             current_reservation.reset(reserved)
             current_key.reset(token)
 

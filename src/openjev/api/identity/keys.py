@@ -1,4 +1,4 @@
-"""Named API keys: who calls (the limits a key is held to are api/identity/key_limits.py's).
+"""Named API keys and their per-key limits.
 
 Keys come from `--api-key` (named key1, key2, ... in the order given) and from
 `--api-keys-file`, one key per line:
@@ -39,7 +39,7 @@ log = logging.getLogger(__name__)
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 _HEX = re.compile(r"^[0-9a-fA-F]{64}$")
-LIMITS = ("requests_per_min", "tokens_per_min")  # the limits a key may set, by bucket kind
+_LIMITS = ("requests_per_min", "tokens_per_min")
 _OPTIONS = "requests_per_min=N, tokens_per_min=N or cache_group=NAME"
 
 
@@ -113,7 +113,7 @@ def _options(options: list[str], where: str) -> tuple[dict[str, int], str | None
                 raise ConfigError(f"{where}: cache_group must be 1-64 of A-Z a-z 0-9 _ . -")
             group = v
             continue
-        if k not in LIMITS or not v.isdigit():
+        if k not in _LIMITS or not v.isdigit():
             raise ConfigError(f"{where}: unknown option {k!r} (expected {_OPTIONS})")
         limits[k] = int(v)
     return limits, group
@@ -237,3 +237,25 @@ class KeyRing:
             if hmac.compare_digest(digest, entry.digest):
                 found = entry
         return found
+
+
+@dataclass(frozen=True)
+class Allowance:
+    """What a key is held to, per minute (0: no limit). `of` is the one place the rule is
+    written: a key's own limit where the keys file sets one, else the server's."""
+
+    requests_per_min: int
+    tokens_per_min: int
+
+    def of(self, entry: KeyEntry | None) -> Allowance:
+        """`entry`'s allowance, where this is the server's (itself without a key)."""
+        if entry is None:
+            return self
+        return Allowance(
+            self.requests_per_min if entry.requests_per_min is None else entry.requests_per_min,
+            self.tokens_per_min if entry.tokens_per_min is None else entry.tokens_per_min,
+        )
+
+    def by_kind(self) -> dict[str, int]:
+        """The limits that are set, by bucket kind."""
+        return {k: v for k, v in zip(_LIMITS, (self.requests_per_min, self.tokens_per_min), strict=True) if v}

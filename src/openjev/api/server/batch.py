@@ -121,7 +121,7 @@ def install(
         ops = request.app.state.ops
         entry = current_key.get()
         if entry is not None and count > 1:  # the request itself took one at the door
-            ops.key_limits.take_batch_items(entry, count - 1)
+            await ops.key_limits.take_batch_items(entry, count - 1)
         service, card = ready()
         t0 = time.perf_counter()
         items = await _prepared(request, body, limits, service, card.name, spec or service.default_readout, calibrate)
