@@ -12,7 +12,7 @@ A shared call belongs to no request: it runs in a task of its own, so a request 
 (its deadline, its client gone) does not take the call from the others. That request's own
 items are aborted on the server by their rids (SGLang answers an item aborted alone with
 `finish_reason` abort and the others in full), and a call every request of which has left is
-cancelled, which aborts all of its items (engine._post). Each request's slice of the reply
+cancelled, which aborts all of its items (sender.py `Sender.post`). Each request's slice of the reply
 is read on its own (HTTPProtocol.parse_batch_parts), so an unusable item fails its own
 request only; a call that fails as a whole (server gone, stalled, 5xx) fails each request in
 it with that error.
