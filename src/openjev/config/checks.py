@@ -10,6 +10,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from openjev.config.fleet import check_fleet
 from openjev.config.ranges import MAX_CHOICE_OPTIONS
 from openjev.core.readouts.spec import READOUT_NAMES
 from openjev.errors import ConfigError
@@ -50,6 +51,7 @@ def validate(values: Mapping[str, Any]) -> None:
     """Raise ConfigError for the first setting that cannot work."""
     _check_numbers(values)
     _check_names(values)
+    check_fleet(values)
     if values["rotations"] > values["max_rotations"]:
         raise ConfigError(f"rotations ({values['rotations']}) exceeds max_rotations ({values['max_rotations']})")
     if values["max_questions"] > 4096:

@@ -17,7 +17,8 @@ import threading
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 
-from openjev.api.identity.keys import KeyEntry, KeyLimits
+from openjev.api.identity.key_limits import KeyLimits
+from openjev.api.identity.keys import KeyEntry
 
 BYTES_PER_TOKEN = 4  # a token of text is about 4 bytes of JSON: the door's estimate of a body's work
 
@@ -32,12 +33,18 @@ class Reservation:
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _held: bool = True
 
-    def release(self) -> None:
-        """Hand the reservation back (once: a batch's items and the request's end may each ask)."""
+    def claim(self) -> int:
+        """The tokens to hand back, once (a batch's items and the request's end may each ask;
+        the later ones get 0): the caller gives them back, alone or in its own step of the store."""
         with self._lock:
             held, self._held = self._held, False
-        if held and self.tokens:
-            self.limits.refund_tokens(self.entry, self.tokens)
+        return self.tokens if held else 0
+
+    async def release(self) -> None:
+        """Hand the reservation back (once)."""
+        tokens = self.claim()
+        if tokens:
+            await self.limits.refund_tokens(self.entry, tokens)
 
 
 # The request's reservation: set by the admission middleware at the door, released by the
@@ -53,18 +60,18 @@ def reserved_tokens(content_length: str | None, encoded: bool, per_min: int) -> 
     return max(1, min(per_min, int(content_length) // BYTES_PER_TOKEN))
 
 
-def reserve(limits: KeyLimits, entry: KeyEntry, content_length: str | None, encoded: bool) -> Reservation | None:
-    """The key's reservation for this body (RateLimited, 429, where its bucket cannot cover
-    it); None where the key has no tokens/min limit."""
+async def admit(limits: KeyLimits, entry: KeyEntry, content_length: str | None, encoded: bool) -> Reservation | None:
+    """The door's one step of the store (`KeyLimits.admit`): the key's debt, one of its
+    requests and its reservation for this body (RateLimited, 429, where its buckets cannot
+    cover them); the reservation, None where the key has no tokens/min limit."""
     per_min = limits.allowance(entry).tokens_per_min
-    if not per_min:
-        return None
-    tokens = reserved_tokens(content_length, encoded, per_min)
-    limits.take_tokens(entry, tokens, why=" (reserved at the door for this body's work, before it is read)")
-    return Reservation(limits, entry, tokens)
+    tokens = reserved_tokens(content_length, encoded, per_min) if per_min else 0
+    await limits.admit(entry, reserve=tokens)
+    return Reservation(limits, entry, tokens) if tokens else None
 
 
-def release_current() -> None:
+def claim_current() -> int:
+    """The request's reservation, claimed (once) to be handed back with the step that replaces
+    it (the gate's take of its tokens, a refusal's charge); 0 where there is none."""
     found = current_reservation.get()
-    if found is not None:
-        found.release()
+    return 0 if found is None else found.claim()
