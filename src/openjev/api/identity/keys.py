@@ -51,6 +51,7 @@ class KeyEntry:
     tokens_per_min: int | None = None
     cache_group: str | None = None  # keys of one group share a prefix-cache namespace
     cache_namespace: str = ""  # the namespace's salt (`salt` below), set by the KeyRing
+    weight: int = 1  # its share of the engine against other keys' (engines/fair_share.py)
 
 
 # The key of the request being served: set by the admission middleware at the door, read
