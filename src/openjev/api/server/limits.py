@@ -36,6 +36,7 @@ _SETTINGS = (
     "max_batch_items",
     "max_batch_tokens",
     "max_connections",
+    "max_connections_per_client",
     "head_timeout_s",
     "body_timeout_s",
     "max_head_bytes",
