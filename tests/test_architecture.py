@@ -17,7 +17,7 @@ PACKAGE = ROOT / "src" / "openjev"
 # A part is a subpackage (core, engines, ...) or a top-level module (config, errors, cli, ...).
 ALLOWED: dict[str, set[str]] = {
     "errors": set(),
-    "config": {"errors"},
+    "config": {"errors", "core"},  # the core's names a setting is checked against (readouts)
     "core": {"errors"},
     "calibrations": {"core", "errors"},
     "engines": {"core", "config", "errors"},
@@ -351,3 +351,52 @@ def test_engine_families_stand_apart():
                 if family in ENGINE_FAMILIES and family != own:
                     crossing.append(f"{path.relative_to(ROOT)}:{node.lineno}: {target}")
     assert not crossing, "engine modules importing another family:\n" + "\n".join(sorted(set(crossing)))
+
+
+def declares(cls: type, port: type) -> bool:
+    """Whether `cls` declares `port` (subclasses it) in a module whose imports the graph reads."""
+    graph = import_graph()
+    return port in cls.__mro__ and port.__module__ in graph.get(cls.__module__, set())
+
+
+async def test_what_the_service_calls_at_run_time_is_declared_where_the_graph_sees_it():
+    """The app wires admission into the service at run time; what the service then calls
+    through its engine port (admission's gate, around the loaded engine) and the admission
+    itself must be declared implementations of the core's ports, so that every call the
+    core makes upward at run time is an arrow of the import graph (implementation -> port),
+    not a climb that only the wiring knows."""
+    from openjev.core.ports import Admission, Engine
+    from openjev.core.service import DecisionService
+    from tests.api.conftest import running_app
+
+    async with running_app() as (client, engine):
+        app = client._transport.app  # the app behind running_app's in-process client
+        service: DecisionService = app.state.runtime.service
+        gate = service._engine  # the object the core calls for every plan
+        admission = app.state.ops.admission
+        assert gate is admission.gated and gate.inner is engine  # guards the guard: the gate is wired
+        assert declares(type(gate), Engine), f"{type(gate).__qualname__} does not declare core.ports.Engine"
+        assert declares(type(admission), Admission), f"{type(admission).__qualname__} does not declare Admission"
+
+
+def name_lists(path: Path, names: set[str]) -> list[int]:
+    """Lines of `path` that write a tuple, list or set of three or more of `names`."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Tuple | ast.List | ast.Set):
+            values = {e.value for e in node.elts if isinstance(e, ast.Constant) and isinstance(e.value, str)}
+            if len(values & names) >= 3:
+                found.append(node.lineno)
+    return found
+
+
+def test_the_readout_names_are_written_once():
+    """`READOUT_NAMES` (core/readouts/spec.py) is the one list of readout names: the settings'
+    check, the headers, the docs' enum and `openjev eval` read it; a second copy would let
+    them drift."""
+    from openjev.core.readouts import READOUT_NAMES
+
+    names = set(READOUT_NAMES)
+    where = {str(p.relative_to(ROOT)): lines for p in sorted(PACKAGE.rglob("*.py")) if (lines := name_lists(p, names))}
+    assert "src/openjev/core/readouts/spec.py" in where  # guards the guard: the list itself is found
+    assert list(where) == ["src/openjev/core/readouts/spec.py"], f"readout names written again: {where}"

@@ -141,10 +141,8 @@ def test_trusted_proxies_take_addresses_and_networks():
 
 
 def test_the_readouts_config_accepts_are_the_cores():
-    from openjev.config import READOUTS
     from openjev.core.readouts import READOUT_NAMES
 
-    assert sorted(READOUTS) == sorted(READOUT_NAMES)
     for name in READOUT_NAMES:
         assert load_settings({"readout": name}, environ={}).quality.readout == name
     with pytest.raises(ConfigError, match="readout must be one of"):
@@ -155,7 +153,7 @@ def test_flat_names_reach_their_sections_and_unknown_ones_are_refused():
     from openjev.config import replace_settings, section_of, setting_fields
 
     names = [f.name for _, f in setting_fields()]
-    assert len(names) == len(set(names)) == 69  # one flat name per flag and environment twin
+    assert len(names) == len(set(names)) == 73  # one flat name per flag and environment twin
     s = load_settings({"dtype": "float32", "max_in_flight": 3, "rotations": 2}, environ={"OPENJEV_DOCS": "off"})
     assert (s.served.dtype, s.limits.max_in_flight, s.quality.rotations, s.listen.docs) == ("float32", 3, 2, "off")
     assert section_of("api_keys_file") == "keys" and section_of("slice_ms") == "inprocess"
@@ -170,3 +168,17 @@ def test_left_at_default_is_told_from_set():
     assert s.quality.readout_left() and s.quality.abstain_left() and not s.quality.rotations_moved()
     moved = load_settings({"rotations": 2, "abstain_min_confidence": 0.2}, environ={})
     assert not moved.quality.readout_left() and not moved.quality.abstain_left() and moved.quality.rotations_moved()
+
+
+def test_the_task_settings_are_checked_and_name_their_file(tmp_path):
+    from pathlib import Path
+
+    with pytest.raises(ConfigError, match="task_target_precision must be between 0 and 1"):
+        load_settings({"task_target_precision": 1.5}, environ={})
+    with pytest.raises(ConfigError, match="max_task_examples must be positive"):
+        load_settings({"max_task_examples": 0}, environ={})
+    tasks = load_settings(environ={}).tasks
+    assert tasks.database(str(tmp_path)) == tmp_path / "tasks.sqlite3"
+    assert load_settings({"tasks_db": "off"}, environ={}).tasks.database(str(tmp_path)) is None
+    chosen = load_settings(environ={"OPENJEV_TASKS_DB": str(tmp_path / "x.db")}).tasks
+    assert chosen.database("/elsewhere") == Path(tmp_path / "x.db")

@@ -13,24 +13,34 @@ from tests.support.fakes import FakeEngine, FakeTokenizer
 CARD = ModelCard(name="fake-model-1", description="a fake", release_date="2026-01-01")
 
 
-def fake_loader(engine: FakeEngine, gate: threading.Event | None = None, fail: Exception | None = None):
+def fake_loader(
+    engine: FakeEngine, gate: threading.Event | None = None, fail: Exception | None = None, card: ModelCard = CARD
+):
     def load(settings):
         if gate is not None:
             gate.wait(10)
         if fail is not None:
             raise fail
-        return LoadedEngine(engine=engine, tokenizer=FakeTokenizer(), card=CARD, load_seconds=0.01)
+        return LoadedEngine(engine=engine, tokenizer=FakeTokenizer(), card=card, load_seconds=0.01)
 
     return load
 
 
 @asynccontextmanager
 async def running_app(
-    engine: FakeEngine | None = None, *, gate=None, fail=None, on_fatal=None, on_loaded=None, wait=True, **settings
+    engine: FakeEngine | None = None,
+    *,
+    gate=None,
+    fail=None,
+    on_fatal=None,
+    on_loaded=None,
+    wait=True,
+    card: ModelCard = CARD,
+    **settings,
 ):
     """The app with its lifespan running, and an httpx client on it (in-process ASGI)."""
     engine = engine or FakeEngine()
-    loader = fake_loader(engine, gate, fail)
+    loader = fake_loader(engine, gate, fail, card)
     app = create_app(load_settings(settings, environ={}), loader=loader, on_fatal=on_fatal, on_loaded=on_loaded)
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)

@@ -19,7 +19,8 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from openjev.api.contract import convert, openai_convert
+from openjev.api.contract.jev import convert
+from openjev.api.contract.openai import convert as openai_convert
 from openjev.api.operations.access import AccessLog
 from openjev.api.operations.logs import ACCESS
 from openjev.api.operations.metrics import Metrics

@@ -10,7 +10,8 @@ import logging
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from openjev.api.identity.keys import KeyRing, TokenBucket, parse_keys_file
+from openjev.api.identity.buckets import TokenBucket
+from openjev.api.identity.keys import KeyRing, parse_keys_file
 from openjev.api.operations.logs import JsonFormatter, TextFormatter
 from openjev.errors import ConfigError, EngineError
 from tests.api.conftest import running_app

@@ -22,6 +22,7 @@ LIMITS = ServiceLimits(
     rotation_max_options=26,
     max_branches=4096,
     max_prompt_tokens=4_194_304,
+    context_tokens=None,
 )
 
 

@@ -55,3 +55,35 @@ def test_a_cached_prefix_is_free():
     plan = _plan(32_000, 4, 40)
     cold, warm = model.estimate_s(plan), model.estimate_s(plan, cached=32_000)
     assert cold is not None and warm is not None and warm < cold / 50
+
+
+def branches_plan(lengths: list[int], state: int = 20) -> Plan:
+    """A plan over a `state`-token prefix with one branch of each own length."""
+    prefix = tuple(range(10, 10 + state))
+    at, branches = 100_000, []
+    for n in lengths:
+        branches.append(Branch(tuple(range(at, at + n)), (1,), prefix))
+        at += n
+    return Plan.from_branches(branches)
+
+
+def test_one_long_branch_among_short_ones_is_priced_at_its_own_length():
+    """Issue 48: a 20,000-token question alone priced ~146 s; with 63 three-token questions
+    beside it, averaging priced the plan at ~24 s and it ran past the 120 s deadline."""
+    model = CostModel(576)
+    for start in range(0, 32_768, 512):
+        _forward(model, start, 512)
+    alone = model.estimate_s(branches_plan([20_000]))
+    padded = model.estimate_s(branches_plan([20_000, *([3] * 63)]))
+    assert alone is not None and padded is not None
+    assert alone > 140 and padded >= alone
+
+
+def test_the_warm_up_alone_prices_a_plan_and_the_metrics_say_so():
+    model = CostModel(576)
+    assert model.stats()["pricing_forwards_measured"] == 0
+    _forward(model, 0, 512)  # the engine's warm-up at load
+    assert model.estimate_s(branches_plan([20_000])) is not None
+    stats = model.stats()
+    assert stats["pricing_forwards_measured"] == 1 and stats["pricing_attention_measured"] == 0
+    assert stats["pricing_seconds_per_token"] == pytest.approx(A, rel=0.1)

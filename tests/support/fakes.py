@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from openjev.core.plan import Plan
-from openjev.core.ports import BranchResult, PlanResult, TemplateRefused
+from openjev.core.ports import BranchResult, Engine, PlanResult, TemplateRefused
 from openjev.core.types import Turn
 
 if TYPE_CHECKING:
@@ -89,7 +89,7 @@ def fake_logprobs(input_ids: Sequence[int], n: int) -> tuple[float, ...]:
 
 
 @dataclass
-class FakeEngine:
+class FakeEngine(Engine):
     """Records every plan; answers with fake_logprobs after `delay_s`; raises `fail` if set."""
 
     parallel_layouts = False  # a class attribute, not a field

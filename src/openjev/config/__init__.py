@@ -18,7 +18,7 @@ from typing import Any
 
 from openjev.config.checks import is_loopback_name, validate
 from openjev.config.fields import ENV_PREFIX, env_name, flag_name, parse_value
-from openjev.config.ranges import MAX_CHOICE_OPTIONS, MAX_SCORE_LEVELS, MIN_CHOICE_OPTIONS, MIN_SCORE_LEVELS, READOUTS
+from openjev.config.ranges import MAX_CHOICE_OPTIONS, MAX_SCORE_LEVELS, MIN_CHOICE_OPTIONS, MIN_SCORE_LEVELS
 from openjev.config.sections import (
     ConnectionSettings,
     InProcessSettings,
@@ -30,6 +30,7 @@ from openjev.config.sections import (
     RemoteSettings,
     ServedSettings,
 )
+from openjev.config.tasks import TaskSettings
 
 __all__ = [
     "ENV_PREFIX",
@@ -37,7 +38,6 @@ __all__ = [
     "MAX_SCORE_LEVELS",
     "MIN_CHOICE_OPTIONS",
     "MIN_SCORE_LEVELS",
-    "READOUTS",
     "ConnectionSettings",
     "InProcessSettings",
     "KeySettings",
@@ -48,6 +48,7 @@ __all__ = [
     "RemoteSettings",
     "ServedSettings",
     "Settings",
+    "TaskSettings",
     "env_name",
     "flag_name",
     "flat_values",
@@ -72,6 +73,7 @@ class Settings:
     limits: LimitSettings = field(default_factory=LimitSettings)
     inprocess: InProcessSettings = field(default_factory=InProcessSettings)
     logging: LogSettings = field(default_factory=LogSettings)
+    tasks: TaskSettings = field(default_factory=TaskSettings)
 
     def validate(self) -> Settings:
         """Every setting checked (config/checks.py); returns self."""

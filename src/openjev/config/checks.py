@@ -10,14 +10,16 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from openjev.config.ranges import MAX_CHOICE_OPTIONS, READOUTS
+from openjev.config.ranges import MAX_CHOICE_OPTIONS
+from openjev.core.readouts.spec import READOUT_NAMES
 from openjev.errors import ConfigError
 
 _DAY = 86_400.0
 _POSITIVE = """max_questions max_body_bytes max_json_depth max_branch_tokens max_request_tokens max_branches
     max_prompt_tokens max_in_flight engine_timeout_s retry_after_s attention_budget batch_tokens max_engine_calls
     startup_timeout_s rotations max_rotations rotation_max_options max_batch_items max_batch_tokens slice_ms
-    warmup_min_tokens max_connections head_timeout_s body_timeout_s send_timeout_s max_body_chunks""".split()
+    warmup_min_tokens max_connections head_timeout_s body_timeout_s send_timeout_s max_body_chunks
+    max_task_examples max_example_tokens""".split()
 _NOT_NEGATIVE = """prefix_cache_bytes batch_window_ms max_tokens_in_flight drain_timeout_s max_queue_wait_s
     key_requests_per_min key_tokens_per_min coalesce_calls""".split()
 # Upper bounds: beyond them a value is a typo, and some would overflow a timer or a tensor.
@@ -36,7 +38,12 @@ _AT_MOST: dict[str, float] = {
     "max_connections": 1 << 20,
     "coalesce_calls": 1 << 16,
 }
-_FRACTIONS = ("abstain_min_label_mass", "abstain_min_order_agreement", "abstain_min_confidence")
+_FRACTIONS = (
+    "abstain_min_label_mass",
+    "abstain_min_order_agreement",
+    "abstain_min_confidence",
+    "task_target_precision",
+)
 
 
 def validate(values: Mapping[str, Any]) -> None:
@@ -100,8 +107,8 @@ def _check_names(v: Mapping[str, Any]) -> None:
         raise ConfigError(f"log_format must be text or json, got {v['log_format']!r}")
     if v["log_level"].lower() not in ("debug", "info", "warning", "error", "critical"):
         raise ConfigError(f"log_level must be debug, info, warning, error or critical, got {v['log_level']!r}")
-    if v["readout"] not in READOUTS:
-        raise ConfigError(f"readout must be one of {', '.join(READOUTS)}, got {v['readout']!r}")
+    if v["readout"] not in READOUT_NAMES:
+        raise ConfigError(f"readout must be one of {', '.join(READOUT_NAMES)}, got {v['readout']!r}")
     if v["docs"] not in ("public", "auth", "off"):
         raise ConfigError(f"docs must be public, auth or off, got {v['docs']!r}")
     for name in v["allowed_hosts"]:

@@ -1,9 +1,7 @@
-"""Fixed ranges and names that settings are checked against; not settings themselves."""
+"""Fixed ranges that settings are checked against; not settings themselves (the readout
+names are the core's, core/readouts/spec.py `READOUT_NAMES`)."""
 
 from __future__ import annotations
-
-# core.readouts.READOUT_NAMES (config sits below core: tests/test_cli_config.py keeps them equal)
-READOUTS = ("letters", "yesno", "parallel", "canonical", "mirror")
 
 # The contract's fixed ranges (docs/api-jev.md); not settings: clients rely on them.
 MIN_CHOICE_OPTIONS = 2

@@ -4,6 +4,7 @@ never the reverse)."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -52,10 +53,28 @@ class Engine(Protocol):
 
     async def close(self) -> None: ...
 
+    def estimate_s(self, plan: Plan) -> float | None:  # noqa: ARG002 - the default ignores it
+        """Seconds of engine work `plan` would take by itself, before it runs (what the engine
+        caches subtracted); None where the engine cannot tell (it has measured nothing yet, or
+        its cost is not its own to know, as over HTTP): what an engine that declares the port
+        (subclasses it) and keeps no cost model inherits."""
+        return None
+
     def stats(self) -> Mapping[str, float]:
         """Numbers for metrics and /health (api/operations/metrics.py names them), read from
         any thread without waiting on the engine's work."""
         ...
+
+
+class Admission(Protocol):
+    """A decorator on the engine port: what admits work before the engine sees it (the
+    edge's, api/identity/admission.py). The service calls `gate(engine)` in the engine's
+    place (it admits each plan, then runs it on `engine`), and enters `admit()` for each
+    decision before it takes one of its evaluation slots."""
+
+    def gate(self, engine: Engine) -> Engine: ...
+
+    def admit(self) -> AbstractAsyncContextManager[object]: ...
 
 
 # A text in pieces, each (text, template): a template piece is the chat template's own text

@@ -48,6 +48,7 @@ class CompileLimits:
     max_branch_tokens: int
     max_branches: int
     max_prompt_tokens: int
+    branch_limit: str = "per branch"  # what bounds a branch, in messages (the model's context, where it is less)
 
 
 @dataclass(frozen=True)
@@ -175,7 +176,7 @@ class PromptCompiler:
         if turns * self.turn_tokens > limits.max_branch_tokens:
             raise _exceeded(
                 f"question {_first_qid(request)!r}: the state's {turns} chat turns alone take at least "
-                f"{turns * self.turn_tokens} tokens (limit {limits.max_branch_tokens} per branch)",
+                f"{turns * self.turn_tokens} tokens (limit {limits.max_branch_tokens} {limits.branch_limit})",
                 0,
             )
 
@@ -347,7 +348,7 @@ def _check_shared(limits: CompileLimits, request: DecisionRequest, shared: int, 
     if floor > limits.max_branch_tokens:
         raise _exceeded(
             f"question {_first_qid(request)!r}: the state and this question take more than {shared} tokens "
-            f"(limit {limits.max_branch_tokens} per branch)",
+            f"(limit {limits.max_branch_tokens} {limits.branch_limit})",
             work,
         )
     if n_branches * floor > limits.max_prompt_tokens:
@@ -368,7 +369,7 @@ def _check(limits: CompileLimits, qid: str, branch: int, total: int, work: int) 
     if branch > limits.max_branch_tokens:
         raise _exceeded(
             f"question {qid!r}: the state and this question take {branch} tokens "
-            f"(limit {limits.max_branch_tokens} per branch)",
+            f"(limit {limits.max_branch_tokens} {limits.branch_limit})",
             work,
         )
     if total > limits.max_prompt_tokens:

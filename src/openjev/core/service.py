@@ -13,13 +13,12 @@ import contextlib
 import math
 import time
 from collections.abc import Callable
-from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 
 from openjev.core import calibration as calib
 from openjev.core import scoring
 from openjev.core.abstain import AbstainRule
-from openjev.core.ports import Engine, PlanResult
+from openjev.core.ports import Admission, Engine, PlanResult
 from openjev.core.prompts import CompiledRequest, CompileLimits, PromptCompiler
 from openjev.core.readouts import (
     READOUT_NAMES,
@@ -97,12 +96,24 @@ class ServiceLimits:
     rotation_max_options: int
     max_branches: int
     max_prompt_tokens: int
+    # The model's positions (None where the engine does not say): a longer branch is refused
+    # while it compiles, before any engine work, as the per-branch budget is.
+    context_tokens: int | None
+
+    @property
+    def branch_tokens(self) -> int:
+        """The longest branch served: the budget, or the model's context where it is less."""
+        if self.context_tokens is not None and self.context_tokens < self.max_branch_tokens:
+            return self.context_tokens
+        return self.max_branch_tokens
 
     def compile_limits(self) -> CompileLimits:
+        by_context = self.branch_tokens < self.max_branch_tokens
         return CompileLimits(
-            max_branch_tokens=self.max_branch_tokens,
+            max_branch_tokens=self.branch_tokens,
             max_branches=self.max_branches,
             max_prompt_tokens=self.max_prompt_tokens,
+            branch_limit="per branch: the model's context length" if by_context else "per branch",
         )
 
 
@@ -132,13 +143,13 @@ class DecisionService:
         abstain: AbstainRule | None = None,
         parallel_layouts: bool = False,
         parallel_fallback: ReadoutSpec = PARALLEL_FALLBACK,
-        admit: Callable[[], AbstractAsyncContextManager[object]] | None = None,
+        admission: Admission | None = None,
     ) -> None:
         self._compiler = compiler
-        self._engine = engine
-        # Entered by every decision before it takes an evaluation slot: the edge's per-caller
-        # share (api/identity/admission.py `GatedEngine.admit`), handed over by the assembly.
-        self._admit = admit
+        # The engine is called through the admission's gate; every decision enters its
+        # `admit` before it takes an evaluation slot.
+        self._engine = admission.gate(engine) if admission is not None else engine
+        self._admit = admission.admit if admission is not None else None
         self._limits = limits
         self._clock = clock
         self._in_flight = 0
@@ -303,10 +314,11 @@ class DecisionService:
         plan = compiled.plan
         for (qid, _), (start, count) in zip(request.questions, compiled.spans, strict=True):
             longest = max(len(b) for b in plan.branches[start : start + count])
-            if longest > self._limits.max_branch_tokens:
+            limits = self._limits.compile_limits()
+            if longest > limits.max_branch_tokens:
                 raise TokensExceeded(
                     f"question {qid!r}: the state and this question take {longest} tokens "
-                    f"(limit {self._limits.max_branch_tokens} per branch)"
+                    f"(limit {limits.max_branch_tokens} {limits.branch_limit})"
                 )
         if plan.unique_tokens > self._limits.max_request_tokens:
             exc = TokensExceeded(

@@ -17,6 +17,9 @@ class ModelCard:
     description: str
     release_date: str  # YYYY-MM-DD
     fingerprint: str = ""  # the weights' identity (models.source.weights_fingerprint); "" where unknown
+    # The model's positions: the longest branch it is read over (a longer one is refused
+    # before any work); None where the engine does not know it (the engine server checks).
+    context_length: int | None = None
 
 
 @dataclass(frozen=True)

@@ -4,14 +4,16 @@
   the key itself (401), and on the decision routes the key's tokens/min debt (429: a key
   whose earlier work, refused requests' included, overdrew its bucket gets no compile
   work until it is paid back) and its requests/min bucket (429).
-- In tokens (`GatedEngine`): the engine port wrapped with a server-wide bound on distinct
-  tokens in flight (529 beyond, Retry-After from the measured drain rate) and the calling
-  key's tokens/min bucket (429 beyond); `charge_refused` charges a refused request's work.
+- On the engine port (`EngineAdmission`, the core's `Admission` port): each key's share of
+  the evaluation slots (`KeyShare`), and the engine wrapped (`GatedEngine`) with a
+  server-wide bound on distinct tokens in flight (529 beyond, Retry-After from the measured
+  drain rate) and the calling key's tokens/min bucket (429 beyond); `charge_refused`
+  charges a refused request's work.
 
 The gate sits between the DecisionService and the engine, so it sees each plan after the
-compile and the per-request budgets and before any engine work, and it needs no change
-to the core. Fairness between the admitted requests stays inside the engine (the
-in-process scheduler serves them slice by slice, round-robin).
+compile and the per-request budgets and before any engine work. Fairness between the
+admitted requests stays inside the engine (the in-process scheduler serves them slice by
+slice, round-robin).
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from openjev.api.identity.keys import KeyEntry, KeyLimits, KeyRing, current_key
 from openjev.api.identity.proxies import TrustedProxies
 from openjev.api.operations.metrics import Metrics
 from openjev.core.plan import Plan
-from openjev.core.ports import Engine, PlanResult
+from openjev.core.ports import Admission, Engine, PlanResult
 from openjev.errors import AuthenticationError, OpenjevError, Overloaded, RateLimited, TokensExceeded
 
 MAX_RETRY_AFTER_S = 60
@@ -134,7 +136,7 @@ class KeyShare:
             slots.release()
 
 
-class GatedEngine:
+class GatedEngine(Engine):
     """The Engine port, gated. `in_flight_tokens` counts admitted plans' distinct tokens."""
 
     def __init__(
@@ -147,13 +149,10 @@ class GatedEngine:
         metrics: Metrics,
         retry_after_s: int,
         deadline_s: float | None = None,
-        key_share: int = 0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.inner = inner
         self.deadline_s = deadline_s
-        # the service enters it before each evaluation takes a slot (core/service.py `admit`)
-        self.admit = KeyShare(key_share, max_wait_s, retry_after_s)
         self.parallel_layouts = inner.parallel_layouts  # a capability passes the gate
         self.max_tokens = max_tokens_in_flight
         self.max_wait_s = max_wait_s
@@ -183,8 +182,7 @@ class GatedEngine:
         Nothing is refused before a first measurement."""
         if not self.deadline_s:
             return
-        estimate = getattr(self.inner, "estimate_s", None)
-        seconds = estimate(plan) if callable(estimate) else None
+        seconds = self.inner.estimate_s(plan)
         if seconds is not None and seconds > self.deadline_s:
             raise TokensExceeded(
                 f"the request's {plan.unique_tokens} distinct tokens would take about {seconds:.0f} s of engine "
@@ -241,12 +239,33 @@ class GatedEngine:
     async def close(self) -> None:
         await self.inner.close()
 
+    def estimate_s(self, plan: Plan) -> float | None:
+        return self.inner.estimate_s(plan)
+
     def stats(self) -> dict[str, float]:
         out = dict(self.inner.stats())
         out["tokens_in_flight"] = self.in_flight_tokens
         out["tokens_in_flight_limit"] = self.max_tokens
         out["drain_rate_tokens_per_second"] = self.rate.per_second() or 0.0
         return out
+
+
+class EngineAdmission(Admission):
+    """The edge's admission as the core's `Admission` port (a decorator on the engine port):
+    `gate` wraps the engine in the `GatedEngine` that `make_gate` builds (kept as `gated`, for
+    /metrics), `admit` is the calling key's share of the evaluation slots (`share`)."""
+
+    def __init__(self, make_gate: Callable[[Engine], GatedEngine], share: KeyShare) -> None:
+        self._make_gate = make_gate
+        self.share = share
+        self.gated: GatedEngine | None = None
+
+    def gate(self, engine: Engine) -> GatedEngine:
+        self.gated = self._make_gate(engine)
+        return self.gated
+
+    def admit(self) -> contextlib.AbstractAsyncContextManager[None]:
+        return self.share()
 
 
 # The API docs: behind the API's key with --docs auth, their static assets too (the largest

@@ -29,13 +29,13 @@ import hmac
 import logging
 import math
 import re
-import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
 
+from openjev.api.identity.buckets import BucketId, Buckets, MemoryBuckets
 from openjev.errors import ConfigError, RateLimited
 
 log = logging.getLogger(__name__)
@@ -242,62 +242,58 @@ class KeyRing:
         return found
 
 
-class TokenBucket:
-    """`rate` per minute, bursting to one minute's worth. Debt is allowed: a cost above the
-    capacity passes when the bucket is full and leaves it negative, so a large request is
-    never refused forever but pays for itself before the next one."""
+@dataclass(frozen=True)
+class Allowance:
+    """What a key is held to, per minute (0: no limit). `of` is the one place the rule is
+    written: a key's own limit where the keys file sets one, else the server's."""
 
-    def __init__(self, per_min: int, clock=time.monotonic) -> None:
-        self.capacity = float(per_min)
-        self.rate = per_min / 60.0
-        self.level = self.capacity
-        self._clock = clock
-        self._t = clock()
+    requests_per_min: int
+    tokens_per_min: int
 
-    def _refill(self) -> None:
-        now = self._clock()
-        self.level = min(self.capacity, self.level + (now - self._t) * self.rate)
-        self._t = now
+    def of(self, entry: KeyEntry | None) -> Allowance:
+        """`entry`'s allowance, where this is the server's (itself without a key)."""
+        if entry is None:
+            return self
+        return Allowance(
+            self.requests_per_min if entry.requests_per_min is None else entry.requests_per_min,
+            self.tokens_per_min if entry.tokens_per_min is None else entry.tokens_per_min,
+        )
 
-    def charge(self, cost: float) -> None:
-        """Take `cost` now, into debt if need be."""
-        self._refill()
-        self.level -= cost
-
-    def wait_s(self, cost: float, burst: float | None = None) -> float:
-        """0 if `cost` may be taken now (then it is), else seconds until it may. `cost`
-        passes once the level reaches min(cost, burst or the capacity)."""
-        self._refill()
-        need = min(cost, self.capacity if burst is None else burst)
-        if self.level >= need:
-            self.level -= cost
-            return 0.0
-        return (need - self.level) / self.rate
+    def by_kind(self) -> dict[str, int]:
+        """The limits that are set, by bucket kind."""
+        return {k: v for k, v in zip(_LIMITS, (self.requests_per_min, self.tokens_per_min), strict=True) if v}
 
 
 class KeyLimits:
-    """Per-key buckets on requests/min and distinct tokens/min (429 beyond, with Retry-After)."""
+    """Per-key buckets on requests/min and distinct tokens/min (429 beyond, with Retry-After),
+    each key held to its `Allowance`; the buckets are kept in `buckets` (in memory by default)."""
 
-    def __init__(self, requests_per_min: int, tokens_per_min: int, clock=time.monotonic) -> None:
-        self._defaults = {"requests_per_min": requests_per_min, "tokens_per_min": tokens_per_min}
-        self._buckets: dict[tuple[str, str, int], TokenBucket] = {}
-        self._lock = threading.Lock()
-        self._clock = clock
+    def __init__(
+        self,
+        requests_per_min: int,
+        tokens_per_min: int,
+        clock: Callable[[], float] = time.monotonic,
+        buckets: Buckets | None = None,
+    ) -> None:
+        self.server = Allowance(requests_per_min, tokens_per_min)
+        self._buckets = buckets if buckets is not None else MemoryBuckets(clock)
+
+    def allowance(self, entry: KeyEntry | None) -> Allowance:
+        return self.server.of(entry)
+
+    def _bucket(self, entry: KeyEntry, kind: str) -> BucketId | None:
+        """The key's bucket of `kind`; None where the key has no such limit."""
+        per_min = self.allowance(entry).by_kind().get(kind, 0)
+        return BucketId(entry.name, kind, per_min) if per_min else None
 
     def _take(self, entry: KeyEntry, kind: str, cost: float, what: str, burst_less: float = 0, why: str = "") -> None:
-        per_min = getattr(entry, kind)
-        per_min = self._defaults[kind] if per_min is None else per_min
-        if not per_min:
+        bucket = self._bucket(entry, kind)
+        if bucket is None:
             return
-        with self._lock:
-            key = (entry.name, kind, per_min)  # a reloaded limit starts a fresh bucket
-            bucket = self._buckets.get(key)
-            if bucket is None:
-                bucket = self._buckets[key] = TokenBucket(per_min, self._clock)
-            wait = bucket.wait_s(cost, max(0.0, bucket.capacity - burst_less))
+        wait = self._buckets.take(bucket, cost, max(0.0, bucket.per_min - burst_less))
         if wait > 0:
             raise RateLimited(
-                f"API key {entry.name!r} is over its {per_min} {what} per minute{why}; retry later",
+                f"API key {entry.name!r} is over its {bucket.per_min} {what} per minute{why}; retry later",
                 retry_after_s=wait,
             )
 
@@ -305,39 +301,26 @@ class KeyLimits:
         """Take `tokens` from the key's tokens/min bucket whatever its level (it may go into
         debt): work already done for a request that was then refused (compile bombs cost the
         key as if they had run, so they cannot be repeated for free)."""
-        per_min = entry.tokens_per_min
-        per_min = self._defaults["tokens_per_min"] if per_min is None else per_min
-        if not per_min or tokens <= 0:
-            return
-        with self._lock:
-            key = (entry.name, "tokens_per_min", per_min)
-            bucket = self._buckets.get(key)
-            if bucket is None:
-                bucket = self._buckets[key] = TokenBucket(per_min, self._clock)
-            bucket.charge(tokens)
+        bucket = self._bucket(entry, "tokens_per_min")
+        if bucket is not None and tokens > 0:
+            self._buckets.charge(bucket, tokens)
 
     def refuse_debt(self, entry: KeyEntry) -> None:
         """429 where the key's tokens/min bucket is in debt (earlier work, refused requests'
         included, took more than it had): checked at the door, before the body is read or
         anything compiled, so a key in debt cannot buy compile work with refused requests.
         Retry-After: until the debt is paid back."""
-        per_min = entry.tokens_per_min
-        per_min = self._defaults["tokens_per_min"] if per_min is None else per_min
-        if not per_min:
+        bucket = self._bucket(entry, "tokens_per_min")
+        level = None if bucket is None else self._buckets.level(bucket)
+        if bucket is None or level is None:
             return
-        with self._lock:
-            bucket = self._buckets.get((entry.name, "tokens_per_min", per_min))
-            if bucket is None:
-                return
-            bucket.charge(0)  # refilled to now
-            debt = -bucket.level
-            wait = (debt + 1) / bucket.rate if debt >= 0 else 0.0
-        if wait > 0:
+        debt = -level
+        if debt >= 0:
             raise RateLimited(
-                f"API key {entry.name!r} is over its {per_min} distinct tokens per minute (in debt by "
+                f"API key {entry.name!r} is over its {bucket.per_min} distinct tokens per minute (in debt by "
                 f"{math.ceil(debt)} tokens of earlier work, refused requests' included): refused before any "
                 "work; retry later",
-                retry_after_s=wait,
+                retry_after_s=(debt + 1) / (bucket.per_min / 60.0),
             )
 
     def take_request(self, entry: KeyEntry) -> None:
@@ -365,17 +348,10 @@ class KeyLimits:
         "tokens_per_min"): (the limit per minute, what may be taken now, seconds until the
         bucket is full again). Read only: nothing is taken (OpenAI's x-ratelimit-* headers)."""
         out: dict[str, tuple[int, int, float]] = {}
-        for kind in _LIMITS:
-            per_min = getattr(entry, kind)
-            per_min = self._defaults[kind] if per_min is None else per_min
-            if not per_min:
+        for kind, per_min in self.allowance(entry).by_kind().items():
+            level = self._buckets.level(BucketId(entry.name, kind, per_min))
+            if level is None:
+                out[kind] = (per_min, per_min, 0.0)
                 continue
-            with self._lock:
-                bucket = self._buckets.get((entry.name, kind, per_min))
-                if bucket is None:
-                    out[kind] = (per_min, per_min, 0.0)
-                    continue
-                bucket._refill()
-                level = bucket.level
-            out[kind] = (per_min, max(0, int(level)), max(0.0, (bucket.capacity - level) / bucket.rate))
+            out[kind] = (per_min, max(0, int(level)), max(0.0, (per_min - level) / (per_min / 60.0)))
         return out

@@ -49,6 +49,11 @@ class _Live:
             "ready": "1 once the model is loaded and the server answers decisions",
             "connections_open": "HTTP connections open (--max-connections bounds them)",
             "engine_http_calls_in_flight": "HTTP calls to the engine server in flight (--max-engine-calls bounds them)",
+            "pricing_forwards_measured": "in-process engine: forwards its deadline pricing was measured on (1: the "
+            "warm-up at load alone; 0: none, nothing priced)",
+            "pricing_seconds_per_token": "in-process engine: the measured compute time per token the pricing uses",
+            "pricing_attention_measured": "in-process engine: 1 once attention's cost was measured on a long "
+            "forward, 0 while the conservative prior prices it",
         }
         for name, help_text in gauges.items():
             if name in values:

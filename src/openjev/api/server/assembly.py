@@ -5,7 +5,6 @@ at startup (off the event loop), the service is built over it, and both close at
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
@@ -14,12 +13,11 @@ from typing import Any
 
 from openjev import calibrations
 from openjev.api.contract.overrides import default_spec
-from openjev.api.identity.admission import GatedEngine
 from openjev.api.operations import disclosure
 from openjev.config import MAX_CHOICE_OPTIONS, LimitSettings, QualitySettings, Settings
 from openjev.core.abstain import AbstainRule
 from openjev.core.calibration import Calibration
-from openjev.core.ports import Engine
+from openjev.core.ports import Admission
 from openjev.core.prompts import PromptCompiler
 from openjev.core.readouts import ReadoutSpec
 from openjev.core.service import DecisionService, ServiceLimits
@@ -49,8 +47,9 @@ class Runtime:
         raise NotReady("the model is still loading")
 
 
-def service_limits(quality: QualitySettings, limits: LimitSettings) -> ServiceLimits:
-    """The core's limits, from the settings that define their defaults (the core has none of its own)."""
+def service_limits(quality: QualitySettings, limits: LimitSettings, context_tokens: int | None = None) -> ServiceLimits:
+    """The core's limits, from the settings that define their defaults (the core has none of
+    its own), and the served model's context (`ModelCard.context_length`) where it is known."""
     return ServiceLimits(
         max_branch_tokens=limits.max_branch_tokens,
         max_request_tokens=limits.max_request_tokens,
@@ -61,10 +60,13 @@ def service_limits(quality: QualitySettings, limits: LimitSettings) -> ServiceLi
         rotation_max_options=quality.rotation_max_options,
         max_branches=limits.max_branches,
         max_prompt_tokens=limits.max_prompt_tokens,
+        context_tokens=context_tokens,
     )
 
 
-def build_service(quality: QualitySettings, limits: LimitSettings, loaded: LoadedEngine) -> DecisionService:
+def build_service(
+    quality: QualitySettings, limits: LimitSettings, loaded: LoadedEngine, admission: Admission | None = None
+) -> DecisionService:
     """Blocking (label verification encodes a few hundred short texts). Raises ConfigError
     for a calibration made for another model, prompt or temperature, Unsupported for a
     default readout this model cannot do."""
@@ -94,12 +96,12 @@ def build_service(quality: QualitySettings, limits: LimitSettings, loaded: Loade
     return DecisionService(
         compiler,
         loaded.engine,
-        service_limits(quality, limits),
+        service_limits(quality, limits, loaded.card.context_length),
         readout=spec,
         calibration=calibration,
         abstain=abstain,
         parallel_layouts=loaded.engine.parallel_layouts,
-        admit=loaded.engine.admit if isinstance(loaded.engine, GatedEngine) else None,
+        admission=admission,
     )
 
 
@@ -126,15 +128,15 @@ def model_defaults(
 
 def lifespan(
     runtime: Runtime,
-    gate: Callable[[Engine], Engine],
+    admission: Admission,
     loader: Loader,
     on_fatal: Callable[[BaseException], None] | None,
     on_loaded: Callable[[], None] | None = None,
 ) -> Callable[[Any], AbstractAsyncContextManager[None]]:
     """The app's lifespan: load the engine in the background (a failure is kept for /health
     and passed to `on_fatal`), then `on_loaded` (in a worker thread) before the service takes
-    decisions; close the engine at shutdown. The service calls the engine through `gate`
-    (admission's token gate)."""
+    decisions; close the engine at shutdown. The service calls the engine through
+    `admission` (core.ports.Admission, a decorator on the engine port)."""
     settings = runtime.settings
 
     def fatal(exc: BaseException) -> None:
@@ -146,9 +148,8 @@ def lifespan(
     async def load() -> None:
         try:
             loaded = await asyncio.to_thread(loader, settings)
-            loaded = dataclasses.replace(loaded, engine=gate(loaded.engine))
             runtime.loaded = loaded
-            service = await asyncio.to_thread(build_service, settings.quality, settings.limits, loaded)
+            service = await asyncio.to_thread(build_service, settings.quality, settings.limits, loaded, admission)
             if on_loaded is not None:
                 await asyncio.to_thread(on_loaded)
             runtime.service = service

@@ -35,8 +35,9 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from openjev.api.contract import convert, documented, schemas, wire
-from openjev.api.contract.jev_format import JEV
+from openjev.api.contract import common, documented, json_route
+from openjev.api.contract.jev import convert, schemas
+from openjev.api.contract.jev.format import JEV
 from openjev.api.contract.overrides import decide_options
 from openjev.api.contract.paths import BATCH
 from openjev.api.identity import tenancy
@@ -82,8 +83,8 @@ class BatchRequest(BaseModel):
 
 
 def _validation_message(e: ValidationError) -> str:
-    """The item's errors in one line, every part bounded and encodable (wire.safe_errors)."""
-    errors = wire.safe_errors(e.errors())
+    """The item's errors in one line, every part bounded and encodable (json_route.safe_errors)."""
+    errors = json_route.safe_errors(e.errors())
     return "; ".join(f"{'.'.join(str(p) for p in err['loc']) or 'body'}: {err['msg']}" for err in errors)
 
 
@@ -251,7 +252,7 @@ def _prepare_all(
         try:
             with pipeline.charging(key_limits):
                 item.request, model = _request_of(raw, body, shared, limits)  # in the key's namespace
-                item.model = convert.resolve_model(model, served)
+                item.model = common.resolve_model(model, served)
                 item.compiled = service.prepare_now(item.request, service.readout(spec), part_cache)
             work = item.compiled.plan.unique_tokens
         except TokensExceeded as exc:  # charged already; its work counts toward the batch's too

@@ -1,4 +1,4 @@
-"""The response headers a format's clients read, on that format's routes (api/contract/face.py
+"""The response headers a format's clients read, on that format's routes (api/contract/format_port.py
 `id_header`, `rate_limit_headers`): OpenAI's SDK exposes `x-request-id` as `_request_id`, and
 reads the caller's limits from
 

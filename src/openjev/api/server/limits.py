@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from openjev.api.identity.keys import KeyEntry
+from openjev.api.identity.keys import Allowance, KeyEntry
 from openjev.config import (
     MAX_CHOICE_OPTIONS,
     MAX_SCORE_LEVELS,
@@ -46,14 +46,8 @@ _SETTINGS = (
 
 def key_limits_of(keys: KeySettings, entry: KeyEntry | None) -> dict[str, int]:
     """The calling key's own limits (0: none); the server's defaults without a key."""
-
-    def own(value: int | None, default: int) -> int:
-        return default if value is None else value
-
-    return {
-        "key_requests_per_min": own(entry.requests_per_min if entry else None, keys.key_requests_per_min),
-        "key_tokens_per_min": own(entry.tokens_per_min if entry else None, keys.key_tokens_per_min),
-    }
+    held = Allowance(keys.key_requests_per_min, keys.key_tokens_per_min).of(entry)
+    return {"key_requests_per_min": held.requests_per_min, "key_tokens_per_min": held.tokens_per_min}
 
 
 def limits_body(settings: Settings, entry: KeyEntry | None, service: DecisionService | None) -> dict[str, Any]:

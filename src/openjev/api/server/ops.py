@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from openjev.api.identity.admission import GatedEngine
+from openjev.api.identity.admission import EngineAdmission, GatedEngine, KeyShare
 from openjev.api.identity.keys import KeyLimits, KeyRing
 from openjev.api.identity.proxies import TrustedProxies
 from openjev.api.operations.access import AccessLog
@@ -39,7 +39,9 @@ class Operations:
         self.drain = Drain(limits.drain_timeout)
         self.metrics = Metrics(self._probe)
         self.access = AccessLog(self.metrics, log_bodies=log_bodies)
-        self.gate: GatedEngine | None = None
+        # half the slots: what a batch may take, and what a flooding key may, so another is served
+        share = KeyShare(max(1, limits.max_in_flight // 2), limits.max_queue_wait, limits.retry_after_s)
+        self.admission = EngineAdmission(self._gate, share)
         self.proxies = TrustedProxies(trusted_proxies)
         # The counts of the server's protocol (api/operations/connections.py), once it serves this app.
         self.connection_stats: Callable[[], dict[str, float]] | None = None
@@ -48,9 +50,14 @@ class Operations:
         """Read the serving protocol's connection counts (`stats`) into /metrics."""
         self.connection_stats = stats
 
-    def gated(self, engine: Engine) -> GatedEngine:
+    @property
+    def gate(self) -> GatedEngine | None:
+        """The engine the service calls, once the admission has wrapped it."""
+        return self.admission.gated
+
+    def _gate(self, engine: Engine) -> GatedEngine:
         """The engine the service calls: gated by tokens in flight and per-key tokens/min."""
-        self.gate = GatedEngine(
+        return GatedEngine(
             engine,
             max_tokens_in_flight=self.limits.max_tokens_in_flight,
             max_wait_s=self.limits.max_queue_wait,
@@ -58,10 +65,7 @@ class Operations:
             metrics=self.metrics,
             retry_after_s=self.limits.retry_after_s,
             deadline_s=self.limits.engine_timeout_s,
-            # half the slots: what a batch may take, and what a flooding key may, so another is served
-            key_share=max(1, self.limits.max_in_flight // 2),
         )
-        return self.gate
 
     def _probe(self) -> dict[str, float]:
         service = self.runtime.service

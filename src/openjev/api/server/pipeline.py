@@ -1,8 +1,8 @@
 """The one decision pipeline: every decision route, whatever its wire format, and every batch
-item run these steps, in this order. A format (api/contract/face.py `WireFormat`) supplies
+item run these steps, in this order. A format (api/contract/format_port.py `WireFormat`) supplies
 only its parser, converter, renderers, paths and docs.
 
-1. the body parsed strictly and validated (api/contract/wire.py `WireRoute`, off the event
+1. the body parsed strictly and validated (api/contract/json_route.py `WireRoute`, off the event
    loop for a large body);
 2. `admitted`: the question count, the conversion to the core's request (in a worker thread
    for a large body: `convert_off_loop`), the caller's cache namespace and the format's
@@ -29,8 +29,8 @@ from typing import Any, TypeVar
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import Response
 
-from openjev.api.contract import convert, documented, wire
-from openjev.api.contract.face import WireFormat
+from openjev.api.contract import common, documented, strict_json
+from openjev.api.contract.format_port import WireFormat
 from openjev.api.contract.overrides import decide_options
 from openjev.api.contract.responses import FastJSONResponse
 from openjev.api.identity import tenancy
@@ -68,7 +68,7 @@ def charging(key_limits: KeyLimits) -> Iterator[None]:
 async def convert_off_loop(request: Request, fmt: WireFormat, body: Any, max_questions: int) -> DecisionRequest:
     """`admitted`, in a worker thread where the body is large (a state of 66,000 chat turns
     takes tens of milliseconds to convert: not on the event loop)."""
-    if len(await request.body()) <= wire.THREAD_FROM_BYTES:
+    if len(await request.body()) <= strict_json.THREAD_FROM_BYTES:
         return admitted(fmt, body, max_questions)
     return await asyncio.to_thread(admitted, fmt, body, max_questions)
 
@@ -97,14 +97,14 @@ async def decide(
     decision = await convert_off_loop(request, fmt, body, max_questions)
     spec, calibrate = decide_options(request.headers, quality)
     service, card = runtime.ready()
-    model = convert.resolve_model(fmt.model_of(body), card.name)
+    model = common.resolve_model(fmt.model_of(body), card.name)
     audit = fmt.audit(body)
     if audit:
         log.info(fmt.name + " request", extra={"fields": {"request_id": request_id_of(request.scope), **audit}})
     with charging(key_limits):
         result = await unless_disconnected(request, service.decide(decision, readout=spec, calibrate=calibrate))
     request.state.result = result  # for the access log and metrics (api/operations/access.py)
-    return FastJSONResponse(fmt.render(body, result, model), headers=convert.result_headers(result))
+    return FastJSONResponse(fmt.render(body, result, model), headers=common.result_headers(result))
 
 
 def install(app: FastAPI, fmt: WireFormat, quality: QualitySettings, limits: LimitSettings, runtime: Runtime) -> None:

@@ -9,9 +9,10 @@ from typing import Any
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from openjev.api.contract import documented, paths, schemas
+from openjev.api.contract import documented, paths
 from openjev.api.contract.formats import FORMATS
-from openjev.api.contract.jev_format import JEV
+from openjev.api.contract.jev import schemas
+from openjev.api.contract.jev.format import JEV
 from openjev.api.identity.auth import require_key
 from openjev.api.identity.keys import current_key
 from openjev.api.operations import disclosure
@@ -53,6 +54,7 @@ def install_models(app: FastAPI, quality: QualitySettings, runtime: Runtime) -> 
                     "description": card.description,
                     "release_date": card.release_date,
                     "x_fingerprint": card.fingerprint,
+                    "x_context_length": card.context_length,
                     "x_prompt_version": PROMPT_VERSION,
                     "x_temperature": quality.temperature,
                     "x_readout": service.default_readout.describe(),

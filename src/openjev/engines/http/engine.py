@@ -30,7 +30,7 @@ import orjson
 
 from openjev.config import LimitSettings, RemoteSettings
 from openjev.core.plan import Plan
-from openjev.core.ports import BranchResult, PlanResult
+from openjev.core.ports import BranchResult, Engine, PlanResult
 from openjev.engines.http.coalesce import Coalescer
 from openjev.engines.http.protocol import HTTPProtocol, Item, Reply, computed, json_of
 from openjev.engines.http.submission import CallCosts, RecentPrefixes, choose, execute, first_error, together
@@ -42,7 +42,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-class HTTPEngine:
+class HTTPEngine(Engine):
     """Engine port over a running engine server at `url` that speaks `protocol`."""
 
     parallel_layouts = False  # the servers read one sequence per branch

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from openjev.core.plan import Plan
-from openjev.core.ports import BranchResult, PlanResult
+from openjev.core.ports import BranchResult, Engine, PlanResult
 from openjev.engines.llamacpp.cache import StateCache
 from openjev.engines.llamacpp.layout import Layout, layout, leaves
 from openjev.engines.llamacpp.lib import Backend
@@ -54,7 +54,7 @@ class _Cancelled(Exception):
     """The job's request went away: nothing is delivered."""
 
 
-class LlamaCppEngine:
+class LlamaCppEngine(Engine):
     """The Engine port over a llama.cpp context. It runs no parallel layouts (the service
     reads those questions another way): a layout's spans would repeat positions within one
     sequence, which llama.cpp's batch refuses."""

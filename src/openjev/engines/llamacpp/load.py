@@ -99,6 +99,7 @@ def load(served: ServedSettings, tuning: InProcessSettings):
         description=source.description.replace(", dequantised", ", as shipped"),
         release_date=source.release_date,
         fingerprint=source_fingerprint(source),
+        context_length=backend.n_ctx_train,  # the GGUF's trained context (its RoPE scaling as the file sets it)
     )
     return LoadedEngine(engine=engine, tokenizer=tokenizer, card=card, load_seconds=seconds)
 

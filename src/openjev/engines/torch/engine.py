@@ -20,19 +20,24 @@ import torch
 
 from openjev.config import InProcessSettings, ServedSettings
 from openjev.core.plan import Plan
-from openjev.core.ports import PlanResult
+from openjev.core.ports import Engine, PlanResult
 from openjev.engines.loaded import LoadedEngine, ModelCard
 from openjev.engines.models.converted import load_model_and_tokenizer
 from openjev.engines.models.source import resolve_source, source_fingerprint
 from openjev.engines.models.tokenizer import HFChatTokenizer
 from openjev.engines.prefix_cache import PrefixCache, cache_stats
-from openjev.engines.torch.cost_model import CostModel
+from openjev.engines.torch.cost_model import CostModel, attended
 from openjev.engines.torch.dtype import pick_dtype
-from openjev.engines.torch.kv import Row, ragged_forward
+from openjev.engines.torch.kv import KVChain, Row, ragged_forward
 from openjev.engines.torch.scheduler import Scheduler, SchedulerLimits
 from openjev.errors import ConfigError, EngineError
 
 log = logging.getLogger(__name__)
+
+# The warm-up forward at load: as long as the scheduler's first slice (its rate is the one
+# a request's forwards then see), short enough that attention is a small share of it.
+WARMUP_TOKENS = 512
+WARMUP_FIRST_ID = 1000  # ordinary tokens, past the special ones most vocabularies open with
 
 
 class TorchRunner:
@@ -91,7 +96,7 @@ class TorchRunner:
         return torch.tanh(logits / self._softcap) * self._softcap if self._softcap else logits
 
 
-class TransformersEngine:
+class TransformersEngine(Engine):
     """The Engine port over a loaded causal LM. It runs parallel layouts (packing.py)."""
 
     parallel_layouts = True
@@ -131,6 +136,21 @@ class TransformersEngine:
         cached = self.cache.peek(prefix, plan.cache_namespace) if prefix else 0  # its namespace's cache is free
         return self.scheduler.cost.estimate_s(plan, cached)
 
+    def warm_up(self, tokens: int = WARMUP_TOKENS) -> float:
+        """One forward of `tokens` tokens from no context, timed into the cost model, so that
+        the first request is priced (the load calls it before /health says ready); its seconds.
+        A first forward runs slower than later ones (allocations, lazy set-up): it
+        over-prices, and the requests' own forwards correct it."""
+        vocab = int(getattr(self.model.config, "vocab_size", 0) or 1000)
+        ids = [(WARMUP_FIRST_ID + i) % vocab for i in range(tokens)]
+        visible = torch.ones(tokens, tokens, dtype=torch.bool).tril()
+        row = Row(past=KVChain(), tokens=ids, positions=list(range(tokens)), visible=visible)
+        t0 = time.perf_counter()
+        self.runner.forward([row])
+        seconds = time.perf_counter() - t0
+        self.scheduler.cost.observe(tokens, attended(0, tokens), seconds)
+        return seconds
+
     async def close(self) -> None:
         self.scheduler.stop()
 
@@ -140,7 +160,16 @@ class TransformersEngine:
         return {
             **cache_stats(self.cache),
             "engine_forwards": self.scheduler.forwards,
+            **self.scheduler.cost.stats(),
         }
+
+
+def context_length(config) -> int | None:
+    """The positions the model's config declares (`max_position_embeddings`): where the config
+    sets RoPE scaling, transformers applies it and this is the scaled length; openjev never
+    adds scaling of its own, so nothing is read past what the config says the model serves."""
+    n = getattr(config, "max_position_embeddings", None)
+    return n if isinstance(n, int) and not isinstance(n, bool) and n > 0 else None
 
 
 def _pick_device(setting: str) -> str:
@@ -172,7 +201,9 @@ def load(served: ServedSettings, tuning: InProcessSettings) -> LoadedEngine:
         pad_id=pad_id,
         slice_s=tuning.slice_ms / 1000,
     )
+    warm = engine.warm_up()
     seconds = time.perf_counter() - t0
+    log.info("warm-up forward of %d tokens: %.2f s (requests are priced from it)", WARMUP_TOKENS, warm)
     log.info(
         "loaded %s on %s/%s in %.1f s (%s)",
         source.name,
@@ -186,5 +217,6 @@ def load(served: ServedSettings, tuning: InProcessSettings) -> LoadedEngine:
         description=source.description,
         release_date=source.release_date,
         fingerprint=source_fingerprint(source),
+        context_length=context_length(model.config),
     )
     return LoadedEngine(engine=engine, tokenizer=HFChatTokenizer(hf_tokenizer), card=card, load_seconds=seconds)

@@ -263,6 +263,9 @@ class ModelInfo(BaseModel):
     description: str
     release_date: str
     x_fingerprint: str = Field("", description="the weights' fingerprint calibration files are bound to")
+    x_context_length: int | None = Field(
+        None, description="the model's positions: a longer branch is refused (422/400) before any work; null: unknown"
+    )
     x_prompt_version: str = Field("", description="the prompt wording's version calibration files are bound to")
     x_temperature: float = Field(1.0, description="the base softmax temperature (--temperature)")
     x_readout: str = Field("letters", description="the default readout (override: x-openjev-readout header)")

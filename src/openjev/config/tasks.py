@@ -1,0 +1,36 @@
+"""The settings of `/v1/tasks` (per-task calibration): where tasks are kept and how large one
+may grow. A section of Settings like those of config/sections.py, in its own module."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from openjev.config.fields import opt
+
+TASKS_FILE = "tasks.sqlite3"
+
+
+@dataclass(frozen=True)
+class TaskSettings:
+    """The task store (api/server/task_store.py) and the fit job's bounds (api/server/task_jobs.py)."""
+
+    tasks_db: str = opt(
+        "",
+        "SQLite file of the /v1/tasks store (empty: tasks.sqlite3 under --cache-dir; `off`: no /v1/tasks); "
+        "a file that is not openjev's task store stops the server at start",
+        metavar="PATH",
+    )
+    max_task_examples: int = opt(1000, "labelled examples one task may hold; beyond: 422")
+    max_example_tokens: int = opt(
+        4096, "distinct tokens of one labelled example as read (state and question); beyond: 422"
+    )
+    task_target_precision: float = opt(
+        0.9, "the precision a task's abstain threshold is chosen for when its creator names none"
+    )
+
+    def database(self, cache_dir: str) -> Path | None:
+        """The store's file, or None where tasks are off."""
+        if self.tasks_db == "off":
+            return None
+        return Path(self.tasks_db) if self.tasks_db else Path(cache_dir) / TASKS_FILE

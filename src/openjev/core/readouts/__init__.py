@@ -1,0 +1,48 @@
+"""Readouts: how a question becomes branches, and how their label log-probs become answers.
+
+A readout has two jobs: `readings(question)` (the question turns to prefill, each with
+the label ids read at its end) and `combine(question, logprobs)` (per reading, the label
+log-probs; back comes one probability per option, in the question's own order). Engines
+never see a readout: its readings become ordinary branches of the request's trie, so
+extra readings share the state's computation like any other branch.
+
+The families, one module each: `letters.py` (letters, canonical, mirror), `parallel.py`,
+`yesno.py`; `per_type.py` reads each question type with its own; what they share is in
+`spec.py` (the names, the spec, the port) and `order.py` (the canonical order).
+"""
+
+from openjev.core.readouts.letters import LettersReadout
+from openjev.core.readouts.order import canonical_order
+from openjev.core.readouts.parallel import ParallelReadout
+from openjev.core.readouts.per_type import PerTypeReadout
+from openjev.core.readouts.spec import (
+    CANONICAL_ORDER,
+    ONE_READING,
+    QUESTION_TYPES,
+    READOUT_NAMES,
+    Combined,
+    Reading,
+    Readout,
+    ReadoutSpec,
+    n_options,
+    question_type,
+)
+from openjev.core.readouts.yesno import YesNoReadout
+
+__all__ = [
+    "CANONICAL_ORDER",
+    "ONE_READING",
+    "QUESTION_TYPES",
+    "READOUT_NAMES",
+    "Combined",
+    "LettersReadout",
+    "ParallelReadout",
+    "PerTypeReadout",
+    "Reading",
+    "Readout",
+    "ReadoutSpec",
+    "YesNoReadout",
+    "canonical_order",
+    "n_options",
+    "question_type",
+]
