@@ -215,10 +215,10 @@ class Source:
 SOURCES: dict[str, Source] = {
     s.name: s
     for s in (
-        Source("vader-tweets", _vader("vader-tweets"), 16, "tweets rated by ~20 people (vaderSentiment sdist)"),
-        Source("vader-amazon", _vader("vader-amazon"), 16, "Amazon review snippets (vaderSentiment sdist)"),
-        Source("vader-movies", _vader("vader-movies"), 16, "movie-review sentences (vaderSentiment sdist)"),
-        Source("typed-decisions", _typed, 15, "tool-eval-bench 3.0.0 Typed Decisions test, soft gold of a ~4B model"),
+        Source("vader-tweets", _vader("vader-tweets"), 8, "tweets rated by ~20 people (vaderSentiment sdist)"),
+        Source("vader-amazon", _vader("vader-amazon"), 8, "Amazon review snippets (vaderSentiment sdist)"),
+        Source("vader-movies", _vader("vader-movies"), 8, "movie-review sentences (vaderSentiment sdist)"),
+        Source("typed-decisions", _typed, 5, "tool-eval-bench 3.0.0 Typed Decisions test, soft gold of a ~4B model"),
     )
 }
 
