@@ -3,8 +3,8 @@
 The sources are `evals/` dev (ours) and the registry sources of openjev.evals.sources
 (vader-tweets, vader-amazon, vader-movies, typed-decisions). Each question's label
 log-probs are recorded once per ordering (every cyclic shift of a choice, each scale and
-yes/no both ways: letters R=8), and once more on a content-free state ("N/A") per distinct
-question; every method below is then derived offline with the core readout's own
+yes/no both ways: letters R=2, what the default reads), and once more on a content-free
+state ("N/A") per distinct question of the registry sources; every method below is then derived offline with the core readout's own
 `combine`, so a row is what a server computes from the same log-probs. For each source,
 each method is fitted on all the other sources and judged on it (per question type):
 
@@ -87,7 +87,7 @@ class Row:
     n: int
     sig: str
     probs: tuple[float, ...]
-    cf: tuple[float, ...]
+    cf: tuple[float, ...] | None  # the content-free reading's answer, where it was recorded
     correct: int
 
 
@@ -159,10 +159,9 @@ def batch_priors(rows: Sequence[Row]) -> dict[str, tuple[float, ...]]:
 
 def _pre(name: str, rows: Sequence[Row]) -> list[Row]:
     """The rows after a method's label-free step (content-free or batch division)."""
-    if name.startswith("CF/2"):
-        return [replace(r, probs=_divide(r.probs, r.cf, 0.5)) for r in rows]
     if name.startswith("CF"):
-        return [replace(r, probs=_divide(r.probs, r.cf)) for r in rows]
+        power = 0.5 if name.startswith("CF/2") else 1.0
+        return [replace(r, probs=_divide(r.probs, r.cf, power)) if r.cf else r for r in rows]
     if name.startswith("BC"):
         priors = batch_priors(rows)
         return [replace(r, probs=_divide(r.probs, priors[r.sig])) if r.sig in priors else r for r in rows]
@@ -239,11 +238,16 @@ def record(args: argparse.Namespace) -> int:
 
     service, loaded = _service(args.model)
     folder = Path(args.out) / args.model
-    spec = ReadoutSpec("letters", 8)
-    for source in args.sources:
-        items = items_of(source, args.cache_dir)[: args.limit or None]
-        readings.record(service, loaded.engine, content_free(items), spec, folder / f"{source}-cf-letters-r8.jsonl")
-        readings.record(service, loaded.engine, items, spec, folder / f"{source}-letters-r8.jsonl")
+    spec = ReadoutSpec("letters", args.rotations)
+    todo = {s: items_of(s, args.cache_dir)[: args.limit or None] for s in args.sources}
+    for source, items in todo.items():
+        out = folder / f"{source}-cf-letters-r{spec.rotations}.jsonl"
+        readings.record(service, loaded.engine, content_free(items), spec, out)
+    # item by item, the sources in turn: a run stopped early leaves every source in proportion
+    for i in range(max(len(items) for items in todo.values())):
+        for source, items in todo.items():
+            out = folder / f"{source}-letters-r{spec.rotations}.jsonl"
+            readings.record(service, loaded.engine, items[i : i + 1], spec, out)
     return 0
 
 
@@ -273,6 +277,7 @@ def main() -> int:
         c.add_argument("--cache-dir", default="~/.cache/openjev")
         c.add_argument("sources", nargs="*", default=list(SOURCES))
     sub.choices["record"].add_argument("--limit", type=int)
+    sub.choices["record"].add_argument("--rotations", type=int, default=2, help="letters rotations to record")
     sub.choices["table"].add_argument("--results", default="evals/results")
     args = p.parse_args()
     return record(args) if args.command == "record" else build(args)
