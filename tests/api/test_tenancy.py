@@ -66,3 +66,15 @@ async def test_without_keys_every_request_shares_the_one_namespace():
     async with running_app() as (client, engine):
         assert (await client.post("/v1/systemone", json=VALID)).status_code == 200
     assert engine.plans[0].cache_namespace == ""
+
+
+async def test_a_batch_over_many_states_is_served_from_its_keys_share(tmp_path):
+    path = tmp_path / "keys"
+    path.write_text(KEYS)
+    body = {"questions": VALID["questions"], "states": ["7 7", "7 7 7"]}
+    async with running_app(api_keys_file=str(path)) as (client, engine):
+        r = await client.post(
+            "/v1/systemone/batch", json=body, headers={**_auth("carol-key"), "Accept": "application/json"}
+        )
+        assert r.status_code == 200
+    assert [p.share.tenant for p in engine.plans] == ["carol", "carol"]  # its key, not its cache_group

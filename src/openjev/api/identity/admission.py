@@ -3,7 +3,8 @@
 - At the door (`AdmissionMiddleware`), before the body is read: which paths need a key,
   the key itself (401), and on the decision routes the key's tokens/min debt (429: a key
   whose earlier work, refused requests' included, overdrew its bucket gets no compile
-  work until it is paid back) and its requests/min bucket (429).
+  work until it is paid back), its requests/min bucket and its reservation for the body
+  (429), in one step of the buckets' store (api/identity/key_limits.py).
 - On the engine port (`EngineAdmission`, the core's `Admission` port): each key's share of
   the evaluation slots (`KeyShare`), and the engine wrapped (`GatedEngine`) with a
   server-wide bound on distinct tokens in flight (529 beyond, Retry-After from the measured
@@ -29,8 +30,10 @@ from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from openjev.api.contract.paths import DECISION_ROUTES
-from openjev.api.identity.keys import KeyEntry, KeyLimits, KeyRing, current_key
+from openjev.api.identity.key_limits import KeyLimits
+from openjev.api.identity.keys import KeyEntry, KeyRing, current_key
 from openjev.api.identity.proxies import TrustedProxies
+from openjev.api.identity.reservation import admit, claim_current, current_reservation
 from openjev.api.operations.metrics import Metrics
 from openjev.core.plan import Plan
 from openjev.core.ports import Admission, Engine, PlanResult
@@ -41,10 +44,21 @@ MAX_RETRY_AFTER_S = 60
 
 def charge_refused(key_limits: KeyLimits, exc: TokensExceeded) -> None:
     """Charge the work a refused request cost (`exc.work_tokens`, tokens encoded before the
-    refusal) to the calling key's tokens/min bucket; nothing where no key is in use."""
+    refusal) to the calling key's tokens/min bucket, in place of what was reserved at the
+    door; nothing where no key is in use. From a worker thread (on the loop:
+    `charge_refused_async`)."""
     entry = current_key.get()
-    if entry is not None and exc.work_tokens:
-        key_limits.charge_tokens(entry, exc.work_tokens)
+    refund = claim_current()
+    if entry is not None and (exc.work_tokens or refund):
+        key_limits.from_thread(key_limits.charge_tokens(entry, exc.work_tokens, refund=refund))
+
+
+async def charge_refused_async(key_limits: KeyLimits, exc: TokensExceeded) -> None:
+    """`charge_refused` on the event loop."""
+    entry = current_key.get()
+    refund = claim_current()
+    if entry is not None and (exc.work_tokens or refund):
+        await key_limits.charge_tokens(entry, exc.work_tokens, refund=refund)
 
 
 class DrainRate:
@@ -214,9 +228,13 @@ class GatedEngine(Engine):
                 detail=f"{self.in_flight_tokens} tokens in flight would take {self.in_flight_tokens / rate:.0f} s",
             )
         entry = current_key.get()
+        self.in_flight_tokens += n  # held while the key's bucket is asked, so no one else passes on it
         if entry is not None:  # after the server-wide check: a 529 costs the key nothing
-            self._keys.take_tokens(entry, n)
-        self.in_flight_tokens += n
+            try:  # the door's reservation handed back in the same step as the request's own tokens
+                await self._keys.take_tokens(entry, n, refund=claim_current())
+            except BaseException:
+                self.in_flight_tokens -= n
+                raise
         self.rate.started()
         self._metrics.engine_calls.inc()
         served = 0
@@ -308,15 +326,21 @@ class AdmissionMiddleware:
         # at the door (outside this middleware, where the ContextVar is unset) still knows whose
         # limits to show (api/server/conventions.py).
         state["key_entry"] = entry
+        held = None
         if entry is not None and scope["path"] in DECISION_ROUTES:
-            self.key_limits.refuse_debt(entry)  # before the body is read: a key in debt buys no compile
-            self.key_limits.take_request(entry)
+            headers = Headers(scope=scope)
+            encoded = headers.get("content-encoding", "identity").strip().lower() != "identity"
+            # before the body is read: a key in debt buys no compile (one step of the store)
+            held = await admit(self.key_limits, entry, headers.get("content-length"), encoded)
         if scope["path"] == "/health":  # open to all; how busy the server is only for a key's holder
             state["sees_load"] = not self.keys.enabled or self._bearer(scope) is not None
-        token = current_key.set(entry)
+        token, reserved = current_key.set(entry), current_reservation.set(held)
         try:
             await self.app(scope, receive, send)
         finally:
+            if held is not None:
+                await held.release()
+            current_reservation.reset(reserved)
             current_key.reset(token)
 
     def _bearer(self, scope: Scope) -> KeyEntry | None:

@@ -27,16 +27,13 @@ import dataclasses
 import hashlib
 import hmac
 import logging
-import math
 import re
-import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
 
-from openjev.api.identity.buckets import BucketId, Buckets, MemoryBuckets
-from openjev.errors import ConfigError, RateLimited
+from openjev.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +51,7 @@ class KeyEntry:
     tokens_per_min: int | None = None
     cache_group: str | None = None  # keys of one group share a prefix-cache namespace
     cache_namespace: str = ""  # the namespace's salt (`salt` below), set by the KeyRing
+    weight: int = 1  # its share of the engine against other keys' (engines/fair_share.py)
 
 
 # The key of the request being served: set by the admission middleware at the door, read
@@ -262,96 +260,3 @@ class Allowance:
     def by_kind(self) -> dict[str, int]:
         """The limits that are set, by bucket kind."""
         return {k: v for k, v in zip(_LIMITS, (self.requests_per_min, self.tokens_per_min), strict=True) if v}
-
-
-class KeyLimits:
-    """Per-key buckets on requests/min and distinct tokens/min (429 beyond, with Retry-After),
-    each key held to its `Allowance`; the buckets are kept in `buckets` (in memory by default)."""
-
-    def __init__(
-        self,
-        requests_per_min: int,
-        tokens_per_min: int,
-        clock: Callable[[], float] = time.monotonic,
-        buckets: Buckets | None = None,
-    ) -> None:
-        self.server = Allowance(requests_per_min, tokens_per_min)
-        self._buckets = buckets if buckets is not None else MemoryBuckets(clock)
-
-    def allowance(self, entry: KeyEntry | None) -> Allowance:
-        return self.server.of(entry)
-
-    def _bucket(self, entry: KeyEntry, kind: str) -> BucketId | None:
-        """The key's bucket of `kind`; None where the key has no such limit."""
-        per_min = self.allowance(entry).by_kind().get(kind, 0)
-        return BucketId(entry.name, kind, per_min) if per_min else None
-
-    def _take(self, entry: KeyEntry, kind: str, cost: float, what: str, burst_less: float = 0, why: str = "") -> None:
-        bucket = self._bucket(entry, kind)
-        if bucket is None:
-            return
-        wait = self._buckets.take(bucket, cost, max(0.0, bucket.per_min - burst_less))
-        if wait > 0:
-            raise RateLimited(
-                f"API key {entry.name!r} is over its {bucket.per_min} {what} per minute{why}; retry later",
-                retry_after_s=wait,
-            )
-
-    def charge_tokens(self, entry: KeyEntry, tokens: int) -> None:
-        """Take `tokens` from the key's tokens/min bucket whatever its level (it may go into
-        debt): work already done for a request that was then refused (compile bombs cost the
-        key as if they had run, so they cannot be repeated for free)."""
-        bucket = self._bucket(entry, "tokens_per_min")
-        if bucket is not None and tokens > 0:
-            self._buckets.charge(bucket, tokens)
-
-    def refuse_debt(self, entry: KeyEntry) -> None:
-        """429 where the key's tokens/min bucket is in debt (earlier work, refused requests'
-        included, took more than it had): checked at the door, before the body is read or
-        anything compiled, so a key in debt cannot buy compile work with refused requests.
-        Retry-After: until the debt is paid back."""
-        bucket = self._bucket(entry, "tokens_per_min")
-        level = None if bucket is None else self._buckets.level(bucket)
-        if bucket is None or level is None:
-            return
-        debt = -level
-        if debt >= 0:
-            raise RateLimited(
-                f"API key {entry.name!r} is over its {bucket.per_min} distinct tokens per minute (in debt by "
-                f"{math.ceil(debt)} tokens of earlier work, refused requests' included): refused before any "
-                "work; retry later",
-                retry_after_s=(debt + 1) / (bucket.per_min / 60.0),
-            )
-
-    def take_request(self, entry: KeyEntry) -> None:
-        self._take(entry, "requests_per_min", 1, "requests")
-
-    def take_batch_items(self, entry: KeyEntry, extra: int) -> None:
-        """A batch's items beyond the first, which its request took at the door: every item
-        is one request. A batch that found the bucket full passes and leaves it in debt (as
-        a large request does with tokens), so a batch larger than the limit is not refused
-        forever but the key waits afterwards."""
-        self._take(
-            entry,
-            "requests_per_min",
-            extra,
-            "requests",
-            burst_less=1,
-            why=f" (a batch counts one per item, {extra + 1})",
-        )
-
-    def take_tokens(self, entry: KeyEntry, tokens: int) -> None:
-        self._take(entry, "tokens_per_min", tokens, "distinct tokens")
-
-    def standing(self, entry: KeyEntry) -> dict[str, tuple[int, int, float]]:
-        """What the key has left, by kind with a limit ("requests_per_min",
-        "tokens_per_min"): (the limit per minute, what may be taken now, seconds until the
-        bucket is full again). Read only: nothing is taken (OpenAI's x-ratelimit-* headers)."""
-        out: dict[str, tuple[int, int, float]] = {}
-        for kind, per_min in self.allowance(entry).by_kind().items():
-            level = self._buckets.level(BucketId(entry.name, kind, per_min))
-            if level is None:
-                out[kind] = (per_min, per_min, 0.0)
-                continue
-            out[kind] = (per_min, max(0, int(level)), max(0.0, (per_min - level) / (per_min / 60.0)))
-        return out

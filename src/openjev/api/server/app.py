@@ -53,9 +53,10 @@ def create_app(
         runtime,
         trusted_proxies=settings.listen.trusted_proxies,
         log_bodies=settings.logging.log_request_bodies,
+        fleet=settings.fleet,
     )
     meta: dict[str, Any] = {"title": "openjev", "version": __version__, "description": DESCRIPTION}
-    run = lifespan(runtime, ops.admission, loader, on_fatal, on_loaded)
+    run = ops.closing(lifespan(runtime, ops.admission, loader, on_fatal, on_loaded))
     if settings.listen.docs == "off":  # `openjev schema` (app.openapi()) works either way
         app = FastAPI(**meta, lifespan=run, openapi_url=None, docs_url=None, redoc_url=None)
     else:  # docs with their assets served from the package; `auth` is checked in api/identity/admission.py

@@ -43,7 +43,8 @@ from openjev.api.contract.paths import BATCH
 from openjev.api.identity import tenancy
 from openjev.api.identity.admission import charge_refused
 from openjev.api.identity.auth import require_key
-from openjev.api.identity.keys import KeyLimits, current_key
+from openjev.api.identity.key_limits import KeyLimits
+from openjev.api.identity.keys import current_key
 from openjev.api.operations.middleware import request_id_of
 from openjev.api.server import pipeline
 from openjev.api.server.batch_items import Item, collect, error_line, ndjson, run
@@ -120,7 +121,7 @@ def install(
         ops = request.app.state.ops
         entry = current_key.get()
         if entry is not None and count > 1:  # the request itself took one at the door
-            ops.key_limits.take_batch_items(entry, count - 1)
+            await ops.key_limits.take_batch_items(entry, count - 1)
         service, card = ready()
         t0 = time.perf_counter()
         items = await _prepared(request, body, limits, service, card.name, spec or service.default_readout, calibrate)

@@ -22,8 +22,8 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
-from collections.abc import Awaitable, Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Awaitable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from typing import Any, TypeVar
 
 from fastapi import Depends, FastAPI, Request
@@ -34,9 +34,9 @@ from openjev.api.contract.format_port import WireFormat
 from openjev.api.contract.overrides import decide_options
 from openjev.api.contract.responses import FastJSONResponse
 from openjev.api.identity import tenancy
-from openjev.api.identity.admission import charge_refused
+from openjev.api.identity.admission import charge_refused, charge_refused_async
 from openjev.api.identity.auth import require_key
-from openjev.api.identity.keys import KeyLimits
+from openjev.api.identity.key_limits import KeyLimits
 from openjev.api.operations.middleware import request_id_of
 from openjev.api.server.assembly import Runtime
 from openjev.config import LimitSettings, QualitySettings
@@ -62,6 +62,16 @@ def charging(key_limits: KeyLimits) -> Iterator[None]:
         yield
     except TokensExceeded as exc:
         charge_refused(key_limits, exc)
+        raise
+
+
+@asynccontextmanager
+async def charged(key_limits: KeyLimits) -> AsyncIterator[None]:
+    """`charging` on the event loop: the charge is in the store before the refusal is answered."""
+    try:
+        yield
+    except TokensExceeded as exc:
+        await charge_refused_async(key_limits, exc)
         raise
 
 
@@ -101,7 +111,7 @@ async def decide(
     audit = fmt.audit(body)
     if audit:
         log.info(fmt.name + " request", extra={"fields": {"request_id": request_id_of(request.scope), **audit}})
-    with charging(key_limits):
+    async with charged(key_limits):
         result = await unless_disconnected(request, service.decide(decision, readout=spec, calibrate=calibrate))
     request.state.result = result  # for the access log and metrics (api/operations/access.py)
     return FastJSONResponse(fmt.render(body, result, model), headers=common.result_headers(result))

@@ -82,8 +82,8 @@ def install_limits(app: FastAPI, settings: Settings, runtime: Runtime) -> None:
         summary="The limits this server enforces, the calling key's own included",
         responses={**documented.CONNECTION_ERRORS, **documented.UNAUTHORIZED, **documented.RATE_LIMITED},
     )
-    async def limits() -> dict[str, Any]:
-        return limits_body(settings, current_key.get(), runtime.service)
+    async def limits(request: Request) -> dict[str, Any]:
+        return limits_body(settings, current_key.get(), runtime.service, request.app.state.ops.store_state())
 
 
 def install_health(app: FastAPI, runtime: Runtime) -> None:
@@ -98,13 +98,16 @@ def install_health(app: FastAPI, runtime: Runtime) -> None:
             problem = await runtime.loaded.probe() if runtime.loaded.probe is not None else None
             if problem is not None:  # an engine server that died or stalls: not ready
                 return JSONResponse({"status": "engine_unavailable", "error": problem}, status_code=503)
+            # how busy others keep the server, and its limits' store: a key's holder's to see
+            # (api/identity/admission.py)
+            operator = getattr(request.state, "sees_load", False)
             return JSONResponse(
                 {
                     "status": "ok",
                     "model": runtime.loaded.card.name,
                     "load_seconds": round(runtime.loaded.load_seconds, 2),
-                    # how busy others keep the server: a key's holder's to see (api/identity/admission.py)
-                    **({"in_flight": runtime.service.in_flight} if getattr(request.state, "sees_load", False) else {}),
+                    **({"in_flight": runtime.service.in_flight} if operator else {}),
+                    **({"limits_store": request.app.state.ops.store_state()} if operator else {}),
                 }
             )
         if runtime.error is not None:
