@@ -14,7 +14,7 @@ from fastapi_offline import FastAPIOffline
 
 from openjev import __version__
 from openjev.api.contract import json_route
-from openjev.api.identity.admission import AdmissionMiddleware
+from openjev.api.identity.door import AdmissionMiddleware
 from openjev.api.identity.hosts import HostMiddleware, HostPolicy
 from openjev.api.operations.access import AccessLogMiddleware, MetricsEndpoint
 from openjev.api.operations.middleware import BodyMiddleware, ErrorMiddleware, HeadMiddleware, RequestIdMiddleware
@@ -59,7 +59,7 @@ def create_app(
     run = ops.closing(lifespan(runtime, ops.admission, loader, on_fatal, on_loaded))
     if settings.listen.docs == "off":  # `openjev schema` (app.openapi()) works either way
         app = FastAPI(**meta, lifespan=run, openapi_url=None, docs_url=None, redoc_url=None)
-    else:  # docs with their assets served from the package; `auth` is checked in api/identity/admission.py
+    else:  # docs with their assets served from the package; `auth` is checked in api/identity/door.py
         app = FastAPIOffline(**meta, lifespan=run)
     app.state.max_json_depth = settings.limits.max_json_depth  # read by every JSON route (api/contract/strict_json.py)
     app.state.runtime = runtime

@@ -99,7 +99,7 @@ def install_health(app: FastAPI, runtime: Runtime) -> None:
             if problem is not None:  # an engine server that died or stalls: not ready
                 return JSONResponse({"status": "engine_unavailable", "error": problem}, status_code=503)
             # how busy others keep the server, and its limits' store: a key's holder's to see
-            # (api/identity/admission.py)
+            # (api/identity/door.py)
             operator = getattr(request.state, "sees_load", False)
             return JSONResponse(
                 {
