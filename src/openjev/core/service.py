@@ -18,9 +18,10 @@ from dataclasses import dataclass
 from openjev.core import calibration as calib
 from openjev.core import scoring
 from openjev.core.abstain import AbstainRule
+from openjev.core.compile_limits import CompileLimits
 from openjev.core.compile_size import compiles_inline
 from openjev.core.ports import Admission, Engine, PlanResult
-from openjev.core.prompts import CompiledRequest, CompileLimits, PromptCompiler
+from openjev.core.prompts import CompiledRequest, PromptCompiler
 from openjev.core.readouts import Combined, Readout, ReadoutContext, ReadoutSpec, question_type
 from openjev.core.readouts.catalog import PARALLEL_FALLBACK, ReadoutCatalog
 from openjev.core.types import (
