@@ -118,11 +118,13 @@ class TaskJobs:
         self, lifespan: Callable[[Any], AbstractAsyncContextManager[None]]
     ) -> Callable[[Any], AbstractAsyncContextManager[None]]:
         """`lifespan` with the jobs a stopped server left undone resumed, and every job
-        cancelled and the store closed at shutdown."""
+        cancelled at shutdown (the store stays open: every write was its own transaction,
+        and an app may be started again in the same process, as tests do)."""
 
         @asynccontextmanager
         async def run(app: Any) -> AsyncIterator[None]:
             async with lifespan(app):
+                self._one = asyncio.Lock()  # of this event loop
                 for record in self.store.unfinished():
                     self.start(record)
                 try:
@@ -130,7 +132,6 @@ class TaskJobs:
                 finally:
                     for task_id in list(self._jobs):
                         self.cancel(task_id)
-                    self.store.close()
 
         return run
 
