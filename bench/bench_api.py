@@ -233,7 +233,7 @@ def split(n: int = 300) -> dict:
     import orjson
     from starlette.responses import JSONResponse
 
-    from openjev.api.contract import convert, schemas
+    from openjev.api.contract.jev import convert, schemas
 
     try:
         from openjev.api.contract.responses import FastJSONResponse

@@ -154,7 +154,7 @@ def server_part() -> list[dict]:
 
 
 def prepare_part() -> list[dict]:
-    from openjev.api.contract import convert, schemas
+    from openjev.api.contract.jev import convert, schemas
     from openjev.api.server.assembly import build_service
     from openjev.config import load_settings
     from openjev.core.readouts import ReadoutSpec

@@ -8,7 +8,7 @@ import platform
 import statistics
 import subprocess
 
-from openjev.api.contract import convert, schemas
+from openjev.api.contract.jev import convert, schemas
 from openjev.core.types import DecisionRequest
 
 TICKET = (

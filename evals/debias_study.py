@@ -37,8 +37,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from openjev.api.contract.convert import request_of
-from openjev.api.contract.schemas import SystemOneRequest
+from openjev.api.contract.jev.convert import request_of
+from openjev.api.contract.jev.schemas import SystemOneRequest
 from openjev.config import load_settings
 from openjev.core import scoring
 from openjev.core.prompts import PromptCompiler

@@ -90,6 +90,8 @@ def test_schema_prints_openapi_without_loading_ml_frameworks():
         (["--allowed-hosts", "a b"], "allowed_hosts"),
         (["--trusted-proxies", "proxy.example"], "trusted_proxies: 'proxy.example' is not an IP address"),
         (["--log-level", "loud"], "log_level must be"),
+        (["--workers", "2"], "--workers 2: only an API tier in front of a running engine server"),
+        (["--limits-redis-mode", "maybe"], "limits_redis_mode must be one of closed, local, open"),
     ],
 )
 def test_serve_refuses_nonsense_settings_before_anything_loads(flags, why):
@@ -153,7 +155,7 @@ def test_flat_names_reach_their_sections_and_unknown_ones_are_refused():
     from openjev.config import replace_settings, section_of, setting_fields
 
     names = [f.name for _, f in setting_fields()]
-    assert len(names) == len(set(names)) == 73  # one flat name per flag and environment twin
+    assert len(names) == len(set(names)) == 79  # one flat name per flag and environment twin
     s = load_settings({"dtype": "float32", "max_in_flight": 3, "rotations": 2}, environ={"OPENJEV_DOCS": "off"})
     assert (s.served.dtype, s.limits.max_in_flight, s.quality.rotations, s.listen.docs) == ("float32", 3, 2, "off")
     assert section_of("api_keys_file") == "keys" and section_of("slice_ms") == "inprocess"
@@ -170,6 +172,30 @@ def test_left_at_default_is_told_from_set():
     assert not moved.quality.readout_left() and not moved.quality.abstain_left() and moved.quality.rotations_moved()
 
 
+@pytest.mark.parametrize(
+    ("values", "why"),
+    [
+        ({"workers": 2, "engine": "llamacpp"}, "an in-process engine holds the model"),
+        ({"workers": 2, "engine": "sglang"}, "with --connect URL"),
+        ({"workers": 2, "engine": "vllm", "connect": "http://127.0.0.1:9"}, "without --limits-redis-url"),
+        ({"limits_redis_url": "http://127.0.0.1:6379"}, "must start with redis://"),
+        ({"limits_redis_timeout_ms": 0.0}, "limits_redis_timeout_ms must be in"),
+        ({"limits_replicas": 0}, "limits_replicas must be between 1 and 1024"),
+    ],
+)
+def test_fleet_settings_that_cannot_work_are_refused(values, why):
+    with pytest.raises(ConfigError, match=why):
+        load_settings(values, environ={})
+
+
+def test_workers_in_front_of_a_running_engine_with_a_shared_store_are_accepted():
+    settings = load_settings(
+        {"workers": 2, "engine": "sglang", "connect": "http://127.0.0.1:9", "limits_redis_url": "redis://127.0.0.1:1"},
+        environ={},
+    )
+    assert (settings.fleet.workers, settings.fleet.limits_redis_mode) == (2, "local")
+
+
 def test_the_task_settings_are_checked_and_name_their_file(tmp_path):
     from pathlib import Path
 
@@ -182,3 +208,12 @@ def test_the_task_settings_are_checked_and_name_their_file(tmp_path):
     assert load_settings({"tasks_db": "off"}, environ={}).tasks.database(str(tmp_path)) is None
     chosen = load_settings(environ={"OPENJEV_TASKS_DB": str(tmp_path / "x.db")}).tasks
     assert chosen.database("/elsewhere") == Path(tmp_path / "x.db")
+
+
+def test_max_connections_per_client_is_not_negative_and_0_turns_it_off():
+    from openjev.config import load_settings
+    from openjev.errors import ConfigError
+
+    assert load_settings({"max_connections_per_client": 0}, environ={}).connections.max_connections_per_client == 0
+    with pytest.raises(ConfigError, match=r"max.connections.per.client"):
+        load_settings({"max_connections_per_client": -1}, environ={})

@@ -173,6 +173,19 @@ class Draining(OpenjevError):
         super().__init__(message, headers={"Retry-After": str(retry_after_s)})
 
 
+class LimitsUnavailable(OpenjevError):
+    """The shared limits store (--limits-redis-url) did not answer within its timeout and
+    --limits-redis-mode is `closed`: nothing is admitted that the fleet's limits could not
+    count. An outage of ours: 503 with Retry-After, which the official SDKs retry."""
+
+    status = 503
+    error_type = "unknown"
+    retryable = True
+
+    def __init__(self, message: str, *, retry_after_s: int = 1) -> None:
+        super().__init__(message, headers={"Retry-After": str(max(1, retry_after_s))})
+
+
 class ClientDisconnected(OpenjevError):
     """The client went away before its answer was ready; nobody reads the response (nginx's 499)."""
 

@@ -13,7 +13,7 @@ import json
 import logging
 import time
 
-from openjev.api.contract import convert
+from openjev.api.contract.jev import convert
 from openjev.api.operations.logs import ACCESS
 from tests.api.conftest import running_app
 from tests.api.test_every_route import _sample

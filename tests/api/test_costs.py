@@ -10,7 +10,7 @@ import re
 
 import pytest
 
-from openjev.api.contract import convert
+from openjev.api.contract.jev import convert
 from tests.api.conftest import running_app
 from tests.support import bombs
 
@@ -138,7 +138,7 @@ async def test_refused_compile_work_is_charged_to_the_callers_key(path):
 
 async def test_a_large_body_validated_off_the_loop_reports_errors_as_a_small_one_does():
     async with running_app() as (client, engine):
-        for state in ("short", "x " * 50_000):  # the second is over wire.THREAD_FROM_BYTES
+        for state in ("short", "x " * 50_000):  # the second is over strict_json.THREAD_FROM_BYTES
             body = {"state": state, "questions": {"q": {"type": "choice", "criteria": {"only": None}}}}
             r = await client.post("/v1/systemone", json=body)
             assert r.status_code == 422

@@ -1,7 +1,7 @@
 """Hostile input: bodies built to break the parser, the 422 handler, the converter or the
 server's memory. Every one must be a 4xx whose message says what to fix, on every route
 that takes a decision body, without reaching the engine, and the server must answer a
-valid request afterwards. (docs/api-input-rules.md; api/contract/wire.py is where the wire becomes safe.)
+valid request afterwards. (docs/api-input-rules.md; api/contract/strict_json.py is where the wire becomes safe.)
 
 Bodies are raw bytes: json.dumps cannot write most of them (NaN is written, but lone
 surrogates, repeated keys and invalid UTF-8 are not what a client library would send)."""
@@ -50,7 +50,7 @@ def detail_of(r) -> list[dict]:
     return detail
 
 
-# ---- refused by the wire (api/contract/wire.py): 422 detail[] naming the place, on every route
+# ---- refused by the wire (api/contract/strict_json.py): 422 detail[] naming the place, on every route
 
 SURROGATE = '"\\ud800"'
 WIRE_CASES = {
@@ -329,7 +329,7 @@ async def test_validation_errors_echo_bounded_previews(api):
 
 
 async def test_large_bodies_get_the_same_rules():
-    """Bodies over 64 KiB are parsed off the event loop (api/contract/wire.py): same answers."""
+    """Bodies over 64 KiB are parsed off the event loop (api/contract/strict_json.py): same answers."""
     async with running_app(max_branch_tokens=200_000, max_request_tokens=200_000) as (client, engine):
         await _large_bodies(client, engine)
 
@@ -351,9 +351,10 @@ async def _large_bodies(client, engine):
 
 
 def test_convert_refuses_what_the_wire_keeps_out():
-    """Defence in depth: values that never pass api/contract/wire.py are still a 4xx in convert,
+    """Defence in depth: values that never pass api/contract/strict_json.py are still a 4xx in convert,
     not a RecursionError, a TypeError or the text "NaN"."""
-    from openjev.api.contract import convert
+    from openjev.api.contract import common
+    from openjev.api.contract.jev import convert
     from openjev.errors import InvalidInput
 
     deep: list = []
@@ -361,7 +362,7 @@ def test_convert_refuses_what_the_wire_keeps_out():
         deep = [deep]
     for value in (deep, {"x": float("nan")}, [float("inf")], {"x": object()}):
         with pytest.raises(InvalidInput) as e:
-            convert.text_of(value)
+            common.text_of(value)
         assert e.value.status == 422
     for state in ([{"role": ["user"], "content": "hi"}], [{"role": "tool", "content": "hi"}]):
         with pytest.raises(InvalidInput, match="role"):

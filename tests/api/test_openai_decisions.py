@@ -11,8 +11,8 @@ import math
 
 import pytest
 
-from openjev.api.contract.openai_convert import request_of
-from openjev.api.contract.openai_schemas import DecisionCreate
+from openjev.api.contract.openai.convert import request_of
+from openjev.api.contract.openai.schemas import DecisionCreate
 from tests.api.conftest import running_app
 from tests.api.test_systemone import VALID as JEV_VALID
 

@@ -18,6 +18,7 @@ from typing import Any
 
 from openjev.config.checks import is_loopback_name, validate
 from openjev.config.fields import ENV_PREFIX, env_name, flag_name, parse_value
+from openjev.config.fleet import FleetSettings
 from openjev.config.ranges import MAX_CHOICE_OPTIONS, MAX_SCORE_LEVELS, MIN_CHOICE_OPTIONS, MIN_SCORE_LEVELS
 from openjev.config.sections import (
     ConnectionSettings,
@@ -39,6 +40,7 @@ __all__ = [
     "MIN_CHOICE_OPTIONS",
     "MIN_SCORE_LEVELS",
     "ConnectionSettings",
+    "FleetSettings",
     "InProcessSettings",
     "KeySettings",
     "LimitSettings",
@@ -71,6 +73,7 @@ class Settings:
     remote: RemoteSettings = field(default_factory=RemoteSettings)
     keys: KeySettings = field(default_factory=KeySettings)
     limits: LimitSettings = field(default_factory=LimitSettings)
+    fleet: FleetSettings = field(default_factory=FleetSettings)
     inprocess: InProcessSettings = field(default_factory=InProcessSettings)
     logging: LogSettings = field(default_factory=LogSettings)
     tasks: TaskSettings = field(default_factory=TaskSettings)

@@ -54,6 +54,11 @@ class ConnectionSettings:
     max_connections: int = opt(
         1024, "open HTTP connections at once; beyond it a new connection is answered 503 and closed"
     )
+    max_connections_per_client: int = opt(
+        64,
+        "open HTTP connections from one client address at once (a --trusted-proxies peer excepted); beyond it "
+        "that client's new connection is answered 503 and closed (0: no bound per client)",
+    )
     head_timeout_s: float = opt(
         10.0, "time for a request's head (request line and headers) to arrive; beyond it: 408 and close"
     )

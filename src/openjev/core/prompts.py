@@ -152,7 +152,7 @@ class PromptCompiler:
                 Branch(r.part, r.label_ids, shared, parallel=tuple((a + base, b + base) for a, b in r.layout))
                 for r in reads
             ]
-        plan = Plan.from_branches(branches, cache_namespace=request.cache_namespace)
+        plan = Plan.from_branches(branches, cache_namespace=request.cache_namespace, share=request.share)
         for part_key, ids in enc.fresh.items():
             self._shared_ids.put((request.cache_namespace, part_key), ids)
         spans, at = [], 0

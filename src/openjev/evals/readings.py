@@ -36,7 +36,7 @@ from openjev.evals.metrics import Scored
 
 def core_request(item: Item) -> DecisionRequest:
     """The item's request as the server's core sees it (the wire schema's own converter)."""
-    from openjev.api.contract import convert, schemas
+    from openjev.api.contract.jev import convert, schemas
 
     return convert.request_of(schemas.SystemOneRequest.model_validate(item.request))
 

@@ -1,7 +1,7 @@
 """What each route can answer besides 200, as the OpenAPI document states it: every status
 with its real body (the contract's two error shapes), so that clients and the fuzz tests
 (tests/api/test_fuzz.py, schemathesis) can hold the server to it. Keep in step with
-errors.py (statuses of OpenjevError), api/contract/wire.py (415, 422), api/identity/admission.py (401, 429), api/server/drain.py (503),
+errors.py (statuses of OpenjevError), api/contract/strict_json.py (415, 422), api/identity/door.py (401, 429), api/server/drain.py (503),
 api/identity/hosts.py (400) and api/operations/connections.py (408, 431; its 503 for a connection beyond
 --max-connections is answered before any route is known, like the 400 for unparseable HTTP).
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from openjev.api.contract import schemas
+from openjev.api.contract.jev import schemas
 from openjev.core.readouts import READOUT_NAMES
 
 Responses = dict[int | str, dict[str, Any]]

@@ -1,13 +1,13 @@
 """The wire formats of the decision routes, registered once: adding a format is one module
-(a `WireFormat`, api/contract/face.py) and its line in `FORMATS`. Which format a path
+(a `WireFormat`, api/contract/format_port.py) and its line in `FORMATS`. Which format a path
 speaks, and how an error on that path is rendered, are decided here; every other path
 (models, limits, health, the batch, unknown paths) answers in Jev's shape."""
 
 from __future__ import annotations
 
-from openjev.api.contract.face import Problem, Rendered, WireFormat
-from openjev.api.contract.jev_format import JEV
-from openjev.api.contract.openai_format import OPENAI
+from openjev.api.contract.format_port import Problem, Rendered, WireFormat
+from openjev.api.contract.jev.format import JEV
+from openjev.api.contract.openai.format import OPENAI
 
 FORMATS: tuple[WireFormat, ...] = (JEV, OPENAI)
 DEFAULT = JEV

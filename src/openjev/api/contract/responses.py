@@ -13,7 +13,7 @@ from starlette.datastructures import MutableHeaders
 from starlette.responses import JSONResponse
 from starlette.types import Receive, Scope, Send
 
-from openjev.api.contract.face import Problem
+from openjev.api.contract.format_port import Problem
 from openjev.api.contract.formats import render_error
 
 
@@ -27,7 +27,7 @@ ERROR_TYPE_KEY = "error_type"
 
 
 class ErrorResponse(JSONResponse):
-    """An error answer: its `Problem` (api/contract/face.py) rendered, as it is sent, by the
+    """An error answer: its `Problem` (api/contract/format_port.py) rendered, as it is sent, by the
     format of the route it answers (api/contract/formats.py, by the request's path), so that
     no error is made in one format and converted to another. It records its `error_type` in
     the request's state: the access log and the metrics read it there (data), never by

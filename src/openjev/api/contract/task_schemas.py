@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from openjev.api.contract.schemas import Description, Question, _refuse_bad_chat
+from openjev.api.contract.jev.schemas import Description, Question, _refuse_bad_chat
 
 TASK_ID_PATTERN = r"^task_[0-9a-f]{24}$"
 

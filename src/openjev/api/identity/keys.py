@@ -7,11 +7,14 @@ Keys come from `--api-key` (named key1, key2, ... in the order given) and from
     alice:s3cret-key-of-alice
     bob:sha256:<64 hex digits of sha256(key)>   requests_per_min=120 tokens_per_min=500000
     carol:another-key cache_group=team-a
-    dave:yet-another-key cache_group=team-a
+    dave:yet-another-key cache_group=team-a weight=2
 
 Each key has its own namespace in the engine's prefix cache: a state one key sent is
 never reported as cached to another (api/identity/tenancy.py). Keys that name the same
 `cache_group` opt in to share one namespace (one team's keys, a service's replicas).
+Each key also has its share of the engine while several keys have work waiting
+(engines/fair_share.py): `weight=N` (1 to MAX_WEIGHT, default 1) gives it N times a
+weight-1 key's.
 
 Only names ever reach logs and metric labels. A key is matched by comparing SHA-256
 digests with hmac.compare_digest against every entry (no early exit), so neither the time
@@ -27,23 +30,21 @@ import dataclasses
 import hashlib
 import hmac
 import logging
-import math
 import re
-import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
 
-from openjev.api.identity.buckets import BucketId, Buckets, MemoryBuckets
-from openjev.errors import ConfigError, RateLimited
+from openjev.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 _HEX = re.compile(r"^[0-9a-fA-F]{64}$")
 _LIMITS = ("requests_per_min", "tokens_per_min")
-_OPTIONS = "requests_per_min=N, tokens_per_min=N or cache_group=NAME"
+_OPTIONS = "requests_per_min=N, tokens_per_min=N, weight=N or cache_group=NAME"
+MAX_WEIGHT = 1000
 
 
 @dataclass(frozen=True)
@@ -54,6 +55,7 @@ class KeyEntry:
     tokens_per_min: int | None = None
     cache_group: str | None = None  # keys of one group share a prefix-cache namespace
     cache_namespace: str = ""  # the namespace's salt (`salt` below), set by the KeyRing
+    weight: int = 1  # its share of the engine against other keys' (engines/fair_share.py)
 
 
 # The key of the request being served: set by the admission middleware at the door, read
@@ -100,13 +102,14 @@ def parse_keys_file(text: str, source: str = "keys file") -> list[KeyEntry]:
                 requests_per_min=limits.get("requests_per_min"),
                 tokens_per_min=limits.get("tokens_per_min"),
                 cache_group=group,
+                weight=limits.get("weight", 1),
             )
         )
     return entries
 
 
 def _options(options: list[str], where: str) -> tuple[dict[str, int], str | None]:
-    """A keys file line's options: (its limits by name, its cache_group or None)."""
+    """A keys file line's options: (its limits and weight by name, its cache_group or None)."""
     limits: dict[str, int] = {}
     group: str | None = None
     for option in options:
@@ -116,8 +119,10 @@ def _options(options: list[str], where: str) -> tuple[dict[str, int], str | None
                 raise ConfigError(f"{where}: cache_group must be 1-64 of A-Z a-z 0-9 _ . -")
             group = v
             continue
-        if k not in _LIMITS or not v.isdigit():
+        if k not in (*_LIMITS, "weight") or not v.isdigit():
             raise ConfigError(f"{where}: unknown option {k!r} (expected {_OPTIONS})")
+        if k == "weight" and not 1 <= int(v) <= MAX_WEIGHT:
+            raise ConfigError(f"{where}: weight must be 1 to {MAX_WEIGHT}")
         limits[k] = int(v)
     return limits, group
 
@@ -244,11 +249,13 @@ class KeyRing:
 
 @dataclass(frozen=True)
 class Allowance:
-    """What a key is held to, per minute (0: no limit). `of` is the one place the rule is
-    written: a key's own limit where the keys file sets one, else the server's."""
+    """What a key is held to, per minute (0: no limit), and its `weight`: its share of the
+    engine against other keys' (engines/fair_share.py; the server's is 1). `of` is the one
+    place the rule is written: a key's own where the keys file sets one, else the server's."""
 
     requests_per_min: int
     tokens_per_min: int
+    weight: int = 1
 
     def of(self, entry: KeyEntry | None) -> Allowance:
         """`entry`'s allowance, where this is the server's (itself without a key)."""
@@ -257,101 +264,9 @@ class Allowance:
         return Allowance(
             self.requests_per_min if entry.requests_per_min is None else entry.requests_per_min,
             self.tokens_per_min if entry.tokens_per_min is None else entry.tokens_per_min,
+            entry.weight,
         )
 
     def by_kind(self) -> dict[str, int]:
         """The limits that are set, by bucket kind."""
         return {k: v for k, v in zip(_LIMITS, (self.requests_per_min, self.tokens_per_min), strict=True) if v}
-
-
-class KeyLimits:
-    """Per-key buckets on requests/min and distinct tokens/min (429 beyond, with Retry-After),
-    each key held to its `Allowance`; the buckets are kept in `buckets` (in memory by default)."""
-
-    def __init__(
-        self,
-        requests_per_min: int,
-        tokens_per_min: int,
-        clock: Callable[[], float] = time.monotonic,
-        buckets: Buckets | None = None,
-    ) -> None:
-        self.server = Allowance(requests_per_min, tokens_per_min)
-        self._buckets = buckets if buckets is not None else MemoryBuckets(clock)
-
-    def allowance(self, entry: KeyEntry | None) -> Allowance:
-        return self.server.of(entry)
-
-    def _bucket(self, entry: KeyEntry, kind: str) -> BucketId | None:
-        """The key's bucket of `kind`; None where the key has no such limit."""
-        per_min = self.allowance(entry).by_kind().get(kind, 0)
-        return BucketId(entry.name, kind, per_min) if per_min else None
-
-    def _take(self, entry: KeyEntry, kind: str, cost: float, what: str, burst_less: float = 0, why: str = "") -> None:
-        bucket = self._bucket(entry, kind)
-        if bucket is None:
-            return
-        wait = self._buckets.take(bucket, cost, max(0.0, bucket.per_min - burst_less))
-        if wait > 0:
-            raise RateLimited(
-                f"API key {entry.name!r} is over its {bucket.per_min} {what} per minute{why}; retry later",
-                retry_after_s=wait,
-            )
-
-    def charge_tokens(self, entry: KeyEntry, tokens: int) -> None:
-        """Take `tokens` from the key's tokens/min bucket whatever its level (it may go into
-        debt): work already done for a request that was then refused (compile bombs cost the
-        key as if they had run, so they cannot be repeated for free)."""
-        bucket = self._bucket(entry, "tokens_per_min")
-        if bucket is not None and tokens > 0:
-            self._buckets.charge(bucket, tokens)
-
-    def refuse_debt(self, entry: KeyEntry) -> None:
-        """429 where the key's tokens/min bucket is in debt (earlier work, refused requests'
-        included, took more than it had): checked at the door, before the body is read or
-        anything compiled, so a key in debt cannot buy compile work with refused requests.
-        Retry-After: until the debt is paid back."""
-        bucket = self._bucket(entry, "tokens_per_min")
-        level = None if bucket is None else self._buckets.level(bucket)
-        if bucket is None or level is None:
-            return
-        debt = -level
-        if debt >= 0:
-            raise RateLimited(
-                f"API key {entry.name!r} is over its {bucket.per_min} distinct tokens per minute (in debt by "
-                f"{math.ceil(debt)} tokens of earlier work, refused requests' included): refused before any "
-                "work; retry later",
-                retry_after_s=(debt + 1) / (bucket.per_min / 60.0),
-            )
-
-    def take_request(self, entry: KeyEntry) -> None:
-        self._take(entry, "requests_per_min", 1, "requests")
-
-    def take_batch_items(self, entry: KeyEntry, extra: int) -> None:
-        """A batch's items beyond the first, which its request took at the door: every item
-        is one request. A batch that found the bucket full passes and leaves it in debt (as
-        a large request does with tokens), so a batch larger than the limit is not refused
-        forever but the key waits afterwards."""
-        self._take(
-            entry,
-            "requests_per_min",
-            extra,
-            "requests",
-            burst_less=1,
-            why=f" (a batch counts one per item, {extra + 1})",
-        )
-
-    def take_tokens(self, entry: KeyEntry, tokens: int) -> None:
-        self._take(entry, "tokens_per_min", tokens, "distinct tokens")
-
-    def standing(self, entry: KeyEntry) -> dict[str, tuple[int, int, float]]:
-        """What the key has left, by kind with a limit ("requests_per_min",
-        "tokens_per_min"): (the limit per minute, what may be taken now, seconds until the
-        bucket is full again). Read only: nothing is taken (OpenAI's x-ratelimit-* headers)."""
-        out: dict[str, tuple[int, int, float]] = {}
-        for kind, per_min in self.allowance(entry).by_kind().items():
-            level = self._buckets.level(BucketId(entry.name, kind, per_min))
-            if level is None:
-                out[kind] = (per_min, per_min, 0.0)
-                continue
-            out[kind] = (per_min, max(0, int(level)), max(0.0, (per_min - level) / (per_min / 60.0)))
-        return out

@@ -27,16 +27,18 @@ limit sits in api/operations/middleware.py (BodyMiddleware), where the body is r
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import logging
 import socket
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+from openjev.api.operations.clients import Network, PerClient
 from openjev.api.operations.framing import FramingError
 from openjev.api.operations.h11_parts import THROTTLE, WARN_EVERY_S, LingeringTransport, StrictConnection, raw_response
 from openjev.config import ConnectionSettings, ListenSettings
@@ -57,15 +59,19 @@ class ConnectionLimits:
     send_timeout_s: float
     max_body_chunks: int
     linger_s: float = LINGER_S
+    max_per_client: int = 0  # open connections from one peer address (0: no bound)
+    proxies: tuple[Network, ...] = ()  # peers that bound spares (api/operations/clients.py)
 
     @classmethod
-    def of(cls, settings: ConnectionSettings) -> ConnectionLimits:
+    def of(cls, settings: ConnectionSettings, trusted_proxies: Iterable[str] = ()) -> ConnectionLimits:
         return cls(
             settings.max_connections,
             settings.head_timeout_s,
             settings.max_head_bytes,
             settings.send_timeout_s,
             settings.max_body_chunks,
+            max_per_client=settings.max_connections_per_client,
+            proxies=tuple(ipaddress.ip_network(p, strict=False) for p in trusted_proxies),
         )
 
 
@@ -75,6 +81,7 @@ def http_protocol(limits: ConnectionLimits) -> type[BoundedH11Protocol]:
         "limits": limits,
         "refusing": 0,
         "open_connections": 0,
+        "per_client": PerClient(limits.max_per_client, limits.proxies),
         "warned_at": float("-inf"),
         "counts": dict.fromkeys(COUNTS, 0),
     }
@@ -90,6 +97,7 @@ class BoundedH11Protocol(H11Protocol):
     refusing: int  # connections being refused right now (lingering), per server
     warned_at: float
     counts: dict[str, int]
+    per_client: PerClient  # open connections by peer address
     open_connections = 0
 
     @classmethod
@@ -111,6 +119,7 @@ class BoundedH11Protocol(H11Protocol):
         self.dropped = 0
         self.counted_refusal = False
         self.counted_open = False
+        self.counted_host: str | None = None  # the peer address counted in per_client
 
     # ---- connection
 
@@ -118,14 +127,18 @@ class BoundedH11Protocol(H11Protocol):
         self.raw = transport
         proxy: Any = LingeringTransport(transport, self)
         if len(self.connections) >= self.limits.max_connections:
-            self._refuse(proxy)
+            self._refuse(proxy, f"the server has {self.limits.max_connections} connections open (its limit)")
+            return
+        admitted, self.counted_host = self.per_client.enter(transport.get_extra_info("peername"))
+        if not admitted:
+            self._refuse(proxy, f"this client has {self.limits.max_per_client} connections open (its limit)")
             return
         super().connection_made(proxy)
         type(self).open_connections += 1
         self.counted_open = True
         self._arm_head_timer()
 
-    def _refuse(self, proxy: Any) -> None:
+    def _refuse(self, proxy: Any, why: str) -> None:
         if self.raw is None:  # connection_made sets it before calling here
             return
         cls = type(self)
@@ -141,15 +154,15 @@ class BoundedH11Protocol(H11Protocol):
         if now - cls.warned_at >= WARN_EVERY_S:  # a flood must not flood the log too
             cls.warned_at = now
             log.warning(
-                "connections refused: %d connections open (--max-connections), %d refused so far",
-                len(self.connections),
+                "connections refused: %s (--max-connections, --max-connections-per-client), %d refused so far",
+                why,
                 cls.counts["refused"],
             )
         self.raw.write(
             raw_response(
                 503,
                 "overloaded",
-                f"the server has {self.limits.max_connections} connections open (its limit); retry shortly",
+                f"{why}; retry shortly",
                 (("retry-after", "1"),),
             )
         )
@@ -159,6 +172,8 @@ class BoundedH11Protocol(H11Protocol):
         if self.counted_open:
             type(self).open_connections -= 1
             self.counted_open = False
+        self.per_client.leave(self.counted_host)
+        self.counted_host = None
         self._cancel_head_timer()
         self._cancel_send_timer()
         if self.linger_timer is not None:
@@ -340,7 +355,7 @@ def uvicorn_config(
     in-process one of `openjev eval`, and the tests' all go through here). The protocol's
     connection counts are handed to `connection_stats_to` (the app's operations, for
     /metrics to read at scrape time)."""
-    protocol = http_protocol(ConnectionLimits.of(connections))
+    protocol = http_protocol(ConnectionLimits.of(connections, listen.trusted_proxies))
     uvicorn_log = logging.getLogger("uvicorn.error")
     if THROTTLE not in uvicorn_log.filters:
         uvicorn_log.addFilter(THROTTLE)

@@ -54,6 +54,8 @@ class _Live:
             "pricing_seconds_per_token": "in-process engine: the measured compute time per token the pricing uses",
             "pricing_attention_measured": "in-process engine: 1 once attention's cost was measured on a long "
             "forward, 0 while the conservative prior prices it",
+            "limits_store_up": "1 while the shared limits store (--limits-redis-url) answers; 0 while "
+            "--limits-redis-mode holds",
         }
         for name, help_text in gauges.items():
             if name in values:
@@ -73,6 +75,7 @@ class _Live:
             "connections_parse_errors": "requests refused by the HTTP parser (400: malformed or smuggling-shaped "
             "framing; 413: over --max-body-chunks), the connection closed",
             "connections_upgrades_refused": "WebSocket upgrade requests refused (400, the connection closed)",
+            "limits_store_switches": "switches of the shared limits store between answering and not",
         }
         for name, help_text in counters.items():
             if name in values:

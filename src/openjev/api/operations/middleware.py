@@ -14,7 +14,7 @@ from starlette.datastructures import Headers, MutableHeaders
 from starlette.routing import Match, Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from openjev.api.contract.face import Problem
+from openjev.api.contract.format_port import Problem
 from openjev.api.contract.paths import route_of
 from openjev.api.contract.responses import ErrorResponse
 from openjev.api.operations import disclosure

@@ -13,8 +13,8 @@ from fastapi import FastAPI
 from fastapi_offline import FastAPIOffline
 
 from openjev import __version__
-from openjev.api.contract import wire
-from openjev.api.identity.admission import AdmissionMiddleware
+from openjev.api.contract import json_route
+from openjev.api.identity.door import AdmissionMiddleware
 from openjev.api.identity.hosts import HostMiddleware, HostPolicy
 from openjev.api.operations.access import AccessLogMiddleware, MetricsEndpoint
 from openjev.api.operations.middleware import BodyMiddleware, ErrorMiddleware, HeadMiddleware, RequestIdMiddleware
@@ -54,16 +54,17 @@ def create_app(
         runtime,
         trusted_proxies=settings.listen.trusted_proxies,
         log_bodies=settings.logging.log_request_bodies,
+        fleet=settings.fleet,
     )
     meta: dict[str, Any] = {"title": "openjev", "version": __version__, "description": DESCRIPTION}
     jobs = open_jobs(settings, runtime)  # /v1/tasks: its store opened and checked now, at start
-    run = lifespan(runtime, ops.admission, loader, on_fatal, on_loaded)
+    run = ops.closing(lifespan(runtime, ops.admission, loader, on_fatal, on_loaded))
     run = jobs.wrap(run) if jobs is not None else run
     if settings.listen.docs == "off":  # `openjev schema` (app.openapi()) works either way
         app = FastAPI(**meta, lifespan=run, openapi_url=None, docs_url=None, redoc_url=None)
-    else:  # docs with their assets served from the package; `auth` is checked in api/identity/admission.py
+    else:  # docs with their assets served from the package; `auth` is checked in api/identity/door.py
         app = FastAPIOffline(**meta, lifespan=run)
-    app.state.max_json_depth = settings.limits.max_json_depth  # read by every JSON route (api/contract/wire.py)
+    app.state.max_json_depth = settings.limits.max_json_depth  # read by every JSON route (api/contract/strict_json.py)
     app.state.runtime = runtime
     app.state.ops = ops
     app.state.tasks = jobs  # read by the decision routes (api/server/task_binding.py)
@@ -89,7 +90,9 @@ def create_app(
     if hosts is not None:  # DNS rebinding: before the key and the body
         app.add_middleware(HostMiddleware, policy=hosts)
     app.add_middleware(RequestIdMiddleware)  # outermost of ours: ids on 413/415 too
-    wire.install(app)  # every JSON body parsed strictly (api/contract/wire.py); 422s that cannot fail
+    json_route.install(
+        app
+    )  # every JSON body parsed strictly (api/contract/strict_json.py, api/contract/json_route.py); 422s that cannot fail
     handlers.install(app)
     routes.install(app, settings, runtime)
     return app

@@ -35,14 +35,16 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from openjev.api.contract import convert, documented, schemas, wire
-from openjev.api.contract.jev_format import JEV
+from openjev.api.contract import common, documented, json_route
+from openjev.api.contract.jev import convert, schemas
+from openjev.api.contract.jev.format import JEV
 from openjev.api.contract.overrides import decide_options
 from openjev.api.contract.paths import BATCH
 from openjev.api.identity import tenancy
 from openjev.api.identity.admission import charge_refused
 from openjev.api.identity.auth import require_key
-from openjev.api.identity.keys import KeyLimits, current_key
+from openjev.api.identity.key_limits import KeyLimits
+from openjev.api.identity.keys import current_key
 from openjev.api.operations.middleware import request_id_of
 from openjev.api.server import pipeline
 from openjev.api.server.batch_items import Item, collect, error_line, ndjson, run
@@ -85,8 +87,8 @@ class BatchRequest(BaseModel):
 
 
 def _validation_message(e: ValidationError) -> str:
-    """The item's errors in one line, every part bounded and encodable (wire.safe_errors)."""
-    errors = wire.safe_errors(e.errors())
+    """The item's errors in one line, every part bounded and encodable (json_route.safe_errors)."""
+    errors = json_route.safe_errors(e.errors())
     return "; ".join(f"{'.'.join(str(p) for p in err['loc']) or 'body'}: {err['msg']}" for err in errors)
 
 
@@ -122,7 +124,7 @@ def install(
         ops = request.app.state.ops
         entry = current_key.get()
         if entry is not None and count > 1:  # the request itself took one at the door
-            ops.key_limits.take_batch_items(entry, count - 1)
+            await ops.key_limits.take_batch_items(entry, count - 1)
         service, card = ready()
         t0 = time.perf_counter()
         bind = pipeline.task_binder(request, spec, service, card.fingerprint, quality)  # x-openjev-task
@@ -258,7 +260,7 @@ def _prepare_all(
         try:
             with pipeline.charging(key_limits):
                 item.request, model = _request_of(raw, body, shared, limits)  # in the key's namespace
-                item.model = convert.resolve_model(model, served)
+                item.model = common.resolve_model(model, served)
                 item.tasks = bind(item.request)  # the tasks' fits, checked before any compile
                 item.compiled = service.prepare_now(item.request, service.readout(spec), part_cache)
             work = item.compiled.plan.unique_tokens

@@ -16,7 +16,7 @@ from typing import Any
 
 import anyio
 
-from openjev.api.contract import convert
+from openjev.api.contract.jev import convert
 from openjev.core.prompts import CompiledRequest
 from openjev.core.readouts import ReadoutSpec
 from openjev.core.service import DecisionService

@@ -1,4 +1,4 @@
-"""The response headers a format's clients read, on that format's routes (api/contract/face.py
+"""The response headers a format's clients read, on that format's routes (api/contract/format_port.py
 `id_header`, `rate_limit_headers`): OpenAI's SDK exposes `x-request-id` as `_request_id`, and
 reads the caller's limits from
 
@@ -6,7 +6,7 @@ reads the caller's limits from
     x-ratelimit-limit-tokens   / -remaining-tokens   / -reset-tokens
 
 (limit per minute, what may be taken now, time until the bucket is full: "1m30s", "250ms"),
-sent where the calling key has that limit (api/identity/keys.py `KeyLimits.standing`), on
+sent where the calling key has that limit (api/identity/key_limits.py `KeyLimits.standing`), on
 answers and errors alike (a 429 says when to come back)."""
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ from starlette.datastructures import MutableHeaders
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from openjev.api.contract.formats import format_of
-from openjev.api.identity.keys import KeyEntry, KeyLimits
+from openjev.api.identity.key_limits import KeyLimits
+from openjev.api.identity.keys import KeyEntry
 from openjev.api.operations.middleware import request_id_of
 
 _KINDS = {"requests_per_min": "requests", "tokens_per_min": "tokens"}
@@ -29,12 +30,12 @@ def duration(seconds: float) -> str:
     return f"{minutes}m{rest}s" if minutes else f"{rest}s"
 
 
-def rate_limit_headers(key_limits: KeyLimits, entry: KeyEntry | None) -> dict[str, str]:
+async def rate_limit_headers(key_limits: KeyLimits, entry: KeyEntry | None) -> dict[str, str]:
     """The calling key's x-ratelimit-* headers ({} without a key or without limits)."""
     if entry is None:
         return {}
     out: dict[str, str] = {}
-    for kind, (limit, remaining, reset_s) in key_limits.standing(entry).items():
+    for kind, (limit, remaining, reset_s) in (await key_limits.standing(entry)).items():
         name = _KINDS[kind]
         out[f"x-ratelimit-limit-{name}"] = str(limit)
         out[f"x-ratelimit-remaining-{name}"] = str(remaining)
@@ -69,7 +70,7 @@ class ConventionsMiddleware:
                     # The key admission named (scope state, set before its limits are checked):
                     # a 429 at the door is answered out here, where current_key is unset.
                     entry = scope.get("state", {}).get("key_entry")
-                    for name, value in rate_limit_headers(self.key_limits, entry).items():
+                    for name, value in (await rate_limit_headers(self.key_limits, entry)).items():
                         headers[name] = value
             await send(message)
 

@@ -1,5 +1,5 @@
 """Exception handlers: every error the routes raise becomes one `Problem`
-(api/contract/face.py), rendered by the format of the route it answers (Jev's
+(api/contract/format_port.py), rendered by the format of the route it answers (Jev's
 `{"detail": {"error_type", "message"}}` unless the route speaks another)."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from openjev.api.contract.face import Problem
+from openjev.api.contract.format_port import Problem
 from openjev.api.contract.responses import ErrorResponse
 from openjev.api.operations import disclosure
 from openjev.api.operations.middleware import INTERNAL, REQUEST_ID_HEADER, error_response, request_id_of

@@ -36,6 +36,7 @@ _SETTINGS = (
     "max_batch_items",
     "max_batch_tokens",
     "max_connections",
+    "max_connections_per_client",
     "head_timeout_s",
     "body_timeout_s",
     "max_head_bytes",
@@ -45,13 +46,21 @@ _SETTINGS = (
 
 
 def key_limits_of(keys: KeySettings, entry: KeyEntry | None) -> dict[str, int]:
-    """The calling key's own limits (0: none); the server's defaults without a key."""
+    """The calling key's own limits (0: none) and weight; the server's defaults without a key."""
     held = Allowance(keys.key_requests_per_min, keys.key_tokens_per_min).of(entry)
-    return {"key_requests_per_min": held.requests_per_min, "key_tokens_per_min": held.tokens_per_min}
+    return {
+        "key_requests_per_min": held.requests_per_min,
+        "key_tokens_per_min": held.tokens_per_min,
+        "key_weight": held.weight,
+    }
 
 
-def limits_body(settings: Settings, entry: KeyEntry | None, service: DecisionService | None) -> dict[str, Any]:
-    """The body of GET /v1/limits for the caller `entry` (None: no keys in use)."""
+def limits_body(
+    settings: Settings, entry: KeyEntry | None, service: DecisionService | None, store: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """The body of GET /v1/limits for the caller `entry` (None: no keys in use); `store`: where
+    the per-key limits are kept (`limits_store`: memory, or redis with its mode and whether it
+    answers: api/server/ops.py `store_state`)."""
     flat = flat_values(settings)
     out: dict[str, Any] = {name: flat[name] for name in _SETTINGS}
     out.update(
@@ -68,6 +77,8 @@ def limits_body(settings: Settings, entry: KeyEntry | None, service: DecisionSer
             **key_limits_of(settings.keys, entry),
         }
     )
+    if store is not None:
+        out["limits_store"] = store
     if entry is not None:
         out["key"] = entry.name
     if service is not None:  # the rule in force: the served model's file may have set it

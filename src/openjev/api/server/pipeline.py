@@ -1,8 +1,8 @@
 """The one decision pipeline: every decision route, whatever its wire format, and every batch
-item run these steps, in this order. A format (api/contract/face.py `WireFormat`) supplies
+item run these steps, in this order. A format (api/contract/format_port.py `WireFormat`) supplies
 only its parser, converter, renderers, paths and docs.
 
-1. the body parsed strictly and validated (api/contract/wire.py `WireRoute`, off the event
+1. the body parsed strictly and validated (api/contract/json_route.py `WireRoute`, off the event
    loop for a large body);
 2. `admitted`: the question count, the conversion to the core's request (in a worker thread
    for a large body: `convert_off_loop`), the caller's cache namespace and the format's
@@ -22,21 +22,21 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
-from collections.abc import Awaitable, Callable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
+from contextlib import asynccontextmanager, contextmanager
 from typing import Any, TypeVar
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import Response
 
-from openjev.api.contract import convert, documented, wire
-from openjev.api.contract.face import WireFormat
+from openjev.api.contract import common, documented, strict_json
+from openjev.api.contract.format_port import WireFormat
 from openjev.api.contract.overrides import decide_options
 from openjev.api.contract.responses import FastJSONResponse
 from openjev.api.identity import tenancy
-from openjev.api.identity.admission import charge_refused
+from openjev.api.identity.admission import charge_refused, charge_refused_async
 from openjev.api.identity.auth import require_key
-from openjev.api.identity.keys import KeyLimits
+from openjev.api.identity.key_limits import KeyLimits
 from openjev.api.operations.middleware import request_id_of
 from openjev.api.server.assembly import Runtime
 from openjev.api.server.task_binding import TASK_HEADER, fits_of
@@ -69,10 +69,20 @@ def charging(key_limits: KeyLimits) -> Iterator[None]:
         raise
 
 
+@asynccontextmanager
+async def charged(key_limits: KeyLimits) -> AsyncIterator[None]:
+    """`charging` on the event loop: the charge is in the store before the refusal is answered."""
+    try:
+        yield
+    except TokensExceeded as exc:
+        await charge_refused_async(key_limits, exc)
+        raise
+
+
 async def convert_off_loop(request: Request, fmt: WireFormat, body: Any, max_questions: int) -> DecisionRequest:
     """`admitted`, in a worker thread where the body is large (a state of 66,000 chat turns
     takes tens of milliseconds to convert: not on the event loop)."""
-    if len(await request.body()) <= wire.THREAD_FROM_BYTES:
+    if len(await request.body()) <= strict_json.THREAD_FROM_BYTES:
         return admitted(fmt, body, max_questions)
     return await asyncio.to_thread(admitted, fmt, body, max_questions)
 
@@ -114,16 +124,16 @@ async def decide(
     decision = await convert_off_loop(request, fmt, body, max_questions)
     spec, calibrate = decide_options(request.headers, quality)
     service, card = runtime.ready()
-    model = convert.resolve_model(fmt.model_of(body), card.name)
+    model = common.resolve_model(fmt.model_of(body), card.name)
     audit = fmt.audit(body)
     if audit:
         log.info(fmt.name + " request", extra={"fields": {"request_id": request_id_of(request.scope), **audit}})
-    with charging(key_limits):
+    async with charged(key_limits):
         tasks = task_binder(request, spec, service, card.fingerprint, quality)(decision)
         work = service.decide(decision, readout=spec, calibrate=calibrate, tasks=tasks)
         result = await unless_disconnected(request, work)
     request.state.result = result  # for the access log and metrics (api/operations/access.py)
-    return FastJSONResponse(fmt.render(body, result, model), headers=convert.result_headers(result))
+    return FastJSONResponse(fmt.render(body, result, model), headers=common.result_headers(result))
 
 
 def install(app: FastAPI, fmt: WireFormat, quality: QualitySettings, limits: LimitSettings, runtime: Runtime) -> None:

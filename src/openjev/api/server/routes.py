@@ -9,9 +9,10 @@ from typing import Any
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from openjev.api.contract import documented, paths, schemas
+from openjev.api.contract import documented, paths
 from openjev.api.contract.formats import FORMATS
-from openjev.api.contract.jev_format import JEV
+from openjev.api.contract.jev import schemas
+from openjev.api.contract.jev.format import JEV
 from openjev.api.identity.auth import require_key
 from openjev.api.identity.keys import current_key
 from openjev.api.operations import disclosure
@@ -83,8 +84,8 @@ def install_limits(app: FastAPI, settings: Settings, runtime: Runtime) -> None:
         summary="The limits this server enforces, the calling key's own included",
         responses={**documented.CONNECTION_ERRORS, **documented.UNAUTHORIZED, **documented.RATE_LIMITED},
     )
-    async def limits() -> dict[str, Any]:
-        return limits_body(settings, current_key.get(), runtime.service)
+    async def limits(request: Request) -> dict[str, Any]:
+        return limits_body(settings, current_key.get(), runtime.service, request.app.state.ops.store_state())
 
 
 def install_health(app: FastAPI, runtime: Runtime) -> None:
@@ -99,13 +100,16 @@ def install_health(app: FastAPI, runtime: Runtime) -> None:
             problem = await runtime.loaded.probe() if runtime.loaded.probe is not None else None
             if problem is not None:  # an engine server that died or stalls: not ready
                 return JSONResponse({"status": "engine_unavailable", "error": problem}, status_code=503)
+            # how busy others keep the server, and its limits' store: a key's holder's to see
+            # (api/identity/door.py)
+            operator = getattr(request.state, "sees_load", False)
             return JSONResponse(
                 {
                     "status": "ok",
                     "model": runtime.loaded.card.name,
                     "load_seconds": round(runtime.loaded.load_seconds, 2),
-                    # how busy others keep the server: a key's holder's to see (api/identity/admission.py)
-                    **({"in_flight": runtime.service.in_flight} if getattr(request.state, "sees_load", False) else {}),
+                    **({"in_flight": runtime.service.in_flight} if operator else {}),
+                    **({"limits_store": request.app.state.ops.store_state()} if operator else {}),
                 }
             )
         if runtime.error is not None:

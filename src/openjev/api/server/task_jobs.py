@@ -19,8 +19,8 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any
 
-from openjev.api.contract import convert
-from openjev.api.contract.schemas import SystemOneRequest
+from openjev.api.contract.jev import convert
+from openjev.api.contract.jev.schemas import SystemOneRequest
 from openjev.api.server.assembly import Runtime
 from openjev.api.server.task_binding import ReadyIndex, binding
 from openjev.api.server.task_store import TaskRecord, TaskStore, open_store

@@ -5,7 +5,8 @@ listed, given more examples and deleted; each change of examples queues a fit
 Before a fit is queued its engine work is priced: every example compiled as the job will
 read it (each within --max-example-tokens, 422 beyond), the distinct tokens added up and
 taken from the key's tokens/min bucket; a key that cannot pay gets its 429 before any
-engine work, a key in debt before anything is compiled.
+engine work, a key in debt before anything is compiled (and each call is one of its
+requests/min, as a decision is).
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ from fastapi.responses import Response
 from openjev.api.contract import documented, paths
 from openjev.api.contract.task_schemas import TaskCreate, TaskCreated, TaskExample, TaskExamples, TaskList, TaskView
 from openjev.api.identity.auth import require_key
-from openjev.api.identity.keys import KeyLimits, current_key
+from openjev.api.identity.key_limits import KeyLimits
+from openjev.api.identity.keys import current_key
 from openjev.api.server.assembly import Runtime
 from openjev.api.server.task_binding import checked_id, owner
 from openjev.api.server.task_jobs import TaskJobs, example_request, gold_of, question_of, read_spec
@@ -74,12 +76,12 @@ async def _charge(
     """Price the fit and take it from the key's budget (429 before any engine work)."""
     key_limits: KeyLimits = request.app.state.ops.key_limits
     entry = current_key.get()
-    if entry is not None:
-        key_limits.refuse_debt(entry)
+    if entry is not None:  # one of its requests/min, refused (429) while its tokens are in debt
+        await key_limits.admit(entry)
     service, _ = runtime.ready()
     tokens = await asyncio.to_thread(priced, service, question, examples, bound)
     if entry is not None:
-        key_limits.take_tokens(entry, tokens)
+        await key_limits.take_tokens(entry, tokens)
 
 
 def _checked(question: Question, examples: list[TaskExample], first: int) -> list[dict[str, Any]]:

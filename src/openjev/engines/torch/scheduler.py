@@ -5,8 +5,9 @@ token is computed once, in as few forwards as the budgets allow. The root is loo
 the prefix cache first (its cached positions are not computed) and inserted once known.
 
 A worker thread runs rounds: one slice of each waiting job's packed sequence, round-robin
-in arrival order while the round's token budget lasts, then the slices as a few ragged
-forwards of similar lengths. A large request thus advances slice by slice and cannot hold
+in arrival order while the round's token budget lasts (with several keys waiting, in their
+fair order: about one quantum of tokens per key and weight, engines/fair_share.py), then the
+slices as a few ragged forwards of similar lengths. A large request thus advances slice by slice and cannot hold
 small ones back for long (fairness); concurrent requests share forwards (throughput).
 
 Each request's slice is also bounded in time: what the measured cost per token allows in
@@ -30,6 +31,7 @@ from typing import Any, Protocol
 
 from openjev.core.plan import Plan
 from openjev.core.ports import BranchResult, PlanResult
+from openjev.engines.fair_share import FairRounds, Want
 from openjev.engines.memory import release_free_memory
 from openjev.engines.prefix_cache import PrefixCache
 from openjev.engines.torch.cost_model import CostModel, attended
@@ -156,6 +158,7 @@ class Scheduler:
         self._wake = threading.Condition()
         self._jobs: list[Job] = []
         self._joins = PrefixJoins()  # jobs waiting for a running job's prefix (engines/torch/joins.py)
+        self._fair = FairRounds()  # which keys' slices go in a round (engines/fair_share.py)
         self._stopped = False
         self.forwards = 0
         self.computed_tokens = 0
@@ -244,13 +247,11 @@ class Scheduler:
         # Each request's slice is bounded in time; the round as a whole in tokens, so small
         # concurrent requests still share forwards.
         tokens, budget, longest = 0, self._limits.batch_tokens, self.slice_tokens()
-        for job in self._jobs:  # arrival order: older jobs first, one slice each
-            if tokens >= budget:
-                break
-            want = min(job.remaining, longest)
-            if picked and want > budget - tokens:
-                continue  # would be cut to a sliver: next round
-            take = min(want, budget - tokens)
+        wants = [Want(job.plan.share, min(job.remaining, longest)) for job in self._jobs]
+        # one slice each, in the keys' fair order (one key: arrival order, older jobs first)
+        for i in self._fair.pick(wants, budget):
+            job = self._jobs[i]
+            take = min(wants[i].tokens, budget - tokens)
             # a slice must also fit the attention budget alone
             while take > 1 and take * (job.cursor + take) > self._limits.attention_budget:
                 take = max(1, take // 2)

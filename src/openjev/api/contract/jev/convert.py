@@ -2,26 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
-from openjev.api.contract import schemas
+from openjev.api.contract.common import text_of
+from openjev.api.contract.jev import schemas
 from openjev.core import types as core
-from openjev.errors import InvalidInput, ModelNotFound, Unsupported
-
-
-def text_of(value: Any) -> str:
-    """Text as the model sees it: strings as they are, anything else as compact JSON.
-    Requests reach here through api/contract/wire.py (finite numbers, bounded depth, no lone
-    surrogates); anything else that cannot be written is a 422, never a 500."""
-    if isinstance(value, str):
-        return value
-    try:
-        return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
-    except RecursionError:
-        raise InvalidInput("a value nests too deeply to be shown to the model") from None
-    except (ValueError, TypeError) as e:
-        raise InvalidInput(f"a value cannot be shown to the model as JSON: {e}") from None
+from openjev.errors import InvalidInput, Unsupported
 
 
 def _chat_turns(value: Any) -> tuple[core.Turn, ...] | None:
@@ -72,15 +58,6 @@ def request_of(req: schemas.SystemOneRequest) -> core.DecisionRequest:
     )
 
 
-def resolve_model(requested: str, served: str) -> str:
-    """The concrete model that answers `requested`: the served name, `jev-latest` or any
-    `jev-*` alias; anything else is not found."""
-    if requested == served or requested == "jev" or requested.startswith("jev-"):
-        return served
-    shown = repr(requested[:80]) + (f" ({len(requested) - 80} more characters)" if len(requested) > 80 else "")
-    raise ModelNotFound(f"model {shown} is not served here; use {served!r} or a jev-* alias such as jev-latest")
-
-
 def answer_to_wire(answer: core.Answer) -> dict[str, Any]:
     if isinstance(answer, core.NoulAnswer):
         out = {"type": "noul", "noul": answer.p_true, "x_label_mass": answer.label_mass}
@@ -128,17 +105,3 @@ def usage_to_wire(usage: core.Usage) -> dict[str, Any]:
     if usage.cached_tokens is not None:
         out["x_cached_tokens"] = int(usage.cached_tokens)
     return out
-
-
-def result_headers(result: core.DecisionResult) -> dict[str, str]:
-    headers = {
-        "x-openjev-prefix-tokens": str(result.prefix_tokens),
-        "x-openjev-readout": result.readout,
-        "x-openjev-calibration": result.calibration or "none",
-    }
-    if result.usage.cached_tokens is not None:
-        headers["x-openjev-cached-tokens"] = str(result.usage.cached_tokens)
-    if result.usage.computed_tokens is not None:
-        headers["x-openjev-computed-tokens"] = str(result.usage.computed_tokens)
-    headers["Server-Timing"] = ", ".join(f"{name};dur={ms:.1f}" for name, ms in result.timings_ms.items())
-    return headers

@@ -23,7 +23,7 @@ VALIDATION_ERROR = "validation_error"  # the error_type of a 422 (its detail is 
 class Problem:
     """An error answer before its format renders it: status, wire `error_type`, public
     message and headers; `errors` is a validation error's detail[] (already made safe by
-    api/contract/wire.py `safe_errors`), None for every other error."""
+    api/contract/json_route.py `safe_errors`), None for every other error."""
 
     status: int
     error_type: str

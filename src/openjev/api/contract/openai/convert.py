@@ -26,8 +26,9 @@ from typing import Any
 
 from fastapi.exceptions import RequestValidationError
 
-from openjev.api.contract import openai_schemas as oa
-from openjev.api.contract.convert import text_of
+from openjev.api.contract.common import text_of
+from openjev.api.contract.openai import items as oi
+from openjev.api.contract.openai import schemas as oa
 from openjev.core import scoring
 from openjev.core import types as core
 
@@ -35,7 +36,7 @@ Loc = tuple[str | int, ...]
 
 
 def invalid(loc: Loc, msg: str, kind: str = "value_error") -> RequestValidationError:
-    """A 400 on this format (api/contract/openai_format.py), `param` naming `loc`."""
+    """A 400 on this format (api/contract/openai/format.py), `param` naming `loc`."""
     return RequestValidationError([{"loc": ("body", *loc), "msg": msg, "type": kind}])
 
 
@@ -53,11 +54,11 @@ def _parts_text(parts: str | list[Any], loc: Loc) -> str:
         return parts
     texts = []
     for i, part in enumerate(parts):
-        if isinstance(part, oa.InputImage):
+        if isinstance(part, oi.InputImage):
             raise _no_image((*loc, i))
-        if isinstance(part, oa.InputJSON):
+        if isinstance(part, oi.InputJSON):
             texts.append(text_of(part.data))
-        elif isinstance(part, oa.RefusalPart):
+        elif isinstance(part, oi.RefusalPart):
             texts.append(part.refusal)
         else:
             texts.append(part.text)
@@ -78,12 +79,12 @@ def state_of(value: str | list[Any]) -> core.State:
     calls: dict[str, str] = {}  # call_id -> the tool it called, for its output's turn
     for i, item in enumerate(value):
         loc: Loc = ("input", i)
-        if isinstance(item, oa.FunctionCall | oa.CustomToolCall):
+        if isinstance(item, oi.FunctionCall | oi.CustomToolCall):
             tool = _tool(item.namespace, item.name)
             calls[item.call_id] = tool
-            given = f"arguments: {item.arguments}" if isinstance(item, oa.FunctionCall) else f"input: {item.input}"
+            given = f"arguments: {item.arguments}" if isinstance(item, oi.FunctionCall) else f"input: {item.input}"
             turns.append(core.Turn("assistant", f"[tool call {item.call_id}: {tool}, {given}]"))
-        elif isinstance(item, oa.FunctionCallOutput | oa.CustomToolCallOutput):
+        elif isinstance(item, oi.FunctionCallOutput | oi.CustomToolCallOutput):
             tool_name = calls.get(item.call_id)
             if tool_name is None:
                 raise invalid(
@@ -99,7 +100,7 @@ def state_of(value: str | list[Any]) -> core.State:
     return core.State(turns=tuple(turns))
 
 
-def _instructions(value: oa.Instructions, loc: Loc) -> str:
+def _instructions(value: oi.Instructions, loc: Loc) -> str:
     return _parts_text(value, (*loc, "instructions"))
 
 

@@ -1,5 +1,5 @@
 """OpenAI's Decisions format (`POST /v1/decisions`): a plug-in of the one decision pipeline
-(api/contract/face.py `WireFormat`), converted by api/contract/openai_convert.py.
+(api/contract/format_port.py `WireFormat`), converted by api/contract/openai/convert.py.
 
 Its errors: `{"error": {"message", "type", "param", "code"}}`, and a validation error is a
 400 `invalid_request_error` whose `param` names the field (`questions[0].choices`), because
@@ -13,9 +13,11 @@ from __future__ import annotations
 from typing import Any
 
 from openjev.api.contract import documented
-from openjev.api.contract import openai_convert as oc
-from openjev.api.contract import openai_schemas as oa
-from openjev.api.contract.face import Problem, Rendered, WireFormat
+from openjev.api.contract.format_port import Problem, Rendered, WireFormat
+from openjev.api.contract.openai import answers
+from openjev.api.contract.openai import convert as oc
+from openjev.api.contract.openai import items as oi
+from openjev.api.contract.openai import schemas as oa
 
 PATHS = ("/v1/decisions",)
 
@@ -42,7 +44,7 @@ _SERVER: dict[int, tuple[str, str | None]] = {
 # pydantic names the member of a union it tried in `loc`: a discriminated union's tag
 # (questions[0] -> "choice") or a plain union's type ("str", "list[...]"). Not fields.
 _TAGS = frozenset(
-    {"predicate", "choice", "score", "input_text", "input_image", "input_json", "output_text", "refusal", *oa.ITEM_TAGS}
+    {"predicate", "choice", "score", "input_text", "input_image", "input_json", "output_text", "refusal", *oi.ITEM_TAGS}
 )
 _TYPE_NAMES = frozenset({"str", "bool", "int", "float", "dict", "list", "none", "is-instance", "tagged-union"})
 
@@ -113,7 +115,7 @@ def _audit(body: oa.DecisionCreate) -> dict[str, str]:
 
 
 def _error_doc(text: str) -> dict[str, Any]:
-    return {"description": text, "model": oa.DecisionErrorBody}
+    return {"description": text, "model": answers.DecisionErrorBody}
 
 
 # The statuses documented.DECISION_ERRORS lists, in OpenAI's shape; validation is a 400 here.
@@ -137,7 +139,7 @@ OPENAI = WireFormat(
     name="openai",
     paths=PATHS,
     body=oa.DecisionCreate,
-    response=oa.Decision,
+    response=answers.Decision,
     convert=oc.request_of,
     model_of=lambda body: body.model,
     render=oc.result_to_wire,

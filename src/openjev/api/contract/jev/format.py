@@ -1,5 +1,5 @@
 """Jev's SystemOne format (`POST /v1/systemone`, and the alias other Jev-compatible servers
-use): a plug-in of the one decision pipeline (api/contract/face.py `WireFormat`). Its errors
+use): a plug-in of the one decision pipeline (api/contract/format_port.py `WireFormat`). Its errors
 are `{"detail": {"error_type", "message"}}`, a validation error `{"detail": [{loc, msg,
 type}]}` with status 422 (the canonical shapes of the Jev contract)."""
 
@@ -9,8 +9,9 @@ from typing import Any
 
 from fastapi.exceptions import RequestValidationError
 
-from openjev.api.contract import convert, documented, schemas
-from openjev.api.contract.face import Problem, Rendered, WireFormat
+from openjev.api.contract import documented
+from openjev.api.contract.format_port import Problem, Rendered, WireFormat
+from openjev.api.contract.jev import convert, schemas
 from openjev.core.types import DecisionRequest
 
 PATHS = ("/v1/systemone", "/api/alpha/decisions")  # the vendor's name first, then the alias
