@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from openjev.core import calibration as calib
@@ -24,6 +24,7 @@ from openjev.core.ports import Admission, Engine, PlanResult
 from openjev.core.prompts import CompiledRequest, PromptCompiler
 from openjev.core.readouts import Combined, Readout, ReadoutContext, ReadoutSpec, question_type
 from openjev.core.readouts.catalog import PARALLEL_FALLBACK, ReadoutCatalog
+from openjev.core.task_apply import TaskCalibration
 from openjev.core.types import (
     Answer,
     ChoiceAnswer,
@@ -155,9 +156,13 @@ class DecisionService:
         *,
         readout: ReadoutSpec | None = None,
         calibrate: bool = True,
+        tasks: Mapping[str, TaskCalibration] | None = None,
     ) -> DecisionResult:
         """Answer every question, in request order, with `readout` (default: the service's)
-        and, unless `calibrate` is false, the calibration where it has a fit. `compiled`:
+        and, unless `calibrate` is false, the calibration where it has a fit; `tasks`: by
+        question id, a task's fit and abstain rule in their place (api/server/task_binding.py
+        checked them against this readout and model; applied even where `calibrate` is
+        false, since the caller named them). `compiled`:
         what prepare() returned for this request under the same readout, so it is not
         compiled twice.
 
@@ -174,12 +179,18 @@ class DecisionService:
                 )
             self._in_flight += 1
             try:
-                return await self._decide(request, compiled, self.resolve(readout or self.default_readout), calibrate)
+                spec = self.resolve(readout or self.default_readout)
+                return await self._decide(request, compiled, spec, calibrate, tasks or {})
             finally:
                 self._in_flight -= 1
 
     async def _decide(
-        self, request: DecisionRequest, compiled: CompiledRequest | None, spec: ReadoutSpec, calibrate: bool
+        self,
+        request: DecisionRequest,
+        compiled: CompiledRequest | None,
+        spec: ReadoutSpec,
+        calibrate: bool,
+        tasks: Mapping[str, TaskCalibration],
     ) -> DecisionResult:
         t0 = self._clock()
         readout = self.readout(spec)
@@ -196,7 +207,7 @@ class DecisionService:
                 f"engine returned {len(result.branches)} results for {len(compiled.plan.branches)} branches"
             )
         cal = self.calibration if calibrate and self.calibration is not None and self.calibration.covers(spec) else None
-        answers = []
+        answers, applied = [], []
         for (qid, question), (start, count) in zip(request.questions, compiled.spans, strict=True):
             branches = compiled.plan.branches[start : start + count]
             logprobs = [r.logprobs for r in result.branches[start : start + count]]
@@ -209,7 +220,10 @@ class DecisionService:
                 raise EngineError("unusable label log-probs from the engine", detail=str(e)) from None
             qtype = question_type(question)
             fit = cal.fit_for(spec.for_type(qtype), qtype) if cal is not None else None
-            answers.append((qid, self._answer(question, combined, fit, self.abstain)))
+            task = tasks.get(qid)
+            applied.append(task.name if task is not None else cal.id if fit is not None and cal is not None else None)
+            rule = task.abstain if task is not None else self.abstain
+            answers.append((qid, self._answer(question, combined, task.fit if task is not None else fit, rule)))
         timings = {"prepare": (t1 - t0) * 1000, **result.timings_ms, "engine": (t2 - t1) * 1000}
         return DecisionResult(
             answers=tuple(answers),
@@ -217,7 +231,7 @@ class DecisionService:
             prefix_tokens=compiled.plan.shared_prefix_len,
             timings_ms=timings,
             readout=used_readout(spec, compiled).describe(),
-            calibration=cal.id if cal is not None else None,
+            calibration=",".join(dict.fromkeys(a for a in applied if a)) or (cal.id if cal is not None else None),
         )
 
     def _check_budgets(self, request: DecisionRequest, compiled: CompiledRequest) -> None:
