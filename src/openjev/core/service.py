@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from openjev.core import calibration as calib
 from openjev.core import scoring
 from openjev.core.abstain import AbstainRule
+from openjev.core.distinct import refuse_ties
 from openjev.core.ports import Admission, Engine, PlanResult
 from openjev.core.prompts import CompiledRequest, CompileLimits, PromptCompiler
 from openjev.core.readouts import (
@@ -234,6 +235,7 @@ class DecisionService:
     ) -> CompiledRequest:
         """prepare() in the calling thread: compile under the limits, check the budgets.
         `part_cache`: see PromptCompiler.compile (a batch's items asking the same questions)."""
+        refuse_ties(request)  # before any work: the same rule on every route
         compiled = self._compiler.compile(request, readout, self._limits.compile_limits(), part_cache)
         self._check_budgets(request, compiled)
         return compiled

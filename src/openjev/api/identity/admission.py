@@ -37,7 +37,7 @@ from openjev.api.identity.reservation import admit, claim_current, current_reser
 from openjev.api.operations.metrics import Metrics
 from openjev.core.plan import Plan
 from openjev.core.ports import Admission, Engine, PlanResult
-from openjev.errors import AuthenticationError, OpenjevError, Overloaded, RateLimited, TokensExceeded
+from openjev.errors import AuthenticationError, OpenjevError, Overloaded, RateLimited, RequestError, TokensExceeded
 
 MAX_RETRY_AFTER_S = 60
 
@@ -319,6 +319,8 @@ class AdmissionMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        if len(Headers(scope=scope).getlist("authorization")) > 1:  # which one is meant is not ours to guess
+            raise RequestError("more than one Authorization header: send one")
         entry = self._authenticate(scope, scope["path"])
         state = scope.setdefault("state", {})
         state["key_name"] = entry.name if entry else None
