@@ -111,6 +111,13 @@ class InProcessSettings:
         500.0,
         "in-process engine: target time of one slice of a long prefill (cancellation and arrivals act between slices)",
     )
+    # llama.cpp's threads wait for each other at a spinning barrier each step: a thread that loses its
+    # core to another runnable one (the API's own event loop, any other job) stalls the rest
+    llamacpp_threads: int = opt(
+        0,
+        "llama.cpp engine: CPU threads of a forward (0: one fewer than the CPUs this process may use, at least 1, "
+        "so that the API's own work keeps a core)",
+    )
 
 
 @dataclass(frozen=True)

@@ -250,6 +250,6 @@ def run_meta(data: Sequence[str], target: str, config: RunConfig) -> dict[str, A
     import hashlib
 
     digest = hashlib.sha256()
-    for path in data:
-        digest.update(Path(path).read_bytes())
+    for path in data:  # a held-out source's name stands for its pinned package and subsample
+        digest.update(Path(path).read_bytes() if Path(path).is_file() else str(path).encode())
     return {"data": [str(p) for p in data], "data_sha256": digest.hexdigest()[:16], "target": target, **asdict(config)}
