@@ -70,6 +70,15 @@ def create_app(
     app.state.runtime = runtime
     app.state.ops = ops
     app.state.tasks = jobs  # read by the decision routes (api/server/task_binding.py)
+    _middleware(app, settings, ops)
+    json_route.install(app)  # every JSON body parsed strictly (api/contract/json_route.py); 422s that cannot fail
+    handlers.install(app)
+    routes.install(app, settings, runtime)
+    return app
+
+
+def _middleware(app: FastAPI, settings: Settings, ops: Operations) -> None:
+    """The middleware, added from the innermost out."""
     app.add_middleware(HeadMiddleware)  # innermost: HEAD routed as GET
     app.add_middleware(
         BodyMiddleware, max_bytes=settings.limits.max_body_bytes, timeout_s=settings.connections.body_timeout_s
@@ -93,9 +102,3 @@ def create_app(
         app.add_middleware(HostMiddleware, policy=hosts)
     app.add_middleware(RequestIdMiddleware)  # outermost of ours: ids on 413/415 too
     app.add_middleware(PageHeadersMiddleware, policies=page_policies(settings.listen.docs != "off"))
-    json_route.install(
-        app
-    )  # every JSON body parsed strictly (api/contract/strict_json.py, api/contract/json_route.py); 422s that cannot fail
-    handlers.install(app)
-    routes.install(app, settings, runtime)
-    return app
