@@ -129,7 +129,7 @@ def serve(settings: Settings) -> int:
     # second or more): its load is taken over by the app's lifespan (engines/__init__.py).
     prestart_engine(settings)
     from openjev.api.operations import logs
-    from openjev.api.operations.connections import fit_open_files, uvicorn_config
+    from openjev.api.operations.serving import fit_open_files, uvicorn_config
     from openjev.api.server.app import create_app
     from openjev.api.server.drain import DrainingServer
 

@@ -19,7 +19,7 @@ import httpx
 import pytest
 import uvicorn
 
-from openjev.api.operations.connections import uvicorn_config
+from openjev.api.operations.serving import uvicorn_config
 from openjev.api.server.app import create_app
 from openjev.config import load_settings
 from tests.api.conftest import fake_loader
@@ -283,7 +283,7 @@ def test_a_body_refused_before_it_is_read_is_answered_not_reset():
 
 def test_the_open_file_limit_is_raised_to_fit_max_connections():
     code = (
-        "import resource; from openjev.api.operations.connections import fit_open_files\n"
+        "import resource; from openjev.api.operations.serving import fit_open_files\n"
         "fit_open_files(1024); print(resource.getrlimit(resource.RLIMIT_NOFILE)[0])"
     )
     run = subprocess.run(

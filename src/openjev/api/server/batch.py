@@ -27,7 +27,7 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from fastapi import Depends, FastAPI, Request
@@ -52,9 +52,12 @@ from openjev.api.server.pipeline import unless_disconnected
 from openjev.config import LimitSettings, QualitySettings
 from openjev.core.readouts import ReadoutSpec
 from openjev.core.service import DecisionService
+from openjev.core.task_apply import TaskCalibration
 from openjev.core.types import DecisionRequest, Question
 from openjev.engines import ModelCard
 from openjev.errors import ClientDisconnected, OpenjevError, RequestError, TokensExceeded
+
+Binder = Callable[[DecisionRequest], Mapping[str, TaskCalibration]]  # the request's task fits
 
 log = logging.getLogger(__name__)
 
@@ -124,7 +127,10 @@ def install(
             await ops.key_limits.take_batch_items(entry, count - 1)
         service, card = ready()
         t0 = time.perf_counter()
-        items = await _prepared(request, body, limits, service, card.name, spec or service.default_readout, calibrate)
+        bind = pipeline.task_binder(request, spec, service, card.fingerprint, quality)  # x-openjev-task
+        items = await _prepared(
+            request, body, limits, service, card.name, spec or service.default_readout, (calibrate, bind)
+        )
         slots = max(1, limits.max_in_flight // 2)
         state = request.state
         state.batch = {"items": len(items), "succeeded": 0, "failed": 0}  # for the batch's access line
@@ -150,7 +156,7 @@ async def _prepared(
     service: DecisionService,
     served: str,
     spec: ReadoutSpec,
-    calibrate: bool,
+    calibration: tuple[bool, Binder],
 ) -> list[Item]:
     """Every item prepared. Validating, converting and compiling grow with the body: all of
     it in a worker thread, item after item, stopping at the first item that takes the batch
@@ -167,7 +173,7 @@ async def _prepared(
                 service,
                 served,
                 spec,
-                calibrate,
+                calibration,
                 request_id_of(request.scope),
                 (request.app.state.ops.key_limits, gone),
             ),
@@ -230,7 +236,7 @@ def _prepare_all(
     service: DecisionService,
     served: str,
     spec: ReadoutSpec,
-    calibrate: bool,
+    calibration: tuple[bool, Binder],
     request_id: str | None,
     charge: tuple[KeyLimits, threading.Event],
 ) -> list[Item]:
@@ -239,6 +245,7 @@ def _prepare_all(
     it read before its refusal), and is charged to the key once the batch is refused;
     the loop stops once `gone` is set (the client left)."""
     key_limits, gone = charge
+    calibrate, bind = calibration
     states_form = body.requests is None
     shared = _shared_questions(body, limits) if states_form else None
     part_cache: dict[str, tuple[int, ...]] | None = {} if states_form else None
@@ -254,6 +261,7 @@ def _prepare_all(
             with pipeline.charging(key_limits):
                 item.request, model = _request_of(raw, body, shared, limits)  # in the key's namespace
                 item.model = common.resolve_model(model, served)
+                item.tasks = bind(item.request)  # the tasks' fits, checked before any compile
                 item.compiled = service.prepare_now(item.request, service.readout(spec), part_cache)
             work = item.compiled.plan.unique_tokens
         except TokensExceeded as exc:  # charged already; its work counts toward the batch's too
