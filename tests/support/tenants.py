@@ -20,10 +20,10 @@ QUESTION = {"ship": {"type": "noul", "instructions": "Is the text about a ship?"
 _counter = itertools.count()
 
 
-def short_state() -> str:
-    """Ten words, never sent before in this process."""
+def short_state(repeats: int = 1) -> str:
+    """Ten words (`repeats` times that, about 15 tokens each), never sent before in this process."""
     n = next(_counter)
-    return f"Note {n}: the harbour crew loaded crates onto barge {n} today."
+    return " ".join(f"Note {n}.{k}: the harbour crew loaded crates onto barge {n} today." for k in range(repeats))
 
 
 @dataclass
@@ -59,13 +59,14 @@ async def light(url: str, key: str, until: float) -> Tally:
     return tally
 
 
-async def heavy_batches(url: str, key: str, until: float, batches: int = 2, items: int = 10) -> Tally:
-    """`batches` loops, each sending one batch of `items` new states at a time, until `until`."""
+async def heavy_batches(url: str, key: str, until: float, batches: int = 2, items: int = 10, repeats: int = 1) -> Tally:
+    """`batches` loops, each sending one batch of `items` new states (short_state(repeats)) at
+    a time, until `until`."""
     tally = Tally()
 
     async def loop(client: httpx.AsyncClient) -> None:
         while time.monotonic() < until:
-            body = {"questions": QUESTION, "states": [short_state() for _ in range(items)]}
+            body = {"questions": QUESTION, "states": [short_state(repeats) for _ in range(items)]}
             t0 = time.perf_counter()
             r = await client.post("/v1/systemone/batch", json=body, headers={"Accept": "application/json"})
             if r.status_code != 200:
