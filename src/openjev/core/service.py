@@ -10,34 +10,26 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import math
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from openjev.core import calibration as calib
-from openjev.core import scoring
 from openjev.core.abstain import AbstainRule
+from openjev.core.answers import answer_of
 from openjev.core.compile_limits import CompileLimits
 from openjev.core.compile_size import compiles_inline
+from openjev.core.distinct import refuse_ties
 from openjev.core.ports import Admission, Engine, PlanResult
 from openjev.core.prompts import CompiledRequest, PromptCompiler
-from openjev.core.readouts import Combined, Readout, ReadoutContext, ReadoutSpec, question_type
+from openjev.core.readouts import Readout, ReadoutContext, ReadoutSpec, question_type
 from openjev.core.readouts.catalog import PARALLEL_FALLBACK, ReadoutCatalog
 from openjev.core.task_apply import TaskCalibration
 from openjev.core.types import (
-    Answer,
-    ChoiceAnswer,
-    ChoiceQuestion,
     DecisionRequest,
     DecisionResult,
-    NoulAnswer,
-    NoulQuestion,
-    Question,
-    ScoreAnswer,
     Usage,
 )
-from openjev.core.wording import option_texts
 from openjev.errors import EngineError, EngineTimeout, Overloaded, TokensExceeded
 
 
@@ -145,6 +137,7 @@ class DecisionService:
     ) -> CompiledRequest:
         """prepare() in the calling thread: compile under the limits, check the budgets.
         `part_cache`: see PromptCompiler.compile (a batch's items asking the same questions)."""
+        refuse_ties(request)  # before any work: the same rule on every route
         compiled = self._compiler.compile(request, readout, self._limits.compile_limits(), part_cache)
         self._check_budgets(request, compiled)
         return compiled
@@ -223,7 +216,7 @@ class DecisionService:
             task = tasks.get(qid)
             applied.append(task.name if task is not None else cal.id if fit is not None and cal is not None else None)
             rule = task.abstain if task is not None else self.abstain
-            answers.append((qid, self._answer(question, combined, task.fit if task is not None else fit, rule)))
+            answers.append((qid, answer_of(question, combined, task.fit if task is not None else fit, rule)))
         timings = {"prepare": (t1 - t0) * 1000, **result.timings_ms, "engine": (t2 - t1) * 1000}
         return DecisionResult(
             answers=tuple(answers),
@@ -259,39 +252,6 @@ class DecisionService:
             prompt_tokens=compiled.plan.prompt_tokens,
             computed_tokens=result.computed_tokens,
             cached_tokens=result.cached_tokens,
-        )
-
-    @staticmethod
-    def _answer(question: Question, combined: Combined, fit: calib.TypeFit | None, rule: AbstainRule) -> Answer:
-        probs = (
-            combined.probs
-            if fit is None
-            else calib.apply(fit, combined.probs, combined.shown, combined.clones, combined.mirrored)
-        )
-        if not all(math.isfinite(p) for p in probs):
-            raise EngineError("the engine's log-probabilities gave non-finite probabilities")
-        mass, agreement = combined.label_mass, combined.order_agreement
-        abstain = rule.refuses(mass, agreement, max(probs))
-        if isinstance(question, NoulQuestion):
-            return NoulAnswer(p_true=probs[0], label_mass=mass, order_agreement=agreement, abstain=abstain)
-        if isinstance(question, ChoiceQuestion):
-            names = [o.name for o in question.options]
-            return ChoiceAnswer(
-                choice=names[scoring.argmax(probs)],
-                probabilities=tuple(zip(names, probs, strict=True)),
-                confidence=scoring.choice_confidence(probs),
-                label_mass=mass,
-                order_agreement=agreement,
-                abstain=abstain,
-            )
-        return ScoreAnswer(
-            score=scoring.expectation(probs),
-            confidence=scoring.score_confidence(probs),
-            probabilities=tuple(probs),
-            legend=tuple(option_texts(question)),
-            label_mass=mass,
-            order_agreement=agreement,
-            abstain=abstain,
         )
 
 

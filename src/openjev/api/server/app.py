@@ -18,11 +18,13 @@ from openjev.api.identity.door import AdmissionMiddleware
 from openjev.api.identity.hosts import HostMiddleware, HostPolicy
 from openjev.api.operations.access import AccessLogMiddleware, MetricsEndpoint
 from openjev.api.operations.middleware import BodyMiddleware, ErrorMiddleware, HeadMiddleware, RequestIdMiddleware
+from openjev.api.operations.page_headers import PageHeadersMiddleware
 from openjev.api.server import handlers, routes
 from openjev.api.server.assembly import Loader, Runtime, build_service, lifespan
 from openjev.api.server.conventions import ConventionsMiddleware
 from openjev.api.server.drain import DrainMiddleware
-from openjev.api.server.ops import Operations
+from openjev.api.server.operator_state import Operations
+from openjev.api.server.playground import page_policies
 from openjev.api.server.routes import SYSTEMONE_ROUTES
 from openjev.api.server.task_jobs import open_jobs
 from openjev.config import Settings
@@ -48,7 +50,7 @@ def create_app(
     kept for /health and passed to `on_fatal` (the CLI exits non-zero on it); `on_loaded`
     runs once the service is built, in a worker thread, before the first decision."""
     runtime = Runtime(settings)
-    ops = Operations(  # keys, limits, metrics, drain (api/server/ops.py)
+    ops = Operations(  # keys, limits, metrics, drain (api/server/operator_state.py)
         settings.keys,
         settings.limits,
         runtime,
@@ -68,11 +70,20 @@ def create_app(
     app.state.runtime = runtime
     app.state.ops = ops
     app.state.tasks = jobs  # read by the decision routes (api/server/task_binding.py)
+    _middleware(app, settings, ops)
+    json_route.install(app)  # every JSON body parsed strictly (api/contract/json_route.py); 422s that cannot fail
+    handlers.install(app)
+    routes.install(app, settings, runtime)
+    return app
+
+
+def _middleware(app: FastAPI, settings: Settings, ops: Operations) -> None:
+    """The middleware, added from the innermost out."""
     app.add_middleware(HeadMiddleware)  # innermost: HEAD routed as GET
     app.add_middleware(
         BodyMiddleware, max_bytes=settings.limits.max_body_bytes, timeout_s=settings.connections.body_timeout_s
     )
-    # What operators need around the routes, one job per middleware (api/server/ops.py):
+    # What operators need around the routes, one job per middleware (api/server/operator_state.py):
     app.add_middleware(DrainMiddleware, drain=ops.drain)  # /health 503 and decisions refused once draining
     app.add_middleware(MetricsEndpoint, metrics=ops.metrics)  # GET /metrics, behind the key off this machine
     app.add_middleware(  # keys and the key's requests/min checked before the body is read
@@ -90,9 +101,4 @@ def create_app(
     if hosts is not None:  # DNS rebinding: before the key and the body
         app.add_middleware(HostMiddleware, policy=hosts)
     app.add_middleware(RequestIdMiddleware)  # outermost of ours: ids on 413/415 too
-    json_route.install(
-        app
-    )  # every JSON body parsed strictly (api/contract/strict_json.py, api/contract/json_route.py); 422s that cannot fail
-    handlers.install(app)
-    routes.install(app, settings, runtime)
-    return app
+    app.add_middleware(PageHeadersMiddleware, policies=page_policies(settings.listen.docs != "off"))

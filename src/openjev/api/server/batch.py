@@ -96,6 +96,16 @@ class ItemInvalid(RequestError):
     status = 422
 
 
+_RESPONSES: dict[int | str, dict[str, Any]] = {
+    **documented.BODY_ERRORS,
+    200: {
+        "content": {NDJSON: {}, "application/json": {}},
+        "description": "one line per item ({index, model, answers, usage} or {index, status, "
+        "error}), then {summary}; or the items as one JSON array in item order",
+    },
+}
+
+
 def install(
     app: FastAPI,
     quality: QualitySettings,
@@ -109,14 +119,7 @@ def install(
         dependencies=[Depends(require_key)],
         summary="Many decisions in one call (NDJSON in completion order, or a JSON array with Accept: application/json)",
         openapi_extra={"parameters": documented.READOUT_HEADERS},
-        responses={
-            **documented.BODY_ERRORS,
-            200: {
-                "content": {NDJSON: {}, "application/json": {}},
-                "description": "one line per item ({index, model, answers, usage} or {index, status, "
-                "error}), then {summary}; or the items as one JSON array in item order",
-            },
-        },
+        responses=_RESPONSES,
     )
     async def batch(body: BatchRequest, request: Request):
         count = _count(body, limits)
@@ -271,14 +274,19 @@ def _prepare_all(
             item.line = error_line(item, exc)
         item.prepare_ms = (time.perf_counter() - t0) * 1000
         items.append(item)
-        if work:
-            total += work
-            if total > limits.max_batch_tokens:
-                over = TokensExceeded(
-                    f"the batch takes more than {total} distinct tokens by item {index}, its items' added up "
-                    f"(limit {limits.max_batch_tokens} per batch)"
-                )
-                over.work_tokens = total - charged  # the refused items' work was charged already
-                charge_refused(key_limits, over)
-                raise over
+        total += work
+        if work and total > limits.max_batch_tokens:
+            _refuse_batch(total, charged, index, limits, key_limits)
     return items
+
+
+def _refuse_batch(total: int, charged: int, index: int, limits: LimitSettings, key_limits: KeyLimits) -> None:
+    """TokensExceeded for a batch whose items' work passed --max-batch-tokens by item
+    `index`, its work charged to the key (less the refused items', charged already)."""
+    over = TokensExceeded(
+        f"the batch takes more than {total} distinct tokens by item {index}, its items' added up "
+        f"(limit {limits.max_batch_tokens} per batch)"
+    )
+    over.work_tokens = total - charged
+    charge_refused(key_limits, over)
+    raise over

@@ -193,15 +193,18 @@ async def run(
             for item in _cut(items, recorded):
                 yield emit(item)  # finished meanwhile (its line stands) or cut (503)
     finally:
-        # A client gone mid-stream cancels the stream (Starlette's cancel scope, which would
-        # cancel every await here again): the items still running are cancelled and awaited
-        # shielded, so that none is left pending and each unread item is recorded (499).
-        with anyio.CancelScope(shield=True):
-            pending: list[asyncio.Future[Any]] = [w for w in (stopped, getter, *tasks) if w is not None]
-            for future in pending:
-                future.cancel()
-            await asyncio.gather(*pending, return_exceptions=True)
+        await _settle([w for w in (stopped, getter, *tasks) if w is not None])
         _record_unread(items, recorded, record)
+
+
+async def _settle(pending: list[asyncio.Future[Any]]) -> None:
+    """Cancel what still runs and await it, shielded: a client gone mid-stream cancels the
+    stream (Starlette's cancel scope, which would cancel every await here again), and none
+    may be left pending."""
+    with anyio.CancelScope(shield=True):
+        for future in pending:
+            future.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
 
 
 async def ndjson(
