@@ -58,10 +58,15 @@ READ = {"noul": LettersReadout(LABELS, IDS, rotations=1), "choice": LettersReado
 READ["score"] = READ["choice"]
 
 
-def items_of(source: str, cache_dir: str, per_stratum: int | None = None) -> list[Item]:
+def items_of(source: str, cache_dir: str, per_stratum: Sequence[int] | None = None) -> list[Item]:
+    """A source's items; for a registry source, the union of its subsamples of each size given."""
     if source.startswith("evals-"):
         return load_items(Path(__file__).resolve().parent / "data" / f"{source.removeprefix('evals-')}.jsonl")
-    return load_source(source, cache_dir, per_stratum=per_stratum)
+    seen: dict[str, Item] = {}
+    for size in per_stratum or [None]:
+        for item in load_source(source, cache_dir, per_stratum=size):
+            seen.setdefault(item.id, item)
+    return list(seen.values())
 
 
 def signature(question: dict) -> str:
@@ -439,7 +444,12 @@ def main() -> int:
         c.add_argument("--out", default="evals/results/readings")
         c.add_argument("--cache-dir", default="~/.cache/openjev")
         c.add_argument("sources", nargs="*", default=list(SOURCES))
-        c.add_argument("--per-stratum", type=int, help="registry sources: items per stratum (default: the source's)")
+        c.add_argument(
+            "--per-stratum",
+            type=int,
+            nargs="+",
+            help="registry sources: items per stratum (default: the source's); several: the union of those subsamples",
+        )
     sub.choices["record"].add_argument("--limit", type=int)
     sub.choices["record"].add_argument("--rotations", type=int, default=2, help="letters rotations to record")
     sub.choices["table"].add_argument("--results", default="evals/results")
