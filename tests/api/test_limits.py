@@ -15,13 +15,14 @@ def _auth(key: str) -> dict[str, str]:
 @pytest.mark.usefixtures("limits_store")
 async def test_each_key_sees_its_own_limits(tmp_path):
     keys = tmp_path / "keys"
-    keys.write_text("alice:alice-key requests_per_min=7 tokens_per_min=900\nbob:bob-key\n")
+    keys.write_text("alice:alice-key requests_per_min=7 tokens_per_min=900 weight=3\nbob:bob-key\n")
     settings = {"api_keys_file": str(keys), "key_requests_per_min": 100, "key_tokens_per_min": 50_000}
     async with running_app(**settings) as (client, _):
         alice = (await client.get("/v1/limits", headers=_auth("alice-key"))).json()
         bob = (await client.get("/v1/limits", headers=_auth("bob-key"))).json()
     assert (alice["key"], alice["key_requests_per_min"], alice["key_tokens_per_min"]) == ("alice", 7, 900)
     assert (bob["key"], bob["key_requests_per_min"], bob["key_tokens_per_min"]) == ("bob", 100, 50_000)
+    assert (alice["key_weight"], bob["key_weight"]) == (3, 1)  # its share of the engine (default 1)
     assert alice["max_questions"] == bob["max_questions"]  # the server's own limits, the same for all
 
 
@@ -29,4 +30,4 @@ async def test_each_key_sees_its_own_limits(tmp_path):
 async def test_without_keys_the_defaults_are_shown():
     async with running_app(key_requests_per_min=30) as (client, _):
         limits = (await client.get("/v1/limits")).json()
-    assert limits["key_requests_per_min"] == 30 and "key" not in limits
+    assert limits["key_requests_per_min"] == 30 and limits["key_weight"] == 1 and "key" not in limits

@@ -154,7 +154,8 @@ def test_questions_asked_again_of_new_states_are_encoded_once_per_namespace_and_
     namespace they are not encoded again, and give the ids a fresh compiler gives; another
     tenant encodes them itself; a request refused by the limits keeps nothing (so its next
     refusal is charged the same work)."""
-    from openjev.core.prompts import CompileLimits, TokensExceeded
+    from openjev.core.prompts import CompileLimits
+    from openjev.errors import TokensExceeded
 
     def question_encodings(tok: _CountingTokenizer) -> int:
         return sum(1 for text in tok.encoded if "Which team?" in text or "How angry?" in text)

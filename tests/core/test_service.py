@@ -154,9 +154,9 @@ async def test_an_unavailable_readout_is_refused_before_any_engine_work():
     from openjev.errors import Unsupported
 
     engine = FakeEngine()
-    service = _service(engine)
-    service._compiler.yes_no = None
-    service._readouts.clear()
+    compiler = PromptCompiler(FakeTokenizer(), max_labels=255)
+    compiler.yes_no = None  # Yes/No not single tokens for this model
+    service = DecisionService(compiler, engine, ServiceLimits(**LIMITS.__dict__))
     with pytest.raises(Unsupported, match="yesno"):
         await service.decide(DecisionRequest(STATE, QUESTIONS), readout=ReadoutSpec("yesno"))
     assert engine.plans == []

@@ -3,11 +3,13 @@ named fake of the binding seam that enforces llama.cpp's batch rules (tests/supp
 fake_llamacpp.py). The real binding and model: tests/llamacpp."""
 
 import asyncio
+import dataclasses
 import random
 
 import pytest
 
 from openjev.core.plan import Branch, Plan
+from openjev.core.types import Share
 from openjev.engines.llamacpp.cache import StateCache
 from openjev.engines.llamacpp.engine import LlamaCppEngine
 from openjev.engines.llamacpp.layout import layout, leaves
@@ -237,3 +239,40 @@ def test_a_cancelled_request_stops_at_its_next_decode_and_leaves_nothing_behind(
     assert result.cached_tokens == 0
     assert not fake.cells and len(engine.cache) == 1
     asyncio.run(engine.close())
+
+
+def test_a_light_keys_request_runs_next_though_a_heavy_keys_queue_came_first():
+    import threading
+
+    fake = SimulatedLlamaCpp()
+    fake.gate = threading.Event()
+    engine = LlamaCppEngine(fake, prefix_cache_bytes=0)
+    heavy, light = Share("heavy"), Share("light")
+
+    def plan(share: Share, k: int) -> Plan:
+        return dataclasses.replace(_plan(2, state=tuple(range(200 + 10 * k, 210 + 10 * k))), share=share)
+
+    async def scenario() -> list[str]:
+        done: list[str] = []
+
+        async def run(name: str, p: Plan) -> None:
+            await engine.run(p)
+            done.append(name)
+
+        tasks = [asyncio.create_task(run("heavy", plan(heavy, 0)))]
+        while not fake.entered.is_set():  # the first heavy request holds the worker
+            await asyncio.sleep(0.005)
+        tasks += [asyncio.create_task(run("heavy", plan(heavy, k))) for k in range(1, 6)]
+        await asyncio.sleep(0.05)  # queued behind it, in that order
+        tasks.append(asyncio.create_task(run("light", plan(light, 9))))
+        await asyncio.sleep(0.05)
+        fake.gate.set()
+        await asyncio.gather(*tasks)
+        return done
+
+    try:
+        done = asyncio.run(scenario())
+    finally:
+        fake.gate.set()
+        asyncio.run(engine.close())
+    assert done.index("light") == 1, done  # after the one under way, ahead of five queued before it

@@ -10,6 +10,8 @@ import torch
 
 from openjev.core.plan import Branch, Plan
 from openjev.core.ports import PlanResult
+from openjev.core.types import Share
+from openjev.engines.fair_share import QUANTUM
 from openjev.engines.prefix_cache import PrefixCache
 from openjev.engines.torch.scheduler import FIRST_SLICE, MIN_SLICE, Job, JobState, Scheduler, SchedulerLimits
 from openjev.errors import EngineError
@@ -278,3 +280,35 @@ def test_followers_of_a_cancelled_leader_compute_for_themselves():
         scheduler.stop()
     assert all(len(r.branches) == 1 for r in results)
     assert sum(r.computed_tokens for r in results) == 401 + 2 * 1  # one new leader, two joined it
+
+
+# ---- keys' fair order (engines/fair_share.py)
+
+
+def test_a_light_keys_request_goes_in_the_next_small_round_beside_a_heavy_keys_queue():
+    runner = FakeRunner(0.0002)
+    scheduler = _scheduler(runner, slice_s=10)
+    heavy = [
+        Plan.from_branches([Branch(tuple(range(100 * k + 1, 100 * k + 65)), (1, 2))], share=Share("heavy"))
+        for k in range(80)
+    ]
+    light = Plan.from_branches([Branch(tuple(range(9001, 9065)), (1, 2))], share=Share("light"))
+
+    async def go() -> tuple[float, float]:
+        tasks = [asyncio.create_task(scheduler.run(p)) for p in heavy]
+        while not runner.forwards:  # the first round (the heavy key alone) is done
+            await asyncio.sleep(0.001)
+        t0 = time.monotonic()
+        await scheduler.run(light)
+        t1 = time.monotonic()
+        await asyncio.gather(*tasks)
+        return t0, t1
+
+    try:
+        t0, t1 = asyncio.run(go())
+    finally:
+        scheduler.stop()
+    during = [n for end, n in runner.forwards if t0 < end <= t1]
+    # at most the round under way when it arrived, then its own: the heavy key's quantum and it
+    assert len(during) <= 2 and during[-1] <= QUANTUM + 64, during
+    assert sum(n for _, n in runner.forwards) == 81 * 64

@@ -54,6 +54,11 @@ class ConnectionSettings:
     max_connections: int = opt(
         1024, "open HTTP connections at once; beyond it a new connection is answered 503 and closed"
     )
+    max_connections_per_client: int = opt(
+        64,
+        "open HTTP connections from one client address at once (a --trusted-proxies peer excepted); beyond it "
+        "that client's new connection is answered 503 and closed (0: no bound per client)",
+    )
     head_timeout_s: float = opt(
         10.0, "time for a request's head (request line and headers) to arrive; beyond it: 408 and close"
     )
@@ -105,6 +110,13 @@ class InProcessSettings:
     slice_ms: float = opt(
         500.0,
         "in-process engine: target time of one slice of a long prefill (cancellation and arrivals act between slices)",
+    )
+    # llama.cpp's threads wait for each other at a spinning barrier each step: a thread that loses its
+    # core to another runnable one (the API's own event loop, any other job) stalls the rest
+    llamacpp_threads: int = opt(
+        0,
+        "llama.cpp engine: CPU threads of a forward (0: one fewer than the CPUs this process may use, at least 1, "
+        "so that the API's own work keeps a core)",
     )
 
 

@@ -154,16 +154,7 @@ def from_dict(data: Mapping[str, Any], source: str = "") -> Calibration:
     try:
         if data.get("format") != FORMAT:
             raise ValueError(f"format must be {FORMAT!r}, got {data.get('format')!r}")
-        fits = []
-        for entry in data["fits"]:
-            spec = ReadoutSpec(str(entry["readout"]), int(entry.get("rotations", 1)))
-            types = {}
-            for qtype, t in entry["types"].items():
-                if qtype not in QUESTION_TYPES:
-                    raise ValueError(f"unknown question type {qtype!r}")
-                prior = {int(n): tuple(float(p) for p in ps) for n, ps in (t.get("position_prior") or {}).items()}
-                types[qtype] = TypeFit(float(t["temperature"]), tuple(float(b) for b in t.get("bias", ())), prior)
-            fits.append(ReadoutFit(spec, types))
+        fits = [_fit_of(entry) for entry in data["fits"]]
         specs = [f.spec for f in fits]
         if len(set(specs)) != len(specs):
             raise ValueError("two fits for the same readout")
@@ -200,6 +191,18 @@ def from_dict(data: Mapping[str, Any], source: str = "") -> Calibration:
     except (KeyError, TypeError, ValueError, AttributeError, ConfigError) as e:
         where = source or "calibration"
         raise ConfigError(f"{where}: not a valid calibration file: {e}") from None
+
+
+def _fit_of(entry: Mapping[str, Any]) -> ReadoutFit:
+    """One readout's fit, per question type; ValueError for an unknown type."""
+    spec = ReadoutSpec(str(entry["readout"]), int(entry.get("rotations", 1)))
+    types = {}
+    for qtype, t in entry["types"].items():
+        if qtype not in QUESTION_TYPES:
+            raise ValueError(f"unknown question type {qtype!r}")
+        prior = {int(n): tuple(float(p) for p in ps) for n, ps in (t.get("position_prior") or {}).items()}
+        types[qtype] = TypeFit(float(t["temperature"]), tuple(float(b) for b in t.get("bias", ())), prior)
+    return ReadoutFit(spec, types)
 
 
 def load(path: str | Path) -> Calibration:

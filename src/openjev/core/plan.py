@@ -27,6 +27,8 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
+from openjev.core.types import NO_KEY, Share
+
 
 @dataclass(frozen=True, eq=False)
 class Branch:
@@ -175,18 +177,21 @@ def _root(branches: tuple[Branch, ...]) -> TrieNode:
 class Plan:
     """`cache_namespace`: an engine may serve this plan's tokens from a cache only where
     they were computed for a plan of the same namespace (tenants do not see each other's
-    states through cache hits). "" is the namespace of a server without keys."""
+    states through cache hits). "" is the namespace of a server without keys.
+    `share`: whose share of the engine runs it (the caller's key and weight), for engines
+    that order work across requests."""
 
     branches: tuple[Branch, ...]
     root: TrieNode
     cache_namespace: str = ""
+    share: Share = NO_KEY
 
     @classmethod
-    def from_branches(cls, branches: Sequence[Branch], *, cache_namespace: str = "") -> Plan:
+    def from_branches(cls, branches: Sequence[Branch], *, cache_namespace: str = "", share: Share = NO_KEY) -> Plan:
         if not branches:
             raise ValueError("a plan has at least one branch")
         branches = tuple(branches)
-        return cls(branches=branches, root=_root(branches), cache_namespace=cache_namespace)
+        return cls(branches=branches, root=_root(branches), cache_namespace=cache_namespace, share=share)
 
     @property
     def shared_prefix_len(self) -> int:

@@ -21,6 +21,8 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
+from openjev.core.compile_limits import CompileLimits, check, check_shared, exceeded, first_qid
+from openjev.core.encoding import Encoded, Encoder, lay_out
 from openjev.core.frame import Frame, content_rule, frame, tail_chars, text_of
 from openjev.core.labels import LabelSet, verify_labels, verify_words
 from openjev.core.plan import Branch, Plan
@@ -29,7 +31,6 @@ from openjev.core.readouts import LettersReadout, Readout
 from openjev.core.shared_ids import SHARED_IDS_TOKENS, SharedIds
 from openjev.core.types import ChoiceQuestion, DecisionRequest, State, Turn
 from openjev.core.wording import ANSWER_CUE, LABEL_SEPARATOR, NO, YES, letters_text
-from openjev.errors import TokensExceeded
 
 log = logging.getLogger(__name__)
 
@@ -39,16 +40,6 @@ _PROBE_QUESTION = ChoiceQuestion(instructions="Which team should handle this?", 
 
 # Characters of the shared text's end that the token-stability check encodes again.
 STABILITY_WINDOW = 512
-
-
-@dataclass(frozen=True)
-class CompileLimits:
-    """What one request may cost, checked while it is compiled (see PromptCompiler.compile)."""
-
-    max_branch_tokens: int
-    max_branches: int
-    max_prompt_tokens: int
-    branch_limit: str = "per branch"  # what bounds a branch, in messages (the model's context, where it is less)
 
 
 @dataclass(frozen=True)
@@ -134,32 +125,24 @@ class PromptCompiler:
         # it intact (the boundary then falls before a special token), else everything
         # before the question (the part of each branch is then the reading alone).
         shared_text, lead = (fr.prefix, fr.middle) if fr.prefix else (fr.middle, ())
-        enc = _Encoder(self._tok, part_cache, self._shared_ids, request.cache_namespace)
+        enc = Encoder(self._tok, part_cache, self._shared_ids, request.cache_namespace)
         # A state (or a question's reading) asked again in the same namespace (a compile's time
         # tells no tenant what another sent) is not encoded again; it is kept only once its
         # request passed the limits, so a refusal is charged what it read every time and fills
         # nothing.
         shared = enc.part(shared_text) if shared_text else ()
         if limits is not None:
-            _check_shared(limits, request, len(shared), sum(counts), enc.work)
+            check_shared(limits, request, len(shared), sum(counts), enc.work)
         reads = self._encode_readings(request, readout, counts, enc, lead, fr.tail, len(shared), limits)
         if shared and not self._split_is_stable(shared_text, [r.text for r in reads], same_lead=bool(lead)):
             log.warning("prompt split is not token-stable for this template; encoding branches whole")
             branches = self._whole_branches(shared_text, reads, enc, limits)
         else:
-            base = len(shared)
-            branches = [
-                Branch(r.part, r.label_ids, shared, parallel=tuple((a + base, b + base) for a, b in r.layout))
-                for r in reads
-            ]
-        plan = Plan.from_branches(branches, cache_namespace=request.cache_namespace)
+            branches = _on_shared(shared, reads)
+        plan = Plan.from_branches(branches, cache_namespace=request.cache_namespace, share=request.share)
         for part_key, ids in enc.fresh.items():
             self._shared_ids.put((request.cache_namespace, part_key), ids)
-        spans, at = [], 0
-        for count in counts:
-            spans.append((at, count))
-            at += count
-        return CompiledRequest(plan=plan, spans=tuple(spans))
+        return CompiledRequest(plan=plan, spans=_spans(counts))
 
     def _check_shape(self, request: DecisionRequest, n_branches: int, limits: CompileLimits | None) -> None:
         """The limits known before any text is rendered: the branch count, and the state's
@@ -167,15 +150,15 @@ class PromptCompiler:
         if limits is None:
             return
         if n_branches > limits.max_branches:
-            raise _exceeded(
+            raise exceeded(
                 f"the request reads {n_branches} branches (limit {limits.max_branches} per request; each "
                 "question is one branch per rotation, or under the yesno readout one per option)",
                 0,
             )
         turns = len(request.state.turns)
         if turns * self.turn_tokens > limits.max_branch_tokens:
-            raise _exceeded(
-                f"question {_first_qid(request)!r}: the state's {turns} chat turns alone take at least "
+            raise exceeded(
+                f"question {first_qid(request)!r}: the state's {turns} chat turns alone take at least "
                 f"{turns * self.turn_tokens} tokens (limit {limits.max_branch_tokens} {limits.branch_limit})",
                 0,
             )
@@ -185,15 +168,15 @@ class PromptCompiler:
         request: DecisionRequest,
         readout: Readout,
         counts: list[int],
-        enc: _Encoder,
+        enc: Encoder,
         lead: Segments,
         tail: Segments,
         shared_len: int,
         limits: CompileLimits | None,
-    ) -> list[_Encoded]:
+    ) -> list[Encoded]:
         """Every reading of every question, encoded apart from the shared part, checked
         against the limits one by one (the first over a limit stops the encoding)."""
-        out: list[_Encoded] = []
+        out: list[Encoded] = []
         total = 0
         for (qid, question), count in zip(request.questions, counts, strict=True):
             for k in range(count):
@@ -203,18 +186,18 @@ class PromptCompiler:
                     # its own; the template's tail follows, encoded on its own too
                     text = (*lead, (reading.text, False))
                     lines = tuple(enc.part(((line, False),)) for line in reading.parallel)
-                    encoded = _Encoded.laid_out(qid, text, enc.part(text), lines, enc.part(tail), reading.label_ids)
+                    encoded = Encoded.laid_out(qid, text, enc.part(text), lines, enc.part(tail), reading.label_ids)
                 else:
                     text = (*lead, (reading.text, False), *tail)
-                    encoded = _Encoded(qid, text, enc.part(text), reading.label_ids)
+                    encoded = Encoded(qid, text, enc.part(text), reading.label_ids)
                 total += shared_len + len(encoded.part)
                 if limits is not None:
-                    _check(limits, qid, shared_len + len(encoded.part), total, enc.work)
+                    check(limits, qid, shared_len + len(encoded.part), total, enc.work)
                 out.append(encoded)
         return out
 
     def _whole_branches(
-        self, shared_text: Segments, reads: list[_Encoded], enc: _Encoder, limits: CompileLimits | None
+        self, shared_text: Segments, reads: list[Encoded], enc: Encoder, limits: CompileLimits | None
     ) -> list[Branch]:
         """The branches encoded whole (the shared text and each reading's text together),
         for a template whose split is not token-stable; a parallel reading's lines and tail
@@ -226,10 +209,10 @@ class PromptCompiler:
             whole: tuple[int, ...] = head
             layout: tuple[tuple[int, int], ...] = ()
             if r.lines is not None:
-                whole, layout = _lay_out(head, r.lines, r.end)
+                whole, layout = lay_out(head, r.lines, r.end)
             total += len(whole)
             if limits is not None:
-                _check(limits, r.qid, len(whole), total, enc.work)
+                check(limits, r.qid, len(whole), total, enc.work)
             branches.append(Branch(whole, r.label_ids, parallel=layout))
         return branches
 
@@ -252,129 +235,18 @@ class PromptCompiler:
         return True
 
 
-class _Encoder:
-    """Encodes text, counting the tokens it encoded (`work`: what a refusal cost); parts go
-    through the optional part cache (text -> ids) shared by a batch's items, then the ids
-    kept from earlier requests of the namespace (`known`). `fresh`: the parts encoded here,
-    for the compiler to keep once the request passed its limits."""
-
-    def __init__(
-        self,
-        tokenizer: ChatTokenizer,
-        part_cache: dict[str, tuple[int, ...]] | None,
-        known: SharedIds | None = None,
-        namespace: str = "",
-    ) -> None:
-        self._tok = tokenizer
-        self._cache = part_cache
-        self._known = known
-        self._namespace = namespace
-        self.fresh: dict[str, tuple[int, ...]] = {}
-        self.work = 0
-
-    def whole(self, text: Segments) -> tuple[int, ...]:
-        ids = tuple(self._tok.encode_pieces(text))
-        self.work += len(ids)
-        return ids
-
-    def part(self, text: Segments) -> tuple[int, ...]:
-        if self._cache is None and self._known is None:
-            return self.whole(text)
-        key = _key(text)
-        ids = self._cache.get(key) if self._cache is not None else None
-        if ids is None and self._known is not None:
-            ids = self._known.get((self._namespace, key))
-        if ids is None:
-            ids = self.fresh[key] = self.whole(text)
-        if self._cache is not None:
-            self._cache[key] = ids
-        return ids
+def _on_shared(shared: tuple[int, ...], reads: list[Encoded]) -> list[Branch]:
+    """Each reading's branch after the shared part (its parallel lines' spans moved past it)."""
+    base = len(shared)
+    return [
+        Branch(r.part, r.label_ids, shared, parallel=tuple((a + base, b + base) for a, b in r.layout)) for r in reads
+    ]
 
 
-def _key(text: Segments) -> str:
-    """The part cache's key: one string per segments, length-prefixed so that no two
-    differ only in where a caller's text ends (a caller may send any character)."""
-    return "".join(f"{len(piece)}{'t' if template else 'p'}{piece}" for piece, template in text)
-
-
-@dataclass(frozen=True)
-class _Encoded:
-    """One reading encoded apart from the shared part. A parallel reading keeps its `lines`
-    and `end` (the template's tail) and its `layout`: the lines' spans as offsets into its
-    own part (the shared part's length is added when the branch is made)."""
-
-    qid: str
-    text: Segments  # what the split-stability check and a whole re-encoding read (a parallel reading's head)
-    part: tuple[int, ...]
-    label_ids: tuple[int, ...]
-    layout: tuple[tuple[int, int], ...] = ()
-    lines: tuple[tuple[int, ...], ...] | None = None
-    end: tuple[int, ...] = ()
-
-    @classmethod
-    def laid_out(
-        cls,
-        qid: str,
-        text: Segments,
-        head: tuple[int, ...],
-        lines: tuple[tuple[int, ...], ...],
-        end: tuple[int, ...],
-        label_ids: tuple[int, ...],
-    ) -> _Encoded:
-        part, layout = _lay_out(head, lines, end)
-        return cls(qid, text, part, label_ids, layout, lines, end)
-
-
-def _lay_out(
-    head: tuple[int, ...], lines: tuple[tuple[int, ...], ...], end: tuple[int, ...]
-) -> tuple[tuple[int, ...], tuple[tuple[int, int], ...]]:
-    """head + the lines one after another + end, and each line's span in it."""
-    spans = []
-    at = len(head)
-    for line in lines:
-        spans.append((at, at + len(line)))
-        at += len(line)
-    return head + tuple(t for line in lines for t in line) + end, tuple(spans)
-
-
-def _first_qid(request: DecisionRequest) -> str:
-    return request.questions[0][0] if request.questions else ""
-
-
-def _check_shared(limits: CompileLimits, request: DecisionRequest, shared: int, n_branches: int, work: int) -> None:
-    """The limits known once the shared part is encoded: every branch is the shared part
-    and at least one token more."""
-    floor = shared + 1
-    if floor > limits.max_branch_tokens:
-        raise _exceeded(
-            f"question {_first_qid(request)!r}: the state and this question take more than {shared} tokens "
-            f"(limit {limits.max_branch_tokens} {limits.branch_limit})",
-            work,
-        )
-    if n_branches * floor > limits.max_prompt_tokens:
-        raise _exceeded(
-            f"the request's {n_branches} branches take at least {n_branches * floor} tokens in all, the "
-            f"state once per branch (limit {limits.max_prompt_tokens} per request)",
-            work,
-        )
-
-
-def _exceeded(message: str, work: int) -> TokensExceeded:
-    exc = TokensExceeded(message)
-    exc.work_tokens = work
-    return exc
-
-
-def _check(limits: CompileLimits, qid: str, branch: int, total: int, work: int) -> None:
-    if branch > limits.max_branch_tokens:
-        raise _exceeded(
-            f"question {qid!r}: the state and this question take {branch} tokens "
-            f"(limit {limits.max_branch_tokens} {limits.branch_limit})",
-            work,
-        )
-    if total > limits.max_prompt_tokens:
-        raise _exceeded(
-            f"the request's branches take more than {total} tokens in all, the state once per branch "
-            f"(limit {limits.max_prompt_tokens} per request)",
-            work,
-        )
+def _spans(counts: list[int]) -> tuple[tuple[int, int], ...]:
+    """Per question, the (start, count) of its branches, in request order."""
+    spans, at = [], 0
+    for count in counts:
+        spans.append((at, count))
+        at += count
+    return tuple(spans)

@@ -10,77 +10,26 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from openjev.core import calibration as calib
-from openjev.core import scoring
 from openjev.core.abstain import AbstainRule
+from openjev.core.answers import answer_of
+from openjev.core.compile_limits import CompileLimits
+from openjev.core.compile_size import compiles_inline
 from openjev.core.ports import Admission, Engine, PlanResult
-from openjev.core.prompts import CompiledRequest, CompileLimits, PromptCompiler
-from openjev.core.readouts import (
-    READOUT_NAMES,
-    Combined,
-    LettersReadout,
-    ParallelReadout,
-    PerTypeReadout,
-    Readout,
-    ReadoutSpec,
-    YesNoReadout,
-    question_type,
-)
+from openjev.core.prompts import CompiledRequest, PromptCompiler
+from openjev.core.readouts import Readout, ReadoutContext, ReadoutSpec, question_type
+from openjev.core.readouts.catalog import PARALLEL_FALLBACK, ReadoutCatalog
+from openjev.core.task_apply import TaskCalibration
 from openjev.core.types import (
-    Answer,
-    ChoiceAnswer,
-    ChoiceQuestion,
     DecisionRequest,
     DecisionResult,
-    NoulAnswer,
-    NoulQuestion,
-    Question,
-    ScoreAnswer,
     Usage,
 )
-from openjev.core.wording import option_texts
-from openjev.errors import EngineError, EngineTimeout, Overloaded, TokensExceeded, Unsupported
-
-# Requests whose compile renders at most about this much text compile on the event loop (a
-# few hundred microseconds of tokenizing); larger ones in a thread, so the loop keeps
-# serving (bench/bench_api.py).
-INLINE_COMPILE_CHARS = 4096
-# What the template adds per turn and the wording per question or option, over-estimated:
-# a state of many empty turns is costly to render though it holds no characters.
-TURN_OVERHEAD_CHARS = 32
-QUESTION_OVERHEAD_CHARS = 256
-OPTION_OVERHEAD_CHARS = 8
-
-
-def _question_chars(question: Question) -> int:
-    texts = option_texts(question)
-    return (
-        QUESTION_OVERHEAD_CHARS
-        + len(question.instructions or "")
-        + sum(len(t) + OPTION_OVERHEAD_CHARS for t in texts)
-        + (sum(len(o.name) for o in question.options) if isinstance(question, ChoiceQuestion) else 0)
-    )
-
-
-def compiles_inline(request: DecisionRequest, readout: Readout, limit: int = INLINE_COMPILE_CHARS) -> bool:
-    """Whether the compile is small enough for the event loop: an over-estimate of the text
-    it renders (state turns with their template overhead, each question once per reading).
-    Stops counting as soon as `limit` is passed, so this check itself stays bounded."""
-    total = 0
-    for turn in request.state.turns:
-        total += len(turn.content) + TURN_OVERHEAD_CHARS
-        if total > limit:
-            return False
-    for _, question in request.questions:
-        total += readout.count(question) * _question_chars(question)
-        if total > limit:
-            return False
-    return True
+from openjev.errors import EngineError, EngineTimeout, Overloaded, TokensExceeded
 
 
 @dataclass(frozen=True)
@@ -117,12 +66,6 @@ class ServiceLimits:
         )
 
 
-# What the parallel readout becomes on an engine that cannot run parallel layouts (every
-# remote engine): its sequential twin, the same canonical order read once, which any engine
-# runs and which is as order-free and as cheap.
-PARALLEL_FALLBACK = ReadoutSpec("canonical")
-
-
 class DecisionService:
     """`readout` is the default readout; `calibration` (bound to this model and prompt by
     the caller) is applied to each question whose readout and type it has a fit for;
@@ -153,68 +96,27 @@ class DecisionService:
         self._limits = limits
         self._clock = clock
         self._in_flight = 0
-        self._parallel_layouts = parallel_layouts
-        self._parallel_fallback = parallel_fallback
+        labels = compiler.labels
+        context = ReadoutContext(
+            labels.texts, labels.ids, compiler.yes_no, limits.temperature, limits.rotation_max_options
+        )
+        self.readouts = ReadoutCatalog(context, parallel_layouts=parallel_layouts, parallel_fallback=parallel_fallback)
         self.default_readout = readout = self.resolve(readout if readout is not None else ReadoutSpec())
         self.calibration = calibration
         self.abstain = abstain if abstain is not None else AbstainRule()
-        self._readouts: dict[ReadoutSpec, Readout] = {}
         self.readout(readout)  # an unavailable default readout fails at startup, not per request
 
     def resolve(self, spec: ReadoutSpec) -> ReadoutSpec:
-        """The readout this engine reads for `spec` (parallel falls back where it cannot run;
-        in a per-type readout, part by part)."""
-        if spec.per_type:
-            plain = self.resolve(spec.plain)
-            return ReadoutSpec(plain.name, plain.rotations, tuple((t, self.resolve(s)) for t, s in spec.per_type))
-        if spec.name == "parallel" and not self._parallel_layouts:
-            return self._parallel_fallback
-        return spec
+        """The readout this engine reads for `spec` (ReadoutCatalog.resolve)."""
+        return self.readouts.resolve(spec)
 
     def readouts_offered(self, rotations: int) -> dict[str, str]:
         """Per readout name this model can be read with: what is read for it (described)."""
-        offered = {}
-        for name in READOUT_NAMES:
-            spec = ReadoutSpec(name, rotations)
-            try:
-                self.readout(spec)
-            except Unsupported:
-                continue
-            offered[name] = self.resolve(spec).describe()
-        return offered
+        return self.readouts.offered(rotations)
 
     def readout(self, spec: ReadoutSpec) -> Readout:
-        """The readout object for `spec` (as resolved); raises Unsupported where this model
-        cannot be read so."""
-        spec = self.resolve(spec)
-        found = self._readouts.get(spec)
-        if found is None and spec.per_type:
-            found = PerTypeReadout(spec, self.readout(spec.plain), {t: self.readout(s) for t, s in spec.per_type})
-            self._readouts[spec] = found
-        if found is None:
-            t = self._limits.temperature
-            if spec.name == "yesno":
-                if self._compiler.yes_no is None:
-                    raise Unsupported(
-                        "the yesno readout is unavailable for this model: 'Yes'/'No' are not "
-                        "single tokens after its answer cue"
-                    )
-                found = YesNoReadout(*self._compiler.yes_no, temperature=t)
-            elif spec.name == "parallel":
-                found = ParallelReadout(self._compiler.labels.texts, self._compiler.labels.ids, temperature=t)
-            else:
-                labels = self._compiler.labels
-                found = LettersReadout(
-                    labels.texts,
-                    labels.ids,
-                    rotations=spec.rotations,
-                    temperature=t,
-                    max_rotated_options=self._limits.rotation_max_options,
-                    canonical=spec.name == "canonical",
-                    mirror=spec.name == "mirror",
-                )
-            self._readouts[spec] = found
-        return found
+        """The readout object for `spec` (as resolved); Unsupported where this model cannot be read so."""
+        return self.readouts.readout(spec)
 
     @property
     def in_flight(self) -> int:
@@ -245,9 +147,13 @@ class DecisionService:
         *,
         readout: ReadoutSpec | None = None,
         calibrate: bool = True,
+        tasks: Mapping[str, TaskCalibration] | None = None,
     ) -> DecisionResult:
         """Answer every question, in request order, with `readout` (default: the service's)
-        and, unless `calibrate` is false, the calibration where it has a fit. `compiled`:
+        and, unless `calibrate` is false, the calibration where it has a fit; `tasks`: by
+        question id, a task's fit and abstain rule in their place (api/server/task_binding.py
+        checked them against this readout and model; applied even where `calibrate` is
+        false, since the caller named them). `compiled`:
         what prepare() returned for this request under the same readout, so it is not
         compiled twice.
 
@@ -264,12 +170,18 @@ class DecisionService:
                 )
             self._in_flight += 1
             try:
-                return await self._decide(request, compiled, self.resolve(readout or self.default_readout), calibrate)
+                spec = self.resolve(readout or self.default_readout)
+                return await self._decide(request, compiled, spec, calibrate, tasks or {})
             finally:
                 self._in_flight -= 1
 
     async def _decide(
-        self, request: DecisionRequest, compiled: CompiledRequest | None, spec: ReadoutSpec, calibrate: bool
+        self,
+        request: DecisionRequest,
+        compiled: CompiledRequest | None,
+        spec: ReadoutSpec,
+        calibrate: bool,
+        tasks: Mapping[str, TaskCalibration],
     ) -> DecisionResult:
         t0 = self._clock()
         readout = self.readout(spec)
@@ -286,7 +198,7 @@ class DecisionService:
                 f"engine returned {len(result.branches)} results for {len(compiled.plan.branches)} branches"
             )
         cal = self.calibration if calibrate and self.calibration is not None and self.calibration.covers(spec) else None
-        answers = []
+        answers, applied = [], []
         for (qid, question), (start, count) in zip(request.questions, compiled.spans, strict=True):
             branches = compiled.plan.branches[start : start + count]
             logprobs = [r.logprobs for r in result.branches[start : start + count]]
@@ -299,7 +211,10 @@ class DecisionService:
                 raise EngineError("unusable label log-probs from the engine", detail=str(e)) from None
             qtype = question_type(question)
             fit = cal.fit_for(spec.for_type(qtype), qtype) if cal is not None else None
-            answers.append((qid, self._answer(question, combined, fit, self.abstain)))
+            task = tasks.get(qid)
+            applied.append(task.name if task is not None else cal.id if fit is not None and cal is not None else None)
+            rule = task.abstain if task is not None else self.abstain
+            answers.append((qid, answer_of(question, combined, task.fit if task is not None else fit, rule)))
         timings = {"prepare": (t1 - t0) * 1000, **result.timings_ms, "engine": (t2 - t1) * 1000}
         return DecisionResult(
             answers=tuple(answers),
@@ -307,7 +222,7 @@ class DecisionService:
             prefix_tokens=compiled.plan.shared_prefix_len,
             timings_ms=timings,
             readout=used_readout(spec, compiled).describe(),
-            calibration=cal.id if cal is not None else None,
+            calibration=",".join(dict.fromkeys(a for a in applied if a)) or (cal.id if cal is not None else None),
         )
 
     def _check_budgets(self, request: DecisionRequest, compiled: CompiledRequest) -> None:
@@ -335,39 +250,6 @@ class DecisionService:
             prompt_tokens=compiled.plan.prompt_tokens,
             computed_tokens=result.computed_tokens,
             cached_tokens=result.cached_tokens,
-        )
-
-    @staticmethod
-    def _answer(question: Question, combined: Combined, fit: calib.TypeFit | None, rule: AbstainRule) -> Answer:
-        probs = (
-            combined.probs
-            if fit is None
-            else calib.apply(fit, combined.probs, combined.shown, combined.clones, combined.mirrored)
-        )
-        if not all(math.isfinite(p) for p in probs):
-            raise EngineError("the engine's log-probabilities gave non-finite probabilities")
-        mass, agreement = combined.label_mass, combined.order_agreement
-        abstain = rule.refuses(mass, agreement, max(probs))
-        if isinstance(question, NoulQuestion):
-            return NoulAnswer(p_true=probs[0], label_mass=mass, order_agreement=agreement, abstain=abstain)
-        if isinstance(question, ChoiceQuestion):
-            names = [o.name for o in question.options]
-            return ChoiceAnswer(
-                choice=names[scoring.argmax(probs)],
-                probabilities=tuple(zip(names, probs, strict=True)),
-                confidence=scoring.choice_confidence(probs),
-                label_mass=mass,
-                order_agreement=agreement,
-                abstain=abstain,
-            )
-        return ScoreAnswer(
-            score=scoring.expectation(probs),
-            confidence=scoring.score_confidence(probs),
-            probabilities=tuple(probs),
-            legend=tuple(option_texts(question)),
-            label_mass=mass,
-            order_agreement=agreement,
-            abstain=abstain,
         )
 
 

@@ -57,16 +57,32 @@ Question = NoulQuestion | ChoiceQuestion | ScoreQuestion
 
 
 @dataclass(frozen=True)
+class Share:
+    """Whose share of the engine a request is served from: `tenant`, the caller's key name
+    ("" on a server without keys), and its `weight` (a key of weight 2 gets twice the share
+    of a key of weight 1 when both have work waiting). Engines that order work across
+    requests read it from the Plan (engines/fair_share.py); it never reaches the model."""
+
+    tenant: str = ""
+    weight: int = 1
+
+
+NO_KEY = Share()  # a server without keys: one share, today's order
+
+
+@dataclass(frozen=True)
 class DecisionRequest:
     """Questions keep the caller's order and ids; ids never reach the model.
 
     `cache_namespace`: whose cache this request may read and fill ("" is the one shared
-    namespace of a server without keys); the API edge sets it from the caller's key.
+    namespace of a server without keys); the API edge sets it from the caller's key, and
+    `share` (whose share of the engine serves it) from the same key.
     """
 
     state: State
     questions: tuple[tuple[str, Question], ...]
     cache_namespace: str = ""
+    share: Share = NO_KEY
 
 
 # ---- answers

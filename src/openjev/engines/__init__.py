@@ -106,7 +106,11 @@ ENGINES: dict[str, EngineEntry] = {
         load=_vllm_load, preflight=_vllm_preflight, sections=_REMOTE, preflight_sections=("served", "remote")
     ),
     "llamacpp": EngineEntry(
-        load=_llamacpp_load, preflight=_llamacpp_preflight, sections=_IN_PROCESS, prestart=_llamacpp_prestart
+        load=_llamacpp_load,
+        preflight=_llamacpp_preflight,
+        sections=_IN_PROCESS,
+        prestart=_llamacpp_prestart,
+        prestart_sections=_IN_PROCESS,
     ),
 }
 

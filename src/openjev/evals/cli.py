@@ -21,7 +21,16 @@ from openjev.evals.runner import ResultStore, RunConfig, RunMismatch, run_items,
 
 
 def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("data", nargs="+", help="labelled JSON Lines file(s) (format: evals/data/README.md)")
+    p.add_argument(
+        "data",
+        nargs="+",
+        help="labelled JSON Lines file(s) (format: evals/data/README.md), or held-out source names: "
+        "vader-tweets, vader-amazon, vader-movies, typed-decisions (evals/sources.py; fetched from the registry)",
+    )
+    p.add_argument(
+        "--per-stratum", type=int, help="held-out sources: items per gold level or workflow (default: the source's)"
+    )
+    p.add_argument("--seed", type=int, default=0, help="held-out sources: the subsample's seed (default 0)")
     p.add_argument("--url", help="base URL of a running openjev server (default: serve in this process)")
     p.add_argument("--key", help="API key for the server (or OPENJEV_EVAL_KEY)")
     p.add_argument("--concurrency", type=int, default=4, help="requests in flight (default 4)")
@@ -90,8 +99,27 @@ def _stem(paths: list[str]) -> str:
     return "+".join(Path(p).stem for p in paths)
 
 
+def _data_names(args: argparse.Namespace) -> list[str]:
+    """The data as run.json records it: a held-out source with its subsample's size and seed."""
+    from openjev.evals.sources import SOURCES
+
+    return [
+        f"{n}@{args.per_stratum or SOURCES[n].per_stratum}s{args.seed}" if n in SOURCES and not Path(n).exists() else n
+        for n in args.data
+    ]
+
+
 def _items(args: argparse.Namespace):
-    items = load_items(*args.data)
+    from openjev.config import load_settings
+    from openjev.evals.sources import SOURCES, load_source
+
+    items = []
+    for name in args.data:
+        if name in SOURCES and not Path(name).exists():
+            cache_dir = load_settings({}).served.cache_dir
+            items += load_source(name, cache_dir, per_stratum=args.per_stratum, seed=args.seed)
+        else:
+            items += load_items(name)
     return items[: args.limit] if args.limit else items
 
 
@@ -107,7 +135,7 @@ def evaluate(args: argparse.Namespace) -> int:
     )
     folder = Path(args.out or Path("evals/runs") / f"{_stem(args.data)}-{label}")
     with _target(args, args.calibration) as (url, target):
-        store = ResultStore(folder, run_meta(args.data, target, config), restart=args.restart)
+        store = ResultStore(folder, run_meta(_data_names(args), target, config), restart=args.restart)
         asyncio.run(
             run_items(
                 url, items, config, store, concurrency=args.concurrency, key=_key(args), progress=not args.no_progress
@@ -115,7 +143,7 @@ def evaluate(args: argparse.Namespace) -> int:
         )
         invariance = _invariance(args, url, config) if args.invariance else None
     scored, facts = score(items, store)
-    summary = {"metrics": by_type(scored), "run": facts, "config": run_meta(args.data, target, config)}
+    summary = {"metrics": by_type(scored), "run": facts, "config": run_meta(_data_names(args), target, config)}
     if invariance is not None:
         summary["invariance"] = invariance
     title = f"{_stem(args.data)}: readout {facts['readout']}, calibration {facts['calibration']}"
@@ -171,7 +199,9 @@ def _fit_readout(
     from openjev.evals.fit import fit_readout
 
     name = f"{config.readout}" + (f":{config.rotations}" if config.readout == "letters" else "")
-    store = ResultStore(base / name.replace(":", "-r"), run_meta(args.data, target, config), restart=args.restart)
+    store = ResultStore(
+        base / name.replace(":", "-r"), run_meta(_data_names(args), target, config), restart=args.restart
+    )
     print(f"reading {len(items)} items with readout {name} (uncalibrated) ...", file=sys.stderr)
     asyncio.run(
         run_items(

@@ -27,6 +27,7 @@ class Item:
     request: dict[str, Any]
     expected: dict[str, Any]
     domain: str = ""  # the kind of text, where the data names it (evals/transfer_table.py groups by it)
+    soft: dict[str, dict[str, float]] | None = None  # a soft gold per question, where a source has one
 
 
 def _check_expected(where: str, qid: str, question: dict, answer: Any) -> None:

@@ -28,7 +28,7 @@ def local_server(settings: Settings, *, timeout_s: float = 600.0, loader=None) -
     Raises RuntimeError with the reason if the model fails to load."""
     import uvicorn
 
-    from openjev.api.operations.connections import uvicorn_config
+    from openjev.api.operations.serving import uvicorn_config
     from openjev.api.server.app import create_app
     from openjev.engines import load_engine
 

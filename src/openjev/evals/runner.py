@@ -140,22 +140,7 @@ async def run_items(
     async def one(client: httpx.AsyncClient, item_id: str, kind: str, body: dict) -> None:
         async with sem:
             r, error, latency = await _send(client, body, headers)
-        rec: dict[str, Any] = {"id": item_id, "kind": kind, "latency_ms": round(latency, 2)}
-        if r is None:
-            rec.update(status=0, error=error)
-        else:
-            rec["status"] = r.status_code
-            payload: Any = r.json() if r.headers.get("content-type", "").startswith("application/json") else r.text
-            if r.status_code == 200:
-                rec.update(
-                    answers=payload["answers"],
-                    usage=payload["usage"],
-                    readout=r.headers.get("x-openjev-readout"),
-                    calibration=r.headers.get("x-openjev-calibration"),
-                )
-            else:
-                rec["error"] = payload
-        store.add(rec)
+        store.add(_record(item_id, kind, r, error, latency))
         if bar is not None:
             bar.update(1)
 
@@ -166,6 +151,26 @@ async def run_items(
     finally:
         if bar is not None:
             bar.close()
+
+
+def _record(item_id: str, kind: str, r: httpx.Response | None, error: str | None, latency: float) -> dict[str, Any]:
+    """One answer's record for the store: its answers and usage, or its error."""
+    rec: dict[str, Any] = {"id": item_id, "kind": kind, "latency_ms": round(latency, 2)}
+    if r is None:
+        rec.update(status=0, error=error)
+        return rec
+    rec["status"] = r.status_code
+    payload: Any = r.json() if r.headers.get("content-type", "").startswith("application/json") else r.text
+    if r.status_code == 200:
+        rec.update(
+            answers=payload["answers"],
+            usage=payload["usage"],
+            readout=r.headers.get("x-openjev-readout"),
+            calibration=r.headers.get("x-openjev-calibration"),
+        )
+    else:
+        rec["error"] = payload
+    return rec
 
 
 def score(items: Sequence[Item], store: ResultStore) -> tuple[list[Scored], dict[str, Any]]:
@@ -250,6 +255,6 @@ def run_meta(data: Sequence[str], target: str, config: RunConfig) -> dict[str, A
     import hashlib
 
     digest = hashlib.sha256()
-    for path in data:
-        digest.update(Path(path).read_bytes())
+    for path in data:  # a held-out source's name stands for its pinned package and subsample
+        digest.update(Path(path).read_bytes() if Path(path).is_file() else str(path).encode())
     return {"data": [str(p) for p in data], "data_sha256": digest.hexdigest()[:16], "target": target, **asdict(config)}

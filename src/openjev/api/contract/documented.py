@@ -1,7 +1,7 @@
 """What each route can answer besides 200, as the OpenAPI document states it: every status
 with its real body (the contract's two error shapes), so that clients and the fuzz tests
 (tests/api/test_fuzz.py, schemathesis) can hold the server to it. Keep in step with
-errors.py (statuses of OpenjevError), api/contract/strict_json.py (415, 422), api/identity/admission.py (401, 429), api/server/drain.py (503),
+errors.py (statuses of OpenjevError), api/contract/strict_json.py (415, 422), api/identity/door.py (401, 429), api/server/drain.py (503),
 api/identity/hosts.py (400) and api/operations/connections.py (408, 431; its 503 for a connection beyond
 --max-connections is answered before any route is known, like the 400 for unparseable HTTP).
 """
@@ -65,7 +65,13 @@ BODY_ERRORS: Responses = {
 
 DECISION_ERRORS: Responses = {
     **BODY_ERRORS,
-    404: _error("unknown model (not_found): use jev-latest, a jev-* alias or the served name"),
+    404: _error(
+        "unknown model (not_found): use jev-latest, a jev-* alias or the served name; or an x-openjev-task "
+        "this key does not have"
+    ),
+    409: _error(
+        "the x-openjev-task named is not fitted yet, or was fitted for another model, readout or question (conflict)"
+    ),
 }
 
 READ_ERRORS: Responses = {**CONNECTION_ERRORS, **UNAUTHORIZED, **RATE_LIMITED, **NOT_READY}
@@ -104,5 +110,13 @@ READOUT_HEADERS: list[dict[str, Any]] = [
         "required": False,
         "description": "none: answer uncalibrated; default: the server's calibration where it has a fit",
         "schema": {"type": "string", "enum": ["default", "none"]},
+    },
+    {
+        "name": "x-openjev-task",
+        "in": "header",
+        "required": False,
+        "description": "a task of this key (/v1/tasks) whose fit and abstain threshold answer the request's "
+        "questions of its wording; without it, a ready task of this key with a question's wording applies",
+        "schema": {"type": "string", "pattern": "^task_[0-9a-f]{24}$"},
     },
 ]

@@ -9,6 +9,7 @@ from openjev.api.contract.formats import FORMATS
 BATCH = "/v1/systemone/batch"
 MODELS = "/v1/models"
 LIMITS = "/v1/limits"
+TASKS = "/v1/tasks"
 HEALTH = "/health"
 LIVE = "/health/live"
 METRICS = "/metrics"
@@ -23,6 +24,7 @@ ROUTES = (
     "/playground",
     MODELS,
     LIMITS,
+    TASKS,
     HEALTH,
     LIVE,
     METRICS,

@@ -199,8 +199,24 @@ def parse_json(body: bytes, *, max_depth: int = DEFAULT_MAX_DEPTH) -> Any:
             ]
         ) from None
     suspect: list[bool] = []
+    value = _decode(text, suspect, max_depth)
+    if not (
+        suspect
+        or _ESCAPED_SURROGATE.search(text)
+        or (isinstance(value, dict | list) and _deeper_than(value, max_depth))
+    ):
+        return value  # the common case: nothing to name, no walk
+    errors: list[dict[str, Any]] = []
+    _walk(value, (), max_depth, errors)
+    if errors:
+        raise RequestValidationError(errors)
+    return value
+
+
+def _decode(text: str, suspect: list[bool], max_depth: int) -> Any:
+    """The text decoded (`suspect` marks values the walk must name), or the decode's error."""
     try:
-        value = _decoder(suspect).decode(text)
+        return _decoder(suspect).decode(text)
     except json.JSONDecodeError as e:
         raise RequestValidationError(
             [
@@ -223,17 +239,6 @@ def parse_json(body: bytes, *, max_depth: int = DEFAULT_MAX_DEPTH) -> Any:
                 )
             ]
         ) from None
-    if not (
-        suspect
-        or _ESCAPED_SURROGATE.search(text)
-        or (isinstance(value, dict | list) and _deeper_than(value, max_depth))
-    ):
-        return value  # the common case: nothing to name, no walk
-    errors: list[dict[str, Any]] = []
-    _walk(value, (), max_depth, errors)
-    if errors:
-        raise RequestValidationError(errors)
-    return value
 
 
 def check_media_type(content_type: str | None) -> None:

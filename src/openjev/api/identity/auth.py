@@ -1,6 +1,6 @@
 """Bearer-key authentication for the /v1 routes (health stays open).
 
-The check itself runs in api/identity/admission.py (AdmissionMiddleware), before the body is read or parsed; this
+The check itself runs in api/identity/door.py (AdmissionMiddleware), before the body is read or parsed; this
 dependency declares the Bearer scheme in the OpenAPI document and refuses a /v1 request
 that somehow reached a route unauthenticated."""
 

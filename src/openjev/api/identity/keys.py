@@ -7,11 +7,14 @@ Keys come from `--api-key` (named key1, key2, ... in the order given) and from
     alice:s3cret-key-of-alice
     bob:sha256:<64 hex digits of sha256(key)>   requests_per_min=120 tokens_per_min=500000
     carol:another-key cache_group=team-a
-    dave:yet-another-key cache_group=team-a
+    dave:yet-another-key cache_group=team-a weight=2
 
 Each key has its own namespace in the engine's prefix cache: a state one key sent is
 never reported as cached to another (api/identity/tenancy.py). Keys that name the same
 `cache_group` opt in to share one namespace (one team's keys, a service's replicas).
+Each key also has its share of the engine while several keys have work waiting
+(engines/fair_share.py): `weight=N` (1 to MAX_WEIGHT, default 1) gives it N times a
+weight-1 key's.
 
 Only names ever reach logs and metric labels. A key is matched by comparing SHA-256
 digests with hmac.compare_digest against every entry (no early exit), so neither the time
@@ -40,7 +43,8 @@ log = logging.getLogger(__name__)
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 _HEX = re.compile(r"^[0-9a-fA-F]{64}$")
 _LIMITS = ("requests_per_min", "tokens_per_min")
-_OPTIONS = "requests_per_min=N, tokens_per_min=N or cache_group=NAME"
+_OPTIONS = "requests_per_min=N, tokens_per_min=N, weight=N or cache_group=NAME"
+MAX_WEIGHT = 1000
 
 
 @dataclass(frozen=True)
@@ -51,6 +55,7 @@ class KeyEntry:
     tokens_per_min: int | None = None
     cache_group: str | None = None  # keys of one group share a prefix-cache namespace
     cache_namespace: str = ""  # the namespace's salt (`salt` below), set by the KeyRing
+    weight: int = 1  # its share of the engine against other keys' (engines/fair_share.py)
 
 
 # The key of the request being served: set by the admission middleware at the door, read
@@ -97,13 +102,14 @@ def parse_keys_file(text: str, source: str = "keys file") -> list[KeyEntry]:
                 requests_per_min=limits.get("requests_per_min"),
                 tokens_per_min=limits.get("tokens_per_min"),
                 cache_group=group,
+                weight=limits.get("weight", 1),
             )
         )
     return entries
 
 
 def _options(options: list[str], where: str) -> tuple[dict[str, int], str | None]:
-    """A keys file line's options: (its limits by name, its cache_group or None)."""
+    """A keys file line's options: (its limits and weight by name, its cache_group or None)."""
     limits: dict[str, int] = {}
     group: str | None = None
     for option in options:
@@ -113,8 +119,10 @@ def _options(options: list[str], where: str) -> tuple[dict[str, int], str | None
                 raise ConfigError(f"{where}: cache_group must be 1-64 of A-Z a-z 0-9 _ . -")
             group = v
             continue
-        if k not in _LIMITS or not v.isdigit():
+        if k not in (*_LIMITS, "weight") or not v.isdigit():
             raise ConfigError(f"{where}: unknown option {k!r} (expected {_OPTIONS})")
+        if k == "weight" and not 1 <= int(v) <= MAX_WEIGHT:
+            raise ConfigError(f"{where}: weight must be 1 to {MAX_WEIGHT}")
         limits[k] = int(v)
     return limits, group
 
@@ -241,11 +249,13 @@ class KeyRing:
 
 @dataclass(frozen=True)
 class Allowance:
-    """What a key is held to, per minute (0: no limit). `of` is the one place the rule is
-    written: a key's own limit where the keys file sets one, else the server's."""
+    """What a key is held to, per minute (0: no limit), and its `weight`: its share of the
+    engine against other keys' (engines/fair_share.py; the server's is 1). `of` is the one
+    place the rule is written: a key's own where the keys file sets one, else the server's."""
 
     requests_per_min: int
     tokens_per_min: int
+    weight: int = 1
 
     def of(self, entry: KeyEntry | None) -> Allowance:
         """`entry`'s allowance, where this is the server's (itself without a key)."""
@@ -254,6 +264,7 @@ class Allowance:
         return Allowance(
             self.requests_per_min if entry.requests_per_min is None else entry.requests_per_min,
             self.tokens_per_min if entry.tokens_per_min is None else entry.tokens_per_min,
+            entry.weight,
         )
 
     def by_kind(self) -> dict[str, int]:

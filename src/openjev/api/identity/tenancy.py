@@ -19,15 +19,17 @@ import dataclasses
 import hashlib
 
 from openjev.api.identity.keys import current_key
-from openjev.core.types import DecisionRequest
+from openjev.core.types import DecisionRequest, Share
 
 
 def scoped(request: DecisionRequest) -> DecisionRequest:
-    """`request` in the calling key's cache namespace ("" without keys: nothing changes)."""
+    """`request` in the calling key's cache namespace and served from the key's share of the
+    engine (engines/fair_share.py); without keys nothing changes."""
     entry = current_key.get()
-    if entry is None or not entry.cache_namespace:
+    if entry is None:
         return request
-    return dataclasses.replace(request, cache_namespace=entry.cache_namespace)
+    share = Share(entry.name, entry.weight)
+    return dataclasses.replace(request, cache_namespace=entry.cache_namespace or request.cache_namespace, share=share)
 
 
 def partitioned(request: DecisionRequest, partition: str) -> DecisionRequest:

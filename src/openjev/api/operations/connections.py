@@ -28,58 +28,25 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import socket
-import struct
-from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
-import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+from openjev.api.operations.clients import PerClient
 from openjev.api.operations.framing import FramingError
-from openjev.api.operations.h11_parts import THROTTLE, WARN_EVERY_S, LingeringTransport, StrictConnection, raw_response
-from openjev.config import ConnectionSettings, ListenSettings
+from openjev.api.operations.h11_parts import (
+    WARN_EVERY_S,
+    ConnectionLimits,
+    LingeringTransport,
+    StrictConnection,
+    raw_response,
+    reset,
+)
 
 log = logging.getLogger(__name__)
 
-# How long a closing connection keeps reading (and dropping) what its client still sends,
-# and how much of it, so that the client reads our answer instead of a reset.
-LINGER_S = 2.0
+# How much a closing connection reads (and drops) of what its client still sends.
 LINGER_BYTES = 1 << 20
-
-
-@dataclass(frozen=True)
-class ConnectionLimits:
-    max_connections: int
-    head_timeout_s: float
-    max_head_bytes: int
-    send_timeout_s: float
-    max_body_chunks: int
-    linger_s: float = LINGER_S
-
-    @classmethod
-    def of(cls, settings: ConnectionSettings) -> ConnectionLimits:
-        return cls(
-            settings.max_connections,
-            settings.head_timeout_s,
-            settings.max_head_bytes,
-            settings.send_timeout_s,
-            settings.max_body_chunks,
-        )
-
-
-def http_protocol(limits: ConnectionLimits) -> type[BoundedH11Protocol]:
-    """The protocol class for `uvicorn.Config(http=...)`; one class (and refusal count) per server."""
-    state = {
-        "limits": limits,
-        "refusing": 0,
-        "open_connections": 0,
-        "warned_at": float("-inf"),
-        "counts": dict.fromkeys(COUNTS, 0),
-    }
-    return type("BoundedH11Protocol", (BoundedH11Protocol,), state)
-
 
 # Per server, since start (exposed as openjev_connections_<name>_total; open as a gauge).
 COUNTS = ("refused", "head_timeouts", "heads_too_large", "slow_readers", "parse_errors", "upgrades_refused")
@@ -90,6 +57,7 @@ class BoundedH11Protocol(H11Protocol):
     refusing: int  # connections being refused right now (lingering), per server
     warned_at: float
     counts: dict[str, int]
+    per_client: PerClient  # open connections by peer address
     open_connections = 0
 
     @classmethod
@@ -111,6 +79,7 @@ class BoundedH11Protocol(H11Protocol):
         self.dropped = 0
         self.counted_refusal = False
         self.counted_open = False
+        self.counted_host: str | None = None  # the peer address counted in per_client
 
     # ---- connection
 
@@ -118,14 +87,18 @@ class BoundedH11Protocol(H11Protocol):
         self.raw = transport
         proxy: Any = LingeringTransport(transport, self)
         if len(self.connections) >= self.limits.max_connections:
-            self._refuse(proxy)
+            self._refuse(proxy, f"the server has {self.limits.max_connections} connections open (its limit)")
+            return
+        admitted, self.counted_host = self.per_client.enter(transport.get_extra_info("peername"))
+        if not admitted:
+            self._refuse(proxy, f"this client has {self.limits.max_per_client} connections open (its limit)")
             return
         super().connection_made(proxy)
         type(self).open_connections += 1
         self.counted_open = True
         self._arm_head_timer()
 
-    def _refuse(self, proxy: Any) -> None:
+    def _refuse(self, proxy: Any, why: str) -> None:
         if self.raw is None:  # connection_made sets it before calling here
             return
         cls = type(self)
@@ -141,15 +114,15 @@ class BoundedH11Protocol(H11Protocol):
         if now - cls.warned_at >= WARN_EVERY_S:  # a flood must not flood the log too
             cls.warned_at = now
             log.warning(
-                "connections refused: %d connections open (--max-connections), %d refused so far",
-                len(self.connections),
+                "connections refused: %s (--max-connections, --max-connections-per-client), %d refused so far",
+                why,
                 cls.counts["refused"],
             )
         self.raw.write(
             raw_response(
                 503,
                 "overloaded",
-                f"the server has {self.limits.max_connections} connections open (its limit); retry shortly",
+                f"{why}; retry shortly",
                 (("retry-after", "1"),),
             )
         )
@@ -159,6 +132,8 @@ class BoundedH11Protocol(H11Protocol):
         if self.counted_open:
             type(self).open_connections -= 1
             self.counted_open = False
+        self.per_client.leave(self.counted_host)
+        self.counted_host = None
         self._cancel_head_timer()
         self._cancel_send_timer()
         if self.linger_timer is not None:
@@ -284,13 +259,7 @@ class BoundedH11Protocol(H11Protocol):
         self.counts["slow_readers"] += 1
         log.info("response not read within %g s (--send-timeout-s): connection dropped", self.limits.send_timeout_s)
         self.closing = True
-        sock = raw.get_extra_info("socket")
-        if sock is not None:  # a reset: the kernel drops its unsent copy too, not kept for a reader that does not read
-            try:
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-            except OSError:
-                pass
-        raw.abort()
+        reset(raw)
 
     def _close_raw(self) -> None:
         """Close; an answer still buffered (the client is not reading it) gets the send timeout
@@ -323,61 +292,3 @@ class BoundedH11Protocol(H11Protocol):
             self._close_raw()
             return
         self.linger_timer = self.loop.call_later(self.limits.linger_s, self._close_raw)
-
-
-StatsSource = Callable[[], dict[str, float]]
-
-
-def uvicorn_config(
-    app: Any,
-    listen: ListenSettings,
-    connections: ConnectionSettings,
-    *,
-    connection_stats_to: Callable[[StatsSource], None] | None = None,
-    **options: Any,
-) -> uvicorn.Config:
-    """uvicorn's Config for `app` on `listen`'s address under the `connections` limits (the CLI's server, the
-    in-process one of `openjev eval`, and the tests' all go through here). The protocol's
-    connection counts are handed to `connection_stats_to` (the app's operations, for
-    /metrics to read at scrape time)."""
-    protocol = http_protocol(ConnectionLimits.of(connections))
-    uvicorn_log = logging.getLogger("uvicorn.error")
-    if THROTTLE not in uvicorn_log.filters:
-        uvicorn_log.addFilter(THROTTLE)
-    if connection_stats_to is not None:
-        connection_stats_to(protocol.stats)
-    return uvicorn.Config(
-        app,
-        host=options.pop("host", listen.host),
-        port=options.pop("port", listen.port),
-        http=protocol,
-        ws="none",  # WebSocket upgrades are refused by the protocol (api/operations/framing.py), never taken over
-        proxy_headers=False,  # X-Forwarded-For only from --trusted-proxies (api/identity/proxies.py)
-        **options,
-    )
-
-
-def fit_open_files(max_connections: int, spare: int = 256) -> None:
-    """Raise the soft open-file limit so that --max-connections can be reached (plus `spare`
-    for weights, logs and engine calls): past the limit accept() fails and uvicorn stops
-    accepting for a while, refusing everyone. Warns where the hard limit is lower."""
-    try:
-        import resource
-    except ImportError:  # not POSIX
-        return
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    need = max_connections + spare
-    if soft == resource.RLIM_INFINITY or soft >= need:
-        return
-    target = need if hard == resource.RLIM_INFINITY else min(need, hard)
-    try:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
-    except (ValueError, OSError):
-        target = soft
-    if target < need:
-        log.warning(
-            "open-file limit %d is below --max-connections %d + %d: lower --max-connections or raise ulimit -n",
-            target,
-            max_connections,
-            spare,
-        )

@@ -7,16 +7,23 @@ from __future__ import annotations
 
 import asyncio
 import http
+import ipaddress
 import json
 import logging
+import socket
+import struct
 import time
 import uuid
+from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 import h11
 
+from openjev.api.operations.clients import Network
 from openjev.api.operations.framing import BodyFraming, LineScanner, check_head
 from openjev.api.operations.middleware import REQUEST_ID_HEADER
+from openjev.config import ConnectionSettings
 
 WARN_EVERY_S = 10.0  # at most one log line per this many seconds about refused connections
 
@@ -118,3 +125,44 @@ class InvalidRequestThrottle(logging.Filter):
 
 
 THROTTLE = InvalidRequestThrottle()
+
+
+def reset(raw: asyncio.Transport) -> None:
+    """Drop the connection with a reset: the kernel discards its unsent copy of the answer
+    too, rather than keep it for a reader that does not read."""
+    sock = raw.get_extra_info("socket")
+    if sock is not None:
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        except OSError:
+            pass
+    raw.abort()
+
+
+# How long a closing connection keeps reading (and dropping) what its client still sends,
+# and how much of it, so that the client reads our answer instead of a reset.
+LINGER_S = 2.0
+
+
+@dataclass(frozen=True)
+class ConnectionLimits:
+    max_connections: int
+    head_timeout_s: float
+    max_head_bytes: int
+    send_timeout_s: float
+    max_body_chunks: int
+    linger_s: float = LINGER_S
+    max_per_client: int = 0  # open connections from one peer address (0: no bound)
+    proxies: tuple[Network, ...] = ()  # peers that bound spares (api/operations/clients.py)
+
+    @classmethod
+    def of(cls, settings: ConnectionSettings, trusted_proxies: Iterable[str] = ()) -> ConnectionLimits:
+        return cls(
+            settings.max_connections,
+            settings.head_timeout_s,
+            settings.max_head_bytes,
+            settings.send_timeout_s,
+            settings.max_body_chunks,
+            max_per_client=settings.max_connections_per_client,
+            proxies=tuple(ipaddress.ip_network(p, strict=False) for p in trusted_proxies),
+        )

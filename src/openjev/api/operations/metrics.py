@@ -114,6 +114,11 @@ class Metrics:
             ("kind",),
             registry=r,
         )
+        self._engine_and_answers(r)
+        self._zeros()
+
+    def _engine_and_answers(self, r: CollectorRegistry) -> None:
+        """The batch's, the engine's and the answers' metrics."""
         self.batch_items = Counter(
             "openjev_batch_items",
             "batch items by status and API key name (each is also in rejections, answers and tokens)",
@@ -132,7 +137,10 @@ class Metrics:
             buckets=(0.01, 0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 0.8, 0.9, 0.95, 0.99, 1.0),
             registry=r,
         )
-        for phase in _PHASES:  # present from the first scrape, so rate() has a zero to start from
+
+    def _zeros(self) -> None:
+        """Label sets present from the first scrape, so rate() has a zero to start from."""
+        for phase in _PHASES:
             self.phase.labels(phase)
         for kind in ("distinct", "computed", "cached"):
             self.tokens.labels(kind)

@@ -14,7 +14,7 @@ from fastapi_offline import FastAPIOffline
 
 from openjev import __version__
 from openjev.api.contract import json_route
-from openjev.api.identity.admission import AdmissionMiddleware
+from openjev.api.identity.door import AdmissionMiddleware
 from openjev.api.identity.hosts import HostMiddleware, HostPolicy
 from openjev.api.operations.access import AccessLogMiddleware, MetricsEndpoint
 from openjev.api.operations.middleware import BodyMiddleware, ErrorMiddleware, HeadMiddleware, RequestIdMiddleware
@@ -24,6 +24,7 @@ from openjev.api.server.conventions import ConventionsMiddleware
 from openjev.api.server.drain import DrainMiddleware
 from openjev.api.server.ops import Operations
 from openjev.api.server.routes import SYSTEMONE_ROUTES
+from openjev.api.server.task_jobs import open_jobs
 from openjev.config import Settings
 from openjev.engines import load_engine
 
@@ -56,14 +57,26 @@ def create_app(
         fleet=settings.fleet,
     )
     meta: dict[str, Any] = {"title": "openjev", "version": __version__, "description": DESCRIPTION}
+    jobs = open_jobs(settings, runtime)  # /v1/tasks: its store opened and checked now, at start
     run = ops.closing(lifespan(runtime, ops.admission, loader, on_fatal, on_loaded))
+    run = jobs.wrap(run) if jobs is not None else run
     if settings.listen.docs == "off":  # `openjev schema` (app.openapi()) works either way
         app = FastAPI(**meta, lifespan=run, openapi_url=None, docs_url=None, redoc_url=None)
-    else:  # docs with their assets served from the package; `auth` is checked in api/identity/admission.py
+    else:  # docs with their assets served from the package; `auth` is checked in api/identity/door.py
         app = FastAPIOffline(**meta, lifespan=run)
     app.state.max_json_depth = settings.limits.max_json_depth  # read by every JSON route (api/contract/strict_json.py)
     app.state.runtime = runtime
     app.state.ops = ops
+    app.state.tasks = jobs  # read by the decision routes (api/server/task_binding.py)
+    _middleware(app, settings, ops)
+    json_route.install(app)  # every JSON body parsed strictly (api/contract/json_route.py); 422s that cannot fail
+    handlers.install(app)
+    routes.install(app, settings, runtime)
+    return app
+
+
+def _middleware(app: FastAPI, settings: Settings, ops: Operations) -> None:
+    """The middleware, added from the innermost out."""
     app.add_middleware(HeadMiddleware)  # innermost: HEAD routed as GET
     app.add_middleware(
         BodyMiddleware, max_bytes=settings.limits.max_body_bytes, timeout_s=settings.connections.body_timeout_s
@@ -86,9 +99,3 @@ def create_app(
     if hosts is not None:  # DNS rebinding: before the key and the body
         app.add_middleware(HostMiddleware, policy=hosts)
     app.add_middleware(RequestIdMiddleware)  # outermost of ours: ids on 413/415 too
-    json_route.install(
-        app
-    )  # every JSON body parsed strictly (api/contract/strict_json.py, api/contract/json_route.py); 422s that cannot fail
-    handlers.install(app)
-    routes.install(app, settings, runtime)
-    return app

@@ -27,7 +27,7 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from fastapi import Depends, FastAPI, Request
@@ -52,9 +52,12 @@ from openjev.api.server.pipeline import unless_disconnected
 from openjev.config import LimitSettings, QualitySettings
 from openjev.core.readouts import ReadoutSpec
 from openjev.core.service import DecisionService
+from openjev.core.task_apply import TaskCalibration
 from openjev.core.types import DecisionRequest, Question
 from openjev.engines import ModelCard
 from openjev.errors import ClientDisconnected, OpenjevError, RequestError, TokensExceeded
+
+Binder = Callable[[DecisionRequest], Mapping[str, TaskCalibration]]  # the request's task fits
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +96,16 @@ class ItemInvalid(RequestError):
     status = 422
 
 
+_RESPONSES: dict[int | str, dict[str, Any]] = {
+    **documented.BODY_ERRORS,
+    200: {
+        "content": {NDJSON: {}, "application/json": {}},
+        "description": "one line per item ({index, model, answers, usage} or {index, status, "
+        "error}), then {summary}; or the items as one JSON array in item order",
+    },
+}
+
+
 def install(
     app: FastAPI,
     quality: QualitySettings,
@@ -106,14 +119,7 @@ def install(
         dependencies=[Depends(require_key)],
         summary="Many decisions in one call (NDJSON in completion order, or a JSON array with Accept: application/json)",
         openapi_extra={"parameters": documented.READOUT_HEADERS},
-        responses={
-            **documented.BODY_ERRORS,
-            200: {
-                "content": {NDJSON: {}, "application/json": {}},
-                "description": "one line per item ({index, model, answers, usage} or {index, status, "
-                "error}), then {summary}; or the items as one JSON array in item order",
-            },
-        },
+        responses=_RESPONSES,
     )
     async def batch(body: BatchRequest, request: Request):
         count = _count(body, limits)
@@ -124,7 +130,10 @@ def install(
             await ops.key_limits.take_batch_items(entry, count - 1)
         service, card = ready()
         t0 = time.perf_counter()
-        items = await _prepared(request, body, limits, service, card.name, spec or service.default_readout, calibrate)
+        bind = pipeline.task_binder(request, spec, service, card.fingerprint, quality)  # x-openjev-task
+        items = await _prepared(
+            request, body, limits, service, card.name, spec or service.default_readout, (calibrate, bind)
+        )
         slots = max(1, limits.max_in_flight // 2)
         state = request.state
         state.batch = {"items": len(items), "succeeded": 0, "failed": 0}  # for the batch's access line
@@ -150,7 +159,7 @@ async def _prepared(
     service: DecisionService,
     served: str,
     spec: ReadoutSpec,
-    calibrate: bool,
+    calibration: tuple[bool, Binder],
 ) -> list[Item]:
     """Every item prepared. Validating, converting and compiling grow with the body: all of
     it in a worker thread, item after item, stopping at the first item that takes the batch
@@ -167,7 +176,7 @@ async def _prepared(
                 service,
                 served,
                 spec,
-                calibrate,
+                calibration,
                 request_id_of(request.scope),
                 (request.app.state.ops.key_limits, gone),
             ),
@@ -230,7 +239,7 @@ def _prepare_all(
     service: DecisionService,
     served: str,
     spec: ReadoutSpec,
-    calibrate: bool,
+    calibration: tuple[bool, Binder],
     request_id: str | None,
     charge: tuple[KeyLimits, threading.Event],
 ) -> list[Item]:
@@ -239,6 +248,7 @@ def _prepare_all(
     it read before its refusal), and is charged to the key once the batch is refused;
     the loop stops once `gone` is set (the client left)."""
     key_limits, gone = charge
+    calibrate, bind = calibration
     states_form = body.requests is None
     shared = _shared_questions(body, limits) if states_form else None
     part_cache: dict[str, tuple[int, ...]] | None = {} if states_form else None
@@ -254,6 +264,7 @@ def _prepare_all(
             with pipeline.charging(key_limits):
                 item.request, model = _request_of(raw, body, shared, limits)  # in the key's namespace
                 item.model = common.resolve_model(model, served)
+                item.tasks = bind(item.request)  # the tasks' fits, checked before any compile
                 item.compiled = service.prepare_now(item.request, service.readout(spec), part_cache)
             work = item.compiled.plan.unique_tokens
         except TokensExceeded as exc:  # charged already; its work counts toward the batch's too
@@ -263,14 +274,19 @@ def _prepare_all(
             item.line = error_line(item, exc)
         item.prepare_ms = (time.perf_counter() - t0) * 1000
         items.append(item)
-        if work:
-            total += work
-            if total > limits.max_batch_tokens:
-                over = TokensExceeded(
-                    f"the batch takes more than {total} distinct tokens by item {index}, its items' added up "
-                    f"(limit {limits.max_batch_tokens} per batch)"
-                )
-                over.work_tokens = total - charged  # the refused items' work was charged already
-                charge_refused(key_limits, over)
-                raise over
+        total += work
+        if work and total > limits.max_batch_tokens:
+            _refuse_batch(total, charged, index, limits, key_limits)
     return items
+
+
+def _refuse_batch(total: int, charged: int, index: int, limits: LimitSettings, key_limits: KeyLimits) -> None:
+    """TokensExceeded for a batch whose items' work passed --max-batch-tokens by item
+    `index`, its work charged to the key (less the refused items', charged already)."""
+    over = TokensExceeded(
+        f"the batch takes more than {total} distinct tokens by item {index}, its items' added up "
+        f"(limit {limits.max_batch_tokens} per batch)"
+    )
+    over.work_tokens = total - charged
+    charge_refused(key_limits, over)
+    raise over

@@ -10,7 +10,7 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,6 +20,7 @@ from openjev.api.contract.jev import convert
 from openjev.core.prompts import CompiledRequest
 from openjev.core.readouts import ReadoutSpec
 from openjev.core.service import DecisionService
+from openjev.core.task_apply import TaskCalibration
 from openjev.core.types import DecisionRequest, DecisionResult
 from openjev.errors import Draining, OpenjevError
 
@@ -34,6 +35,7 @@ class Item:
     compiled: CompiledRequest | None = None
     readout: ReadoutSpec = field(default_factory=ReadoutSpec)  # the batch's x-openjev-readout / -rotations headers
     calibrate: bool = True
+    tasks: Mapping[str, TaskCalibration] = field(default_factory=dict)  # by question id (api/server/task_binding.py)
     prepare_ms: float = 0.0
     line: dict[str, Any] | None = None  # set once the item is answered or failed
     request_id: str | None = None  # the batch's, for the log line of an item's failure
@@ -85,7 +87,9 @@ async def _decide(item: Item, service: DecisionService, gate: asyncio.Semaphore,
     async with gate:
         try:
             request, model = item.prepared()
-            result = await service.decide(request, item.compiled, readout=item.readout, calibrate=item.calibrate)
+            result = await service.decide(
+                request, item.compiled, readout=item.readout, calibrate=item.calibrate, tasks=item.tasks
+            )
             item.result = result
             timings = {**result.timings_ms, "prepare": item.prepare_ms}  # prepared up front, not in decide
             item.line = {
@@ -189,15 +193,18 @@ async def run(
             for item in _cut(items, recorded):
                 yield emit(item)  # finished meanwhile (its line stands) or cut (503)
     finally:
-        # A client gone mid-stream cancels the stream (Starlette's cancel scope, which would
-        # cancel every await here again): the items still running are cancelled and awaited
-        # shielded, so that none is left pending and each unread item is recorded (499).
-        with anyio.CancelScope(shield=True):
-            pending: list[asyncio.Future[Any]] = [w for w in (stopped, getter, *tasks) if w is not None]
-            for future in pending:
-                future.cancel()
-            await asyncio.gather(*pending, return_exceptions=True)
+        await _settle([w for w in (stopped, getter, *tasks) if w is not None])
         _record_unread(items, recorded, record)
+
+
+async def _settle(pending: list[asyncio.Future[Any]]) -> None:
+    """Cancel what still runs and await it, shielded: a client gone mid-stream cancels the
+    stream (Starlette's cancel scope, which would cancel every await here again), and none
+    may be left pending."""
+    with anyio.CancelScope(shield=True):
+        for future in pending:
+            future.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
 
 
 async def ndjson(

@@ -145,7 +145,7 @@ class DrainMiddleware:
         drain, path = self.drain, scope["path"]
         if drain.draining and path == HEALTH:
             body: dict[str, object] = {"status": "draining"}
-            if scope.get("state", {}).get("sees_load"):  # a key's holder's to see (api/identity/admission.py)
+            if scope.get("state", {}).get("sees_load"):  # a key's holder's to see (api/identity/door.py)
                 body["in_flight"] = drain.in_flight
             await JSONResponse(body, status_code=503, headers={"Retry-After": "5"})(scope, receive, send)
             return

@@ -36,6 +36,7 @@ _SETTINGS = (
     "max_batch_items",
     "max_batch_tokens",
     "max_connections",
+    "max_connections_per_client",
     "head_timeout_s",
     "body_timeout_s",
     "max_head_bytes",
@@ -45,9 +46,13 @@ _SETTINGS = (
 
 
 def key_limits_of(keys: KeySettings, entry: KeyEntry | None) -> dict[str, int]:
-    """The calling key's own limits (0: none); the server's defaults without a key."""
+    """The calling key's own limits (0: none) and weight; the server's defaults without a key."""
     held = Allowance(keys.key_requests_per_min, keys.key_tokens_per_min).of(entry)
-    return {"key_requests_per_min": held.requests_per_min, "key_tokens_per_min": held.tokens_per_min}
+    return {
+        "key_requests_per_min": held.requests_per_min,
+        "key_tokens_per_min": held.tokens_per_min,
+        "key_weight": held.weight,
+    }
 
 
 def limits_body(

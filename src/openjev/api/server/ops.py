@@ -3,7 +3,7 @@ buckets, the token gate, the metrics and the access log, the drain, the trusted 
 The middleware that use it each have one job, in this order from the outside in (see
 api/server/app.py): the access log and metrics (api/operations/access.py), errors in the
 contract's shape (api/operations/middleware.py), admission at the door
-(api/identity/admission.py), GET /metrics, and the drain (api/server/drain.py)."""
+(api/identity/door.py), GET /metrics, and the drain (api/server/drain.py)."""
 
 from __future__ import annotations
 

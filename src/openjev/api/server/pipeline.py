@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
-from collections.abc import AsyncIterator, Awaitable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from contextlib import asynccontextmanager, contextmanager
 from typing import Any, TypeVar
 
@@ -39,7 +39,11 @@ from openjev.api.identity.auth import require_key
 from openjev.api.identity.key_limits import KeyLimits
 from openjev.api.operations.middleware import request_id_of
 from openjev.api.server.assembly import Runtime
+from openjev.api.server.task_binding import TASK_HEADER, fits_of
 from openjev.config import LimitSettings, QualitySettings
+from openjev.core.readouts import ReadoutSpec
+from openjev.core.service import DecisionService
+from openjev.core.task_apply import TaskCalibration
 from openjev.core.types import DecisionRequest
 from openjev.errors import ClientDisconnected, TokensExceeded
 
@@ -99,6 +103,19 @@ async def unless_disconnected(request: Request, work: Awaitable[T]) -> T:
             task.cancel()
 
 
+def task_binder(
+    request: Request, spec: ReadoutSpec | None, service: DecisionService, fingerprint: str, quality: QualitySettings
+) -> Callable[[DecisionRequest], Mapping[str, TaskCalibration]]:
+    """For a decision request of this HTTP request: by question id, the task fit that answers it
+    (api/server/task_binding.py; `x-openjev-task` or the question's wording)."""
+    jobs = request.app.state.tasks
+    lookup = jobs.lookup if jobs is not None else None
+    header = request.headers.get(TASK_HEADER)
+    model = (fingerprint, quality.temperature, service.abstain)
+    resolved = service.resolve(spec or service.default_readout)
+    return lambda decision: fits_of(lookup, header, decision, resolved, model)
+
+
 async def decide(
     fmt: WireFormat, body: Any, request: Request, quality: QualitySettings, max_questions: int, runtime: Runtime
 ) -> Response:
@@ -112,7 +129,9 @@ async def decide(
     if audit:
         log.info(fmt.name + " request", extra={"fields": {"request_id": request_id_of(request.scope), **audit}})
     async with charged(key_limits):
-        result = await unless_disconnected(request, service.decide(decision, readout=spec, calibrate=calibrate))
+        tasks = task_binder(request, spec, service, card.fingerprint, quality)(decision)
+        work = service.decide(decision, readout=spec, calibrate=calibrate, tasks=tasks)
+        result = await unless_disconnected(request, work)
     request.state.result = result  # for the access log and metrics (api/operations/access.py)
     return FastJSONResponse(fmt.render(body, result, model), headers=common.result_headers(result))
 

@@ -16,7 +16,7 @@ from openjev.api.contract.jev.format import JEV
 from openjev.api.identity.auth import require_key
 from openjev.api.identity.keys import current_key
 from openjev.api.operations import disclosure
-from openjev.api.server import batch, pipeline, playground
+from openjev.api.server import batch, pipeline, playground, task_routes
 from openjev.api.server.assembly import Runtime
 from openjev.api.server.limits import limits_body
 from openjev.config import QualitySettings, Settings
@@ -35,6 +35,8 @@ def install(app: FastAPI, settings: Settings, runtime: Runtime) -> None:
     install_models(app, settings.quality, runtime)
     install_limits(app, settings, runtime)
     install_health(app, runtime)
+    if app.state.tasks is not None:
+        task_routes.install(app, settings.tasks, runtime, app.state.tasks)
 
 
 def install_models(app: FastAPI, quality: QualitySettings, runtime: Runtime) -> None:
@@ -99,7 +101,7 @@ def install_health(app: FastAPI, runtime: Runtime) -> None:
             if problem is not None:  # an engine server that died or stalls: not ready
                 return JSONResponse({"status": "engine_unavailable", "error": problem}, status_code=503)
             # how busy others keep the server, and its limits' store: a key's holder's to see
-            # (api/identity/admission.py)
+            # (api/identity/door.py)
             operator = getattr(request.state, "sees_load", False)
             return JSONResponse(
                 {

@@ -261,6 +261,10 @@ class TaskStore:
             )
         )
 
+    def ready(self) -> list[TaskRecord]:
+        """Every owner's fitted tasks, oldest first."""
+        return self._read(_SELECT + " WHERE status = 'ready' ORDER BY created", ())
+
     def unfinished(self) -> list[TaskRecord]:
         """Tasks queued or fitting (at start: jobs a stopped server left undone)."""
         return self._read(_SELECT + " WHERE status IN ('queued', 'fitting') ORDER BY created", ())

@@ -7,8 +7,9 @@ never see a readout: its readings become ordinary branches of the request's trie
 extra readings share the state's computation like any other branch.
 
 The families, one module each: `letters.py` (letters, canonical, mirror), `parallel.py`,
-`yesno.py`; `per_type.py` reads each question type with its own; what they share is in
-`spec.py` (the names, the spec, the port) and `order.py` (the canonical order).
+`yesno.py`, each with its `build`; `per_type.py` reads each question type with its own;
+what they share is in `spec.py` (the names, the spec, the port, what a family is built
+from) and `order.py` (the canonical order); `catalog.py` builds a model's readouts by name.
 """
 
 from openjev.core.readouts.letters import LettersReadout
@@ -23,6 +24,7 @@ from openjev.core.readouts.spec import (
     Combined,
     Reading,
     Readout,
+    ReadoutContext,
     ReadoutSpec,
     n_options,
     question_type,
@@ -40,6 +42,7 @@ __all__ = [
     "PerTypeReadout",
     "Reading",
     "Readout",
+    "ReadoutContext",
     "ReadoutSpec",
     "YesNoReadout",
     "canonical_order",

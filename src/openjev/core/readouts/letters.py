@@ -35,7 +35,7 @@ from collections.abc import Sequence
 
 from openjev.core import scoring, wording
 from openjev.core.readouts.order import canonical_order, clones_of, shared
-from openjev.core.readouts.spec import Combined, Reading, ReadoutSpec, n_options
+from openjev.core.readouts.spec import Combined, Reading, ReadoutContext, ReadoutSpec, n_options
 from openjev.core.types import ChoiceQuestion, Question, ScoreQuestion
 
 
@@ -129,3 +129,16 @@ class LettersReadout:
         mirrored = len(orders) == 2 and orders[1] == orders[0][::-1]
         lettered = orders[0] if len(orders) == 1 or mirrored else None
         return Combined(tuple(mean), mass, agreement, lettered, clones, mirrored)
+
+
+def build(spec: ReadoutSpec, context: ReadoutContext) -> LettersReadout:
+    """`letters`, `canonical` or `mirror` as `spec` names it, for the model of `context`."""
+    return LettersReadout(
+        context.labels,
+        context.label_ids,
+        rotations=spec.rotations,
+        temperature=context.temperature,
+        max_rotated_options=context.max_rotated_options,
+        canonical=spec.name == "canonical",
+        mirror=spec.name == "mirror",
+    )

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from openjev.core import scoring, wording
 from openjev.core.readouts.letters import LettersReadout
 from openjev.core.readouts.order import canonical_order
-from openjev.core.readouts.spec import Combined, Reading, ReadoutSpec
+from openjev.core.readouts.spec import Combined, Reading, ReadoutContext, ReadoutSpec
 from openjev.core.types import ChoiceQuestion, Question
 
 
@@ -58,3 +58,7 @@ class ParallelReadout:
         for position, option in enumerate(canonical_order(question)):
             probs[option] = shown[position]
         return Combined(tuple(probs), scoring.label_mass(lp))
+
+
+def build(spec: ReadoutSpec, context: ReadoutContext) -> ParallelReadout:  # noqa: ARG001 - the builders' one signature
+    return ParallelReadout(context.labels, context.label_ids, temperature=context.temperature)

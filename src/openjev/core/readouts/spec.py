@@ -140,3 +140,16 @@ def n_options(question: Question) -> int:
     if isinstance(question, ChoiceQuestion):
         return len(question.options)
     return len(question.levels)
+
+
+@dataclass(frozen=True)
+class ReadoutContext:
+    """What a family is built from for one served model: the answer labels and their token
+    ids, Yes/No's ids (None where they are not single tokens after the answer cue), the
+    softmax temperature, and the most options a question may have to be read rotated."""
+
+    labels: tuple[str, ...]
+    label_ids: tuple[int, ...]
+    yes_no: tuple[int, int] | None
+    temperature: float
+    max_rotated_options: int

@@ -13,8 +13,9 @@ import math
 from collections.abc import Sequence
 
 from openjev.core import scoring, wording
-from openjev.core.readouts.spec import Combined, Reading, ReadoutSpec, n_options
+from openjev.core.readouts.spec import Combined, Reading, ReadoutContext, ReadoutSpec, n_options
 from openjev.core.types import NoulQuestion, Question
+from openjev.errors import Unsupported
 
 
 class YesNoReadout:
@@ -45,3 +46,12 @@ class YesNoReadout:
         if total <= 0.0:
             raise ValueError("every candidate has P(yes) = 0")
         return Combined(tuple(y / total for y in yes), mass)
+
+
+def build(spec: ReadoutSpec, context: ReadoutContext) -> YesNoReadout:  # noqa: ARG001 - the builders' one signature
+    """Unsupported where Yes/No are not single tokens after this model's answer cue."""
+    if context.yes_no is None:
+        raise Unsupported(
+            "the yesno readout is unavailable for this model: 'Yes'/'No' are not single tokens after its answer cue"
+        )
+    return YesNoReadout(*context.yes_no, temperature=context.temperature)

@@ -54,11 +54,11 @@ class Calls:
     async def one(self, input_ids: Sequence[int], label_ids: Sequence[int], salt: str = "") -> Reply:
         """One branch in one call, its reply validated."""
         rid = uuid.uuid4().hex
-        body = self.protocol.request_body(rid, input_ids, label_ids, salt)
+        body, aborts = self.protocol.request_body(rid, input_ids, label_ids, salt), [self.protocol.abort_body(rid)]
         ticket, t0 = self.costs.begin(), time.perf_counter()
         replies: list[Reply] = []
         try:
-            payload = await self.sender.post(self.protocol.generate_path, body, [self.protocol.abort_body(rid)])
+            payload = await self.sender.post(self.protocol.generate_path, body, aborts, len(input_ids))
             replies.append(self.protocol.parse_reply(payload, label_ids))
         finally:
             self.costs.end(ticket, computed(replies), time.perf_counter() - t0)
@@ -106,7 +106,8 @@ class Calls:
         ticket, t0 = self.costs.begin(), time.perf_counter()
         learned: list[Reply] = []
         try:
-            payload = await self.sender.post(p.batch_path or p.generate_path, p.batch_body(rids, items, salt), aborts)
+            body, tokens = p.batch_body(rids, items, salt), sum(len(ids) for ids, _ in items)
+            payload = await self.sender.post(p.batch_path or p.generate_path, body, aborts, tokens)
             result, learned = read(payload)
         finally:
             self.costs.end(ticket, computed(learned), time.perf_counter() - t0)

@@ -21,6 +21,7 @@ it with that error.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import uuid
 from collections import deque
 from collections.abc import Callable, Coroutine, Sequence
@@ -38,6 +39,7 @@ SharedCall = Callable[[Sequence[tuple[Sequence[str], Sequence[Item]]], str], Cor
 class _Part:
     items: list[Item]
     future: asyncio.Future
+    context: contextvars.Context = field(default_factory=contextvars.copy_context)  # its request's
     rids: list[str] = field(default_factory=list)
     call: _Call | None = None
 
@@ -106,7 +108,8 @@ class Coalescer:
         self._in_flight += 1
         self.calls += 1
         self.parts += len(call.parts)
-        call.task = asyncio.get_running_loop().create_task(self._run(call, salt))
+        # in its first part's request's context: the call takes that key's turn at the slots
+        call.task = asyncio.get_running_loop().create_task(self._run(call, salt), context=call.parts[0].context)
         self._tasks.add(call.task)
         call.task.add_done_callback(self._tasks.discard)
 

@@ -30,6 +30,7 @@ from openjev.engines.http.coalesce import Coalescer
 from openjev.engines.http.planning import CallPlanner
 from openjev.engines.http.protocol import HTTPProtocol, Reply
 from openjev.engines.http.sender import Sender
+from openjev.engines.http.slots import calling_share
 from openjev.engines.http.submission import RecentPrefixes, execute, first_error, together
 
 if TYPE_CHECKING:
@@ -105,6 +106,7 @@ class HTTPEngine(Engine):
         if self.max_prompt_tokens is not None and longest > self.max_prompt_tokens:
             raise self.calls.too_long(longest)  # before any call: no branch of a refused plan is computed
         strategy = self.planner.strategy_of(plan)
+        calling_share.set(plan.share)  # its calls' key at the slots (slots.py)
         self.strategies_used[strategy] = self.strategies_used.get(strategy, 0) + 1
         tally = _Tally(len(plan.branches))
         salt = plan.cache_namespace

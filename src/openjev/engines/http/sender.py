@@ -1,5 +1,6 @@
 """Sending calls to an engine server: one HTTP client, created inside the serving event
-loop, and the server-wide cap on calls in flight (--max-engine-calls). A call's failures
+loop, and the server-wide cap on calls in flight (--max-engine-calls; calls waiting for a
+slot go in the keys' fair order, slots.py). A call's failures
 become the errors the API answers with: a server that cannot be reached (refused, reset,
 killed mid-call) a retryable 503 with Retry-After, a busy one (429, 503) a 503, one that
 accepts and never answers is cut off by the call's timeout (504); a call cancelled or
@@ -17,6 +18,7 @@ import httpx
 import orjson
 
 from openjev.engines.http.protocol import HTTPProtocol, json_of
+from openjev.engines.http.slots import FairSlots
 from openjev.errors import EngineError, EngineTimeout, EngineUnavailable
 
 log = logging.getLogger(__name__)
@@ -49,10 +51,10 @@ class Sender:
         self._last_reply = -math.inf  # time.monotonic() of the server's last answer to a call
         self._last_unreachable = -math.inf  # ... and of the last call that could not reach it
         self._client: httpx.AsyncClient | None = None
-        self._slots: asyncio.Semaphore | None = None
+        self._slots: FairSlots | None = None  # past the cap, calls wait in the keys' fair order
         self._aborts: set[asyncio.Task] = set()  # fire-and-forget aborts, kept alive until done
 
-    def _http(self) -> tuple[httpx.AsyncClient, asyncio.Semaphore]:
+    def _http(self) -> tuple[httpx.AsyncClient, FairSlots]:
         # Created on first use, inside the serving event loop.
         if self._client is None or self._slots is None:
             self._client = httpx.AsyncClient(
@@ -61,7 +63,7 @@ class Sender:
                 transport=self._transport,
                 limits=httpx.Limits(max_connections=self._max_calls, max_keepalive_connections=self._max_calls),
             )
-            self._slots = asyncio.Semaphore(self._max_calls)
+            self._slots = FairSlots(self._max_calls)
         return self._client, self._slots
 
     async def close(self) -> None:
@@ -88,12 +90,13 @@ class Sender:
             return "the engine server cannot be reached"
         return None if r.status_code == 200 else f"the engine server's health check answered {r.status_code}"
 
-    async def post(self, path: str, body: dict, aborts: Sequence[dict]) -> object:
-        """One call: capped by the server-wide slots, aborted server-side (the `aborts`
-        bodies, which name every item in it) when cancelled or timed out, overload and
-        outage mapped to retryable errors; the reply's JSON."""
+    async def post(self, path: str, body: dict, aborts: Sequence[dict], tokens: int = 1) -> object:
+        """One call of `tokens` prompt tokens: capped by the server-wide slots (waiting calls go
+        in the keys' fair order, slots.py), aborted server-side (the `aborts` bodies, which
+        name every item in it) when cancelled or timed out, overload and outage mapped to
+        retryable errors; the reply's JSON."""
         client, slots = self._http()
-        async with slots:
+        async with slots.hold(tokens):
             self.calls += 1
             self.calls_in_flight += 1
             try:

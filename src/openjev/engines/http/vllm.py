@@ -55,6 +55,20 @@ log = logging.getLogger(__name__)
 # ---- start-up checks (blocking; before the server listens)
 
 
+def _served_model(http: httpx.Client, url: str) -> dict:
+    """{"model": served name, "max_model_len": int}, None each where /v1/models does not say."""
+    info: dict = {"model": None, "max_model_len": None}
+    try:
+        r = http.get(url + "/v1/models")
+        if r.status_code == 200:
+            first = (r.json().get("data") or [{}])[0]
+            info["model"] = first.get("id")
+            info["max_model_len"] = first.get("max_model_len")
+    except (httpx.HTTPError, ValueError, AttributeError, IndexError):
+        pass
+    return info
+
+
 def check_server(
     url: str, label_ids: Sequence[int], client: httpx.Client | None = None, timeout_s: float = 120.0
 ) -> dict:
@@ -70,15 +84,7 @@ def check_server(
         with httpx.Client(timeout=timeout_s) as own:
             return check_server(url, label_ids, own)
     http = client
-    info: dict = {"model": None, "max_model_len": None}
-    try:
-        r = http.get(url + "/v1/models")
-        if r.status_code == 200:
-            first = (r.json().get("data") or [{}])[0]
-            info["model"] = first.get("id")
-            info["max_model_len"] = first.get("max_model_len")
-    except (httpx.HTTPError, ValueError, AttributeError, IndexError):
-        pass
+    info = _served_model(http, url)
     ids = list(label_ids)[:MAX_IDS_PER_CALL]
     try:
         r = http.post(url + GENERATE, json=request_body(uuid.uuid4().hex, [1, 2, 3, 4], ids))

@@ -8,8 +8,9 @@ and namespaced by Plan.cache_namespace; a later root that starts the same way re
 shared positions and computes only the rest. The context holds one request's cells at a
 time, so attention (which llama.cpp runs over every cell in use) sees only the request's.
 
-All llama.cpp work runs on one worker thread, one request at a time in arrival order (a
-2-core CPU is saturated by one decode; llama.cpp parallelises inside it). A cancelled
+All llama.cpp work runs on one worker thread, one request at a time (a 2-core CPU is
+saturated by one decode; llama.cpp parallelises inside it): in arrival order, or where
+several keys wait, the least served key's first (engines/fair_share.py). A cancelled
 request (the service's deadline, a client gone) stops at the next decode call: its queued
 work is dropped and the sequences it used are cleared.
 """
@@ -26,6 +27,7 @@ from dataclasses import dataclass, field
 
 from openjev.core.plan import Plan
 from openjev.core.ports import BranchResult, Engine, PlanResult
+from openjev.engines.fair_share import FairTurns, Want
 from openjev.engines.llamacpp.cache import StateCache
 from openjev.engines.llamacpp.layout import Layout, layout, leaves
 from openjev.engines.llamacpp.lib import Backend
@@ -43,6 +45,10 @@ class _Job:
     deliver: Callable[[PlanResult | BaseException], None]
     cancelled: threading.Event = field(default_factory=threading.Event)
     t_submit: float = field(default_factory=time.perf_counter)
+    want: Want = field(init=False)  # its key and distinct tokens, for the fair order
+
+    def __post_init__(self) -> None:
+        self.want = Want(self.plan.share, self.plan.unique_tokens)
 
 
 # The request's root sequence (the cached positions restored into it, saved from it after);
@@ -67,6 +73,7 @@ class LlamaCppEngine(Engine):
         self._inbox: collections.deque[_Job] = collections.deque()
         self._wake = threading.Condition()
         self._stopped = False
+        self._turns = FairTurns()  # whose request runs next when several keys wait
         self.decodes = 0
         self.computed_tokens = 0
         self._thread = threading.Thread(target=self._loop, name="openjev-llamacpp", daemon=True)
@@ -125,7 +132,7 @@ class LlamaCppEngine(Engine):
                         job.deliver(EngineError("the engine is shut down"))
                     self._inbox.clear()
                     return
-                job = self._inbox.popleft()
+                job = self._next()
             if job.cancelled.is_set():
                 continue
             dirty = True
@@ -138,6 +145,14 @@ class LlamaCppEngine(Engine):
             except Exception as exc:  # our fault or llama.cpp's: the request gets a 502, the engine lives on
                 log.exception("llama.cpp engine failure")
                 job.deliver(EngineError("the engine failed", detail=f"{type(exc).__name__}: {exc}"))
+
+    def _next(self) -> _Job:
+        """The inbox's next job (the caller holds the lock): the keys' fair order, arrival
+        order where one key waits (engines/fair_share.py)."""
+        i = self._turns.choose([j.want for j in self._inbox])
+        job = self._inbox[i]
+        del self._inbox[i]
+        return job
 
     def _execute(self, job: _Job) -> PlanResult:
         """One request in an empty context: its cached root positions restored into the root

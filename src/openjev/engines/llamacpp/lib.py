@@ -97,6 +97,12 @@ def cpu_threads() -> int:
         return os.cpu_count() or 1
 
 
+def forward_threads(setting: int) -> int:
+    """Threads of a forward: `setting` where it is positive, else one fewer than the CPUs this
+    process may use (at least one), which keeps a core for the API's own work."""
+    return setting if setting > 0 else max(1, cpu_threads() - 1)
+
+
 class LlamaCppBackend:
     """A GGUF loaded by llama.cpp and one context over it (owned by one thread)."""
 

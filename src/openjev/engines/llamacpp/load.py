@@ -48,13 +48,13 @@ def preflight(served: ServedSettings) -> None:
         )
 
 
-def prestart(served: ServedSettings) -> None:
+def prestart(served: ServedSettings, tuning: InProcessSettings) -> None:
     """Start loading the GGUF (llama.cpp's mmap and context) on a thread of its own, as soon
     as `openjev serve` knows the engine and the model, so that the service's imports (which
     hold the GIL, where llama.cpp's load does not) run beside it; `load` takes what it
     started. Cheap on the calling thread; a failure surfaces in `load`, as if it had
     started the load itself."""
-    _start(_backend_key(served), register=True)
+    _start(_backend_key(served, tuning), register=True)
 
 
 def load(served: ServedSettings, tuning: InProcessSettings):
@@ -68,7 +68,7 @@ def load(served: ServedSettings, tuning: InProcessSettings):
 
     t0 = time.perf_counter()
     source = resolve_source(served.model, served.cache_dir)
-    key = _backend_key(served)
+    key = _backend_key(served, tuning)
     with _lock:
         backend_f = _started.pop(key, None)
     if backend_f is None:
@@ -109,12 +109,12 @@ _started: dict[tuple, concurrent.futures.Future] = {}
 _lock = threading.Lock()
 
 
-def _backend_key(served: ServedSettings) -> tuple:
+def _backend_key(served: ServedSettings, tuning: InProcessSettings) -> tuple:
     from openjev.engines.models.source import resolve_source
 
     source = resolve_source(served.model, served.cache_dir)
     path = str(source.folder / (source.gguf_file or ""))
-    return (path, WORK_CELLS, N_SEQ_MAX, N_BATCH, N_UBATCH)
+    return (path, WORK_CELLS, N_SEQ_MAX, N_BATCH, N_UBATCH, tuning.llamacpp_threads)
 
 
 def _close_loaded(future: concurrent.futures.Future) -> None:
@@ -126,11 +126,11 @@ def _start(key: tuple, *, register: bool) -> concurrent.futures.Future:
     """The backend for `key`, loading on a daemon thread (a server that exits before its
     load finished does not wait for it); registered for `load` to take where asked."""
     future: concurrent.futures.Future = concurrent.futures.Future()
-    path, work_cells, n_seq_max, n_batch, n_ubatch = key
+    path, work_cells, n_seq_max, n_batch, n_ubatch, threads = key
 
     def run() -> None:
         try:
-            from openjev.engines.llamacpp.lib import LlamaCppBackend, cpu_threads
+            from openjev.engines.llamacpp.lib import LlamaCppBackend, forward_threads
 
             backend = LlamaCppBackend(
                 path,
@@ -138,7 +138,7 @@ def _start(key: tuple, *, register: bool) -> concurrent.futures.Future:
                 n_seq_max=n_seq_max,
                 n_batch=n_batch,
                 n_ubatch=n_ubatch,
-                n_threads=cpu_threads(),
+                n_threads=forward_threads(threads),
             )
         except BaseException as exc:  # noqa: BLE001 - handed to whoever waits on the load
             future.set_exception(exc)

@@ -43,6 +43,18 @@ class PackedPlan:
         return self.ancestor[nq, nk] & ((nq != nk) | causal)
 
 
+def _ancestors(parents: list[tuple[int, ...]]) -> torch.Tensor:
+    """ancestor[a, b]: node b is node a or one of its ancestors (`parents`: each node's, in
+    an order where parents come before their children)."""
+    n = len(parents)
+    ancestor = torch.zeros((n, n), dtype=torch.bool)
+    for a in range(n):  # parents come before their children: their rows are complete
+        ancestor[a, a] = True
+        for p in parents[a]:
+            ancestor[a] |= ancestor[p]
+    return ancestor
+
+
 def pack(plan: Plan) -> PackedPlan:
     tokens: list[int] = []
     positions: list[int] = []
@@ -80,12 +92,7 @@ def pack(plan: Plan) -> PackedPlan:
             visit(child, (index,))
 
     visit(plan.root, ())
-    n = len(parents)
-    ancestor = torch.zeros((n, n), dtype=torch.bool)
-    for a in range(n):  # parents come before their children: their rows are complete
-        ancestor[a, a] = True
-        for p in parents[a]:
-            ancestor[a] |= ancestor[p]
+    ancestor = _ancestors(parents)
     return PackedPlan(
         tokens=tuple(tokens),
         positions=tuple(positions),

@@ -5,8 +5,9 @@ token is computed once, in as few forwards as the budgets allow. The root is loo
 the prefix cache first (its cached positions are not computed) and inserted once known.
 
 A worker thread runs rounds: one slice of each waiting job's packed sequence, round-robin
-in arrival order while the round's token budget lasts, then the slices as a few ragged
-forwards of similar lengths. A large request thus advances slice by slice and cannot hold
+in arrival order while the round's token budget lasts (with several keys waiting, in their
+fair order: about one quantum of tokens per key and weight, engines/fair_share.py), then the
+slices as a few ragged forwards of similar lengths. A large request thus advances slice by slice and cannot hold
 small ones back for long (fairness); concurrent requests share forwards (throughput).
 
 Each request's slice is also bounded in time: what the measured cost per token allows in
@@ -20,22 +21,23 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import enum
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from openjev.core.plan import Plan
 from openjev.core.ports import BranchResult, PlanResult
+from openjev.engines.fair_share import FairRounds, Want
 from openjev.engines.memory import release_free_memory
 from openjev.engines.prefix_cache import PrefixCache
 from openjev.engines.torch.cost_model import CostModel, attended
+from openjev.engines.torch.jobs import Job, JobState
 from openjev.engines.torch.joins import PrefixJoins
 from openjev.engines.torch.kv import Chunk, KVChain, Row, padded_cost
-from openjev.engines.torch.packing import PackedPlan, pack
+from openjev.engines.torch.packing import pack
 from openjev.engines.worker_inbox import deliverer, post_and_wait
 from openjev.errors import EngineError
 
@@ -64,11 +66,7 @@ class SchedulerLimits:
 
 # Before any forward was measured, a round takes at most this many tokens; and however slow
 # the hardware, a round takes at least MIN_SLICE: each forward has fixed costs (per-layer
-# dispatch, copying the past KV) that grow sharply on an oversubscribed CPU. Measured on a
-# 2-core CPU at load average ~10, 800-token prefills back to back: 64-token rounds served
-# 0.38x the requests of whole-prefill rounds, 256-token rounds 0.6x. 512 tokens take about
-# 1 s on an idle 2-core CPU (the cancellation boundary there) and a few ms on a GPU, where
-# the time bound gives full --batch-tokens rounds.
+# dispatch, copying the past KV) that small rounds pay again and again on a busy CPU.
 FIRST_SLICE = 512
 MIN_SLICE = 512
 
@@ -76,74 +74,6 @@ MIN_SLICE = 512
 # every row of a forward is padded to its longest, so unlike lengths waste compute.
 GROUP_LENGTH_RATIO = 2
 GROUP_LENGTH_SLACK = 8
-
-
-class JobState(enum.Enum):
-    QUEUED = "queued"  # submitted, not yet packed (in the inbox)
-    RUNNING = "running"  # packed and admitted: slices computed round by round
-    DONE = "done"  # every branch read; the result was delivered
-    FAILED = "failed"  # an error was delivered (engine failure, shutdown)
-    CANCELLED = "cancelled"  # the awaiting request went away; nothing is delivered
-
-
-@dataclass
-class Job:
-    """One request's plan on its way through the scheduler.
-
-    States move QUEUED -> RUNNING -> DONE | FAILED, or to CANCELLED from either of the first
-    two (set by the request's thread through `cancel`, seen by the worker at the next round).
-    Exactly one outcome is delivered for a job that ends DONE or FAILED, none for CANCELLED.
-    """
-
-    plan: Plan
-    deliver: Callable[[PlanResult | BaseException], None]
-    state: JobState = JobState.QUEUED
-    cancelled: threading.Event = field(default_factory=threading.Event)
-    packed: PackedPlan | None = None  # set on admission (RUNNING)
-    chain: KVChain = field(default_factory=KVChain)  # KV of packed tokens [0, cursor)
-    cursor: int = 0
-    next_read: int = 0
-    results: list[BranchResult | None] = field(default_factory=list)
-    cached: int = 0
-    computed: int = 0
-    t_submit: float = field(default_factory=time.perf_counter)
-    t_start: float | None = None
-    t_root: float | None = None
-
-    @property
-    def packing(self) -> PackedPlan:
-        """The packed plan of an admitted job."""
-        if self.packed is None:
-            raise EngineError(f"the engine failed: a {self.state.value} job has no packed plan")
-        return self.packed
-
-    @property
-    def remaining(self) -> int:
-        return len(self.packing.tokens) - self.cursor
-
-    @property
-    def all_read(self) -> bool:
-        return self.next_read == len(self.packing.reads)
-
-    @property
-    def active(self) -> bool:
-        """Still wants rounds: admitted, not finished, failed or cancelled."""
-        if self.state is JobState.RUNNING and self.cancelled.is_set():
-            self.state = JobState.CANCELLED
-        return self.state is JobState.RUNNING
-
-    def cancel(self) -> None:
-        self.cancelled.set()  # an Event: set from the request's thread, read by the worker
-
-    def fail(self, error: BaseException) -> None:
-        if self.state in (JobState.QUEUED, JobState.RUNNING):
-            self.state = JobState.FAILED
-            self.deliver(error)
-
-    def succeed(self, result: PlanResult) -> None:
-        if self.state is JobState.RUNNING:
-            self.state = JobState.DONE
-            self.deliver(result)
 
 
 class Scheduler:
@@ -156,6 +86,7 @@ class Scheduler:
         self._wake = threading.Condition()
         self._jobs: list[Job] = []
         self._joins = PrefixJoins()  # jobs waiting for a running job's prefix (engines/torch/joins.py)
+        self._fair = FairRounds()  # which keys' slices go in a round (engines/fair_share.py)
         self._stopped = False
         self.forwards = 0
         self.computed_tokens = 0
@@ -244,13 +175,11 @@ class Scheduler:
         # Each request's slice is bounded in time; the round as a whole in tokens, so small
         # concurrent requests still share forwards.
         tokens, budget, longest = 0, self._limits.batch_tokens, self.slice_tokens()
-        for job in self._jobs:  # arrival order: older jobs first, one slice each
-            if tokens >= budget:
-                break
-            want = min(job.remaining, longest)
-            if picked and want > budget - tokens:
-                continue  # would be cut to a sliver: next round
-            take = min(want, budget - tokens)
+        wants = [Want(job.plan.share, min(job.remaining, longest)) for job in self._jobs]
+        # one slice each, in the keys' fair order (one key: arrival order, older jobs first)
+        for i in self._fair.pick(wants, budget):
+            job = self._jobs[i]
+            take = min(wants[i].tokens, budget - tokens)
             # a slice must also fit the attention budget alone
             while take > 1 and take * (job.cursor + take) > self._limits.attention_budget:
                 take = max(1, take // 2)
@@ -306,62 +235,54 @@ class Scheduler:
             for job, _, _ in group:
                 job.fail(error)  # FAILED: dropped next round
             return
-        self.forwards += 1
-        self._dirty = True
-        real = sum(take for _, take, _ in group)
-        self.computed_tokens += real
-        elapsed = time.perf_counter() - t0
-        self.cost.observe(real, sum(attended(job.cursor, take) for job, take, _ in group), elapsed)
-        per_token = elapsed / real
-        self._s_per_token = per_token if self._s_per_token is None else 0.7 * self._s_per_token + 0.3 * per_token
-        picks: list[tuple[int, int]] = []
-        labels: list[tuple[int, ...]] = []
-        owners: list[tuple[Job, int]] = []
-        inserts: list[tuple[Job, KVChain]] = []
-        now = time.perf_counter()
-        for r, ((job, take, _), chunk) in enumerate(zip(group, chunks, strict=True)):
-            start = job.cursor
-            job.chain = job.chain.extend(chunk)
-            job.cursor += take
-            job.computed += take
-            p = job.packing
-            if start < p.root_len <= job.cursor:
-                job.t_root = now
-                inserts.append((job, job.chain.prefix(p.root_len)))
-            while job.next_read < len(p.reads) and p.reads[job.next_read][1] < job.cursor:
-                branch, index = p.reads[job.next_read]
-                picks.append((r, index - start))
-                labels.append(job.plan.branches[branch].label_ids)
-                owners.append((job, branch))
-                job.next_read += 1
+        self._measured(group, time.perf_counter() - t0)
+        picks, labels, owners, inserts = _advance(group, chunks)
         if picks:
             for (job, branch), lp in zip(owners, self._runner.read(hidden, picks, labels), strict=True):
                 job.results[branch] = BranchResult(lp)
             for job in {id(j): j for j, _ in owners}.values():
                 if job.all_read:
-                    self._finish(job)
-        # After the answers are out: the insert copies the root's KV into one tensor (tens of
-        # ms for a 1,000-token state on a CPU), which no answer of this forward waits for.
+                    job.finish()
+        # After the answers are out: the insert copies the root's KV into one tensor, which
+        # no answer of this forward waits for.
         for job, root in inserts:
             self._cache.insert(job.packing.tokens[: job.packing.root_len], root, job.plan.cache_namespace)
 
-    def _finish(self, job: Job) -> None:
-        now = time.perf_counter()
-        start = job.t_start or now
-        root = job.t_root or start
-        branches = tuple(r for r in job.results if r is not None)
-        if len(branches) != len(job.results):
-            job.fail(EngineError("the engine failed: a branch was never read"))
-            return
-        job.succeed(
-            PlanResult(
-                branches=branches,
-                computed_tokens=job.computed,
-                cached_tokens=job.cached,
-                timings_ms={
-                    "queue": (start - job.t_submit) * 1000,
-                    "prefill": (root - start) * 1000,
-                    "branches": (now - root) * 1000,
-                },
-            )
-        )
+    def _measured(self, group: list[tuple[Job, int, Row]], elapsed: float) -> None:
+        """A forward of `group` took `elapsed` s: counted, and learned by the cost model."""
+        self.forwards += 1
+        self._dirty = True
+        real = sum(take for _, take, _ in group)
+        self.computed_tokens += real
+        self.cost.observe(real, sum(attended(job.cursor, take) for job, take, _ in group), elapsed)
+        per_token = elapsed / real
+        self._s_per_token = per_token if self._s_per_token is None else 0.7 * self._s_per_token + 0.3 * per_token
+
+
+def _advance(
+    group: list[tuple[Job, int, Row]], chunks: list[Chunk]
+) -> tuple[list[tuple[int, int]], list[tuple[int, ...]], list[tuple[Job, int]], list[tuple[Job, KVChain]]]:
+    """Each job of a forward moved past its slice: the reads that fell in it (row and
+    position, labels, the job and branch they answer) and the states whose KV is complete
+    now (to enter the prefix cache)."""
+    picks: list[tuple[int, int]] = []
+    labels: list[tuple[int, ...]] = []
+    owners: list[tuple[Job, int]] = []
+    inserts: list[tuple[Job, KVChain]] = []
+    now = time.perf_counter()
+    for r, ((job, take, _), chunk) in enumerate(zip(group, chunks, strict=True)):
+        start = job.cursor
+        job.chain = job.chain.extend(chunk)
+        job.cursor += take
+        job.computed += take
+        p = job.packing
+        if start < p.root_len <= job.cursor:
+            job.t_root = now
+            inserts.append((job, job.chain.prefix(p.root_len)))
+        while job.next_read < len(p.reads) and p.reads[job.next_read][1] < job.cursor:
+            branch, index = p.reads[job.next_read]
+            picks.append((r, index - start))
+            labels.append(job.plan.branches[branch].label_ids)
+            owners.append((job, branch))
+            job.next_read += 1
+    return picks, labels, owners, inserts

@@ -1,0 +1,126 @@
+"""A fair share of the engine per key (issue 50): a light tenant beside a heavy one, on a real
+server with two keys, measured side by side in one run.
+
+The light key sends one small request at a time (a 10-word state, one noul question); the
+heavy key keeps either two batches of 10 short states in flight (`batches`) or 16
+concurrent single requests (`singles`). Each phase runs `--seconds` (and until its last
+answers are in): the light key alone, the heavy key alone, then both together, repeated in
+`--rounds` alternating rounds. Reported per heavy mode: the light key's rate (decisions/s,
+the median of the rounds') and p50 latency beside its solo figures, the heavy key's
+decisions/s beside its solo figure, the total decisions/s together, and every status other
+than 200. One JSON line.
+
+    flock /tmp/openjev-heavy.lock .venv/bin/python bench/bench_fair.py [--seconds 20] [--rounds 2] [--serve-arg=--engine=llamacpp]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from common import machine
+from tests.integration.conftest import start_server, stop_server
+from tests.support.tenants import Tally, heavy_batches, heavy_singles, light
+
+KEYS = "light:light-key-0001\nheavy:heavy-key-0002\n"
+LIGHT, HEAVY = "light-key-0001", "heavy-key-0002"
+HEAVY_MODES = {"batches": heavy_batches, "singles": heavy_singles}
+
+
+def figures(tallies: list[Tally], seconds: list[float]) -> dict:
+    """Decisions/s (the median of the rounds'), p50 latency over every round, other statuses."""
+    ms = sorted(x * 1000 for t in tallies for x in t.latencies_s)
+    errors: dict[int, int] = {}
+    for t in tallies:
+        for status, n in t.errors.items():
+            errors[status] = errors.get(status, 0) + n
+    return {
+        "decisions_per_s": round(statistics.median(t.decisions / s for t, s in zip(tallies, seconds, strict=True)), 3),
+        "p50_ms": round(statistics.median(ms), 1) if ms else None,
+        "errors": errors,
+    }
+
+
+async def phase(url: str, seconds: float, light_on: bool, heavy: str | None) -> dict[str, tuple[Tally, float]]:
+    """Each tenant's tally and the phase's length (the last answers come after `seconds`)."""
+    until = time.monotonic() + seconds
+    tasks = {}
+    if light_on:
+        tasks["light"] = light(url, LIGHT, until)
+    if heavy is not None:
+        tasks["heavy"] = HEAVY_MODES[heavy](url, HEAVY, until)
+    t0 = time.monotonic()
+    tallies = await asyncio.gather(*tasks.values())
+    elapsed = time.monotonic() - t0
+    return {name: (t, elapsed) for name, t in zip(tasks, tallies, strict=True)}
+
+
+def ratio(a: float | None, b: float | None) -> float | None:
+    return round(a / b, 2) if a and b else None
+
+
+async def measure(url: str, seconds: float, modes: list[str], rounds: int) -> dict:
+    """`rounds` rounds, each: the light key alone, then per heavy mode the heavy key alone and
+    both together (the machine's load drifts: each ratio compares phases of the same rounds)."""
+    await phase(url, 3, True, modes[0])  # warm-up: first forwards are slow
+    runs: dict[str, list[tuple[Tally, float]]] = {}
+    for _ in range(rounds):
+        runs.setdefault("light_solo", []).append((await phase(url, seconds, True, None))["light"])
+        for mode in modes:
+            runs.setdefault(f"{mode}/heavy_solo", []).append((await phase(url, seconds, False, mode))["heavy"])
+            both = await phase(url, seconds, True, mode)
+            runs.setdefault(f"{mode}/light", []).append(both["light"])
+            runs.setdefault(f"{mode}/heavy", []).append(both["heavy"])
+    fig = {name: figures([t for t, _ in rs], [s for _, s in rs]) for name, rs in runs.items()}
+    out: dict = {"light_solo": fig["light_solo"]}
+    for mode in modes:
+        solo_l, solo_h, lt, hv = (
+            fig["light_solo"],
+            fig[f"{mode}/heavy_solo"],
+            fig[f"{mode}/light"],
+            fig[f"{mode}/heavy"],
+        )
+        total = lt["decisions_per_s"] + hv["decisions_per_s"]
+        out[mode] = {
+            "heavy_solo": solo_h,
+            "together": {"light": lt, "heavy": hv},
+            "light_rate_vs_solo": ratio(lt["decisions_per_s"], solo_l["decisions_per_s"]),
+            "light_p50_vs_solo": ratio(lt["p50_ms"], solo_l["p50_ms"]),
+            "heavy_rate_vs_solo": ratio(hv["decisions_per_s"], solo_h["decisions_per_s"]),
+            "total_decisions_per_s": round(total, 3),
+            "total_vs_heavy_solo": ratio(total, solo_h["decisions_per_s"]),
+        }
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--seconds", type=float, default=20.0, help="length of each phase")
+    parser.add_argument("--modes", default="batches,singles", help="heavy modes to run: batches, singles")
+    parser.add_argument("--rounds", type=int, default=2, help="alternating rounds of every phase")
+    parser.add_argument("--serve-arg", action="append", default=[], help="an extra `openjev serve` argument")
+    args = parser.parse_args()
+    modes = [m for m in args.modes.split(",") if m]
+    with tempfile.TemporaryDirectory() as tmp:
+        (Path(tmp) / "keys").write_text(KEYS)
+        server = start_server(Path(tmp), "--api-keys-file", str(Path(tmp) / "keys"), *args.serve_arg, env={})
+        try:
+            result = asyncio.run(measure(server.url, args.seconds, modes, args.rounds))
+        finally:
+            stop_server(server)
+    head = {"bench": "fair", "machine": machine(), "seconds": args.seconds, "rounds": args.rounds}
+    print(json.dumps({**head, "load_avg_1m": os.getloadavg()[0], **result}))
+
+
+if __name__ == "__main__":
+    main()

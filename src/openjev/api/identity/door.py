@@ -1,0 +1,100 @@
+"""Admission at the door (`AdmissionMiddleware`), before the body is read: which paths need
+a key, the key itself (401), and on the decision routes the key's tokens/min debt (429: a
+key whose earlier work, refused requests' included, overdrew its bucket gets no compile
+work until it is paid back), its requests/min bucket and its reservation for the body
+(429), in one step of the buckets' store (api/identity/key_limits.py). How much work a
+request may then start is admission.py's, on the engine port."""
+
+from __future__ import annotations
+
+from starlette.datastructures import Headers
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from openjev.api.contract.paths import DECISION_ROUTES
+from openjev.api.identity.key_limits import KeyLimits
+from openjev.api.identity.keys import KeyEntry, KeyRing, current_key
+from openjev.api.identity.proxies import TrustedProxies
+from openjev.api.identity.reservation import admit, current_reservation
+from openjev.errors import AuthenticationError
+
+# The API docs: behind the API's key with --docs auth, their static assets too (the largest
+# responses the server has: open, they let anyone hold connections with unread answers).
+DOCS_ROUTES = ("/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json")
+DOCS_ASSETS = "/static-offline-docs/"
+
+
+def _loopback(scope: Scope, proxies: TrustedProxies) -> bool:
+    """A client on this machine (a forwarded one only where --trusted-proxies says so)."""
+    if not scope.get("client"):
+        return True  # in-process (tests, ASGI transports): nothing came over a network
+    client = proxies.client(scope)
+    return client is not None and client.is_loopback
+
+
+class AdmissionMiddleware:
+    """At the door, before the body is read or parsed: the caller's key where the path needs
+    one (an unauthenticated request is a 401 whatever it sends) and, on a decision route,
+    one of its requests/min (429 beyond). The key is the request's from then on
+    (`current_key`, and its name in the request's state for the log and the metrics)."""
+
+    def __init__(
+        self, app: ASGIApp, keys: KeyRing, key_limits: KeyLimits, proxies: TrustedProxies, docs_auth: bool
+    ) -> None:
+        self.app = app
+        self.keys = keys
+        self.key_limits = key_limits
+        self.proxies = proxies
+        self.docs_auth = docs_auth
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        entry = self._authenticate(scope, scope["path"])
+        state = scope.setdefault("state", {})
+        state["key_name"] = entry.name if entry else None
+        # The entry is the request's before its limits are checked, so that what answers a 429
+        # at the door (outside this middleware, where the ContextVar is unset) still knows whose
+        # limits to show (api/server/conventions.py).
+        state["key_entry"] = entry
+        held = None
+        if entry is not None and scope["path"] in DECISION_ROUTES:
+            headers = Headers(scope=scope)
+            encoded = headers.get("content-encoding", "identity").strip().lower() != "identity"
+            # before the body is read: a key in debt buys no compile (one step of the store)
+            held = await admit(self.key_limits, entry, headers.get("content-length"), encoded)
+        if scope["path"] == "/health":  # open to all; how busy the server is only for a key's holder
+            state["sees_load"] = not self.keys.enabled or self._bearer(scope) is not None
+        token, reserved = current_key.set(entry), current_reservation.set(held)
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            if held is not None:
+                await held.release()
+            current_reservation.reset(reserved)
+            current_key.reset(token)
+
+    def _bearer(self, scope: Scope) -> KeyEntry | None:
+        """The key entry the request's Bearer header names, None for none or an unknown one."""
+        scheme, _, given = Headers(scope=scope).get("authorization", "").partition(" ")
+        return self.keys.identify(given.strip()) if scheme.lower() == "bearer" and given.strip() else None
+
+    def _authenticate(self, scope: Scope, path: str) -> KeyEntry | None:
+        """The caller's key where one is needed (raises 401); None where none is."""
+        keys = self.keys
+        guarded = (
+            path.startswith("/v1/")
+            or path in DECISION_ROUTES
+            or (path == "/metrics" and not _loopback(scope, self.proxies))
+            or ((path in DOCS_ROUTES or path.startswith(DOCS_ASSETS)) and self.docs_auth)
+        )
+        if not keys.enabled or not guarded:
+            return None
+        header = Headers(scope=scope).get("authorization", "")
+        scheme, _, given = header.partition(" ")
+        if scheme.lower() != "bearer" or not given.strip():
+            raise AuthenticationError("missing API key: send Authorization: Bearer <key>")
+        entry = keys.identify(given.strip())
+        if entry is None:
+            raise AuthenticationError("invalid API key")
+        return entry

@@ -1,0 +1,258 @@
+"""/v1/tasks in-process (the FakeEngine and FakeTokenizer at the engine seam, a real SQLite
+file): created, fitted as a job with progress, applied on every decision route by header
+and by wording, per key, priced before any engine work, deleted while fitting with
+nothing left half-written, kept across a restart."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+
+import pytest
+
+from openjev.api.server.task_store import open_store
+from tests.api.conftest import running_app
+from tests.api.test_every_route import EVERY, IDS, Route
+
+QUESTION = {"type": "noul", "instructions": "Is it seven?"}
+OPENAI_QUESTION = {"type": "predicate", "name": "q", "instructions": "Is it seven?"}
+
+
+def examples(count, answer=False):
+    return [{"state": f"ticket {i} " + "7 " * (i % 5), "answer": answer} for i in range(count)]
+
+
+def auth(key):
+    return {"Authorization": f"Bearer {key}"}
+
+
+@pytest.fixture
+def keys(tmp_path):
+    path = tmp_path / "keys"
+    path.write_text("alice:alice-key\nbob:bob-key\npoor:poor-key tokens_per_min=50\n")
+    return {"api_keys_file": str(path), "tasks_db": str(tmp_path / "tasks.sqlite3")}
+
+
+def calibration_of(route, r):
+    """Which fit answered: the batch item's x_calibration, else the response's header."""
+    return (r.json()[0]["x_calibration"] or "none") if route.batch else r.headers["x-openjev-calibration"]
+
+
+async def fitted(client, key, body, timeout=20.0):
+    r = await client.post("/v1/tasks", json=body, headers=auth(key))
+    assert r.status_code == 201, r.text
+    created = r.json()
+    assert set(created) == {"id", "status"} and created["status"] in ("queued", "fitting")
+    seen = set()
+    for _ in range(int(timeout / 0.02)):
+        task = (await client.get(f"/v1/tasks/{created['id']}", headers=auth(key))).json()
+        seen.add(task["status"])
+        if task["status"] in ("ready", "failed"):
+            return task, seen
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"task not fitted in {timeout} s: {task}")
+
+
+async def test_a_task_is_fitted_with_progress_and_reports_its_figures(keys):
+    async with running_app(**keys) as (client, engine):
+        task, seen = await fitted(client, "alice-key", {"question": QUESTION, "examples": examples(30)})
+        assert task["status"] == "ready", task
+        assert seen <= {"queued", "fitting", "ready"}
+        assert task["progress"]["done"] == task["progress"]["total"] == 30
+        assert len(engine.plans) == 30  # one reading per example
+        fit = task["fit"]
+        assert fit["binding"]["wording"] and fit["binding"]["readout"]
+        for when in ("before", "after"):
+            assert set(fit[when]) == {"n", "accuracy", "brier", "ece"} and fit[when]["n"] == 30
+        assert fit["after"]["accuracy"] > fit["before"]["accuracy"]  # every gold is false: a bias learns it
+        assert set(fit["threshold"]) == {"target_precision", "min_confidence", "coverage", "precision"}
+        listed = (await client.get("/v1/tasks", headers=auth("alice-key"))).json()["tasks"]
+        assert [t["id"] for t in listed] == [task["id"]]
+
+
+@pytest.mark.parametrize("route", EVERY, ids=IDS)
+async def test_a_fitted_task_applies_on_every_decision_route(keys, route: Route):
+    async with running_app(**keys) as (client, _):
+        task, _ = await fitted(client, "alice-key", {"question": QUESTION, "examples": examples(30)})
+        question = OPENAI_QUESTION if route.openai else QUESTION
+        body = route.body("ticket 99 7 7", question)
+        named = {**auth("alice-key"), "x-openjev-task": task["id"]}
+        status, _, r = await route.post(client, body, named)
+        assert status == 200, r.text
+        applied = calibration_of(route, r)
+        assert applied == f"task:{task['id']}"
+        # without the header, the question's wording finds it too
+        status, _, r = await route.post(client, body, auth("alice-key"))
+        applied = calibration_of(route, r)
+        assert applied == f"task:{task['id']}"
+        # another question: no task by wording, a 409 by header
+        other = route.body("ticket 99", {**question, "instructions": "Is it eight?"})
+        status, _, r = await route.post(client, other, auth("alice-key"))
+        applied = calibration_of(route, r)
+        assert applied == "none"
+        status, error, _ = await route.post(client, other, named)
+        assert status == 409, error
+        # another key can neither use it by header nor get it by wording
+        status, _, _ = await route.post(client, body, {**auth("bob-key"), "x-openjev-task": task["id"]})
+        assert status == 404
+        status, _, r = await route.post(client, body, auth("bob-key"))
+        applied = calibration_of(route, r)
+        assert applied == "none"
+        status, _, _ = await route.post(client, body, {**auth("alice-key"), "x-openjev-task": "task_nope"})
+        assert status == route.invalid
+
+
+async def test_the_fit_changes_the_answer(keys):
+    async with running_app(**keys) as (client, _):
+        task, _ = await fitted(client, "alice-key", {"question": QUESTION, "examples": examples(40)})
+        body = {"state": "ticket 99 7 7", "questions": {"q": QUESTION}}
+        plain = await client.post("/v1/systemone", json=body, headers={**auth("bob-key")})
+        tasked = await client.post(
+            "/v1/systemone", json=body, headers={**auth("alice-key"), "x-openjev-task": task["id"]}
+        )
+        assert tasked.json()["answers"]["q"]["noul"] < plain.json()["answers"]["q"]["noul"]  # every gold was false
+
+
+async def test_another_key_cannot_see_or_delete_a_task(keys):
+    async with running_app(**keys) as (client, _):
+        task, _ = await fitted(client, "alice-key", {"question": QUESTION, "examples": examples(12)})
+        assert (await client.get(f"/v1/tasks/{task['id']}", headers=auth("bob-key"))).status_code == 404
+        assert (await client.get("/v1/tasks", headers=auth("bob-key"))).json() == {"tasks": []}
+        assert (await client.delete(f"/v1/tasks/{task['id']}", headers=auth("bob-key"))).status_code == 404
+        more = await client.post(
+            f"/v1/tasks/{task['id']}/examples", json={"examples": examples(1)}, headers=auth("bob-key")
+        )
+        assert more.status_code == 404
+        assert (await client.get(f"/v1/tasks/{task['id']}", headers=auth("alice-key"))).json()["status"] == "ready"
+        assert (await client.get(f"/v1/tasks/{task['id']}")).status_code == 401
+
+
+@pytest.mark.parametrize(
+    ("body", "needle"),
+    [
+        ({"question": QUESTION, "examples": [*examples(11), {"state": "x", "answer": "maybe"}]}, "true or false"),
+        (
+            {
+                "question": {"type": "choice", "criteria": {"a": None, "b": None}},
+                "examples": [{"state": f"s{i}", "answer": "c"} for i in range(10)],
+            },
+            "not one of the task's options",
+        ),
+        (
+            {
+                "question": {"type": "score", "criteria": ["low", "high"]},
+                "examples": [{"state": "s", "answer": 2}] * 10,
+            },
+            "level index",
+        ),
+        ({"question": QUESTION, "examples": examples(9)}, "10 to 20"),
+        ({"question": QUESTION, "examples": examples(21)}, "10 to 20"),
+    ],
+)
+async def test_bad_tasks_are_4xx_before_any_engine_work(keys, body, needle):
+    async with running_app(max_task_examples=20, **keys) as (client, engine):
+        r = await client.post("/v1/tasks", json=body, headers=auth("alice-key"))
+        assert r.status_code == 422, r.text
+        assert needle in r.text
+        assert engine.plans == []
+        assert (await client.get("/v1/tasks", headers=auth("alice-key"))).json() == {"tasks": []}
+
+
+async def test_malformed_ids_are_422_and_unknown_ones_404(keys):
+    async with running_app(**keys) as (client, _):
+        for path in ("/v1/tasks/nope", "/v1/tasks/task_" + "g" * 24):
+            assert (await client.get(path, headers=auth("alice-key"))).status_code == 422
+            assert (await client.delete(path, headers=auth("alice-key"))).status_code == 422
+        assert (await client.get("/v1/tasks/task_" + "0" * 24, headers=auth("alice-key"))).status_code == 404
+
+
+async def test_a_fit_over_the_keys_budget_is_429_before_any_engine_work(keys):
+    """A full bucket pays for one fit beyond it (into debt, as a large request does); the
+    key then has no budget: its next fit is refused before anything is read or stored."""
+    async with running_app(**keys) as (client, engine):
+        first, _ = await fitted(client, "poor-key", {"question": QUESTION, "examples": examples(20)})
+        read = len(engine.plans)
+        r = await client.post(
+            "/v1/tasks", json={"question": QUESTION, "examples": examples(20)}, headers=auth("poor-key")
+        )
+        assert r.status_code == 429, r.text
+        assert "retry-after" in r.headers
+        await asyncio.sleep(0.1)
+        assert len(engine.plans) == read
+        assert [t["id"] for t in (await client.get("/v1/tasks", headers=auth("poor-key"))).json()["tasks"]] == [
+            first["id"]
+        ]
+        more = {"examples": examples(1)}
+        r = await client.post(f"/v1/tasks/{first['id']}/examples", json=more, headers=auth("poor-key"))
+        assert r.status_code == 429
+
+
+async def test_a_task_deleted_while_it_fits_leaves_nothing(keys, tmp_path):
+    from tests.support.fakes import FakeEngine
+
+    engine = FakeEngine(delay_s=0.05)
+    async with running_app(engine, **keys) as (client, _):
+        r = await client.post(
+            "/v1/tasks", json={"question": QUESTION, "examples": examples(40)}, headers=auth("alice-key")
+        )
+        task_id = r.json()["id"]
+        for _ in range(200):
+            progress = (await client.get(f"/v1/tasks/{task_id}", headers=auth("alice-key"))).json()
+            if progress["status"] == "fitting" and progress["progress"]["done"] >= 2:
+                break
+            await asyncio.sleep(0.02)
+        assert progress["progress"]["total"] == 40 and progress["progress"]["eta_s"] is not None
+        assert (await client.delete(f"/v1/tasks/{task_id}", headers=auth("alice-key"))).status_code == 204
+        read = len(engine.plans)
+        await asyncio.sleep(0.3)
+        assert len(engine.plans) <= read + 1  # the job stopped
+        assert (await client.get(f"/v1/tasks/{task_id}", headers=auth("alice-key"))).status_code == 404
+    conn = sqlite3.connect(keys["tasks_db"])
+    assert conn.execute("SELECT count(*) FROM tasks").fetchone()[0] == 0
+    assert conn.execute("SELECT count(*) FROM examples").fetchone()[0] == 0
+
+
+async def test_a_task_survives_a_restart_and_unfinished_jobs_resume(keys):
+    async with running_app(**keys) as (client, _):
+        task, _ = await fitted(client, "alice-key", {"question": QUESTION, "examples": examples(12)})
+    store = open_store(__import__("pathlib").Path(keys["tasks_db"]))
+    queued = store.create("alice", QUESTION, "w", examples(12), 0.9)
+    store.close()
+    async with running_app(**keys) as (client, _):
+        body = {"state": "ticket 3", "questions": {"q": QUESTION}}
+        r = await client.post("/v1/systemone", json=body, headers={**auth("alice-key"), "x-openjev-task": task["id"]})
+        assert r.headers["x-openjev-calibration"] == f"task:{task['id']}"
+        for _ in range(500):
+            resumed = (await client.get(f"/v1/tasks/{queued.id}", headers=auth("alice-key"))).json()
+            if resumed["status"] == "ready":
+                break
+            await asyncio.sleep(0.02)
+        assert resumed["status"] == "ready"
+
+
+async def test_a_foreign_store_stops_the_app_at_start(tmp_path):
+    from openjev.api.server.app import create_app
+    from openjev.config import load_settings
+    from openjev.errors import ConfigError
+
+    path = tmp_path / "t.sqlite3"
+    path.write_bytes(b"x" * 4096)
+    with pytest.raises(ConfigError, match="not an SQLite database"):
+        create_app(load_settings({"tasks_db": str(path)}, environ={}))
+    assert path.read_bytes() == b"x" * 4096
+
+
+async def test_more_examples_refit_the_task(keys):
+    async with running_app(**keys) as (client, _):
+        task, _ = await fitted(client, "alice-key", {"question": QUESTION, "examples": examples(12)})
+        r = await client.post(
+            f"/v1/tasks/{task['id']}/examples", json={"examples": examples(8)}, headers=auth("alice-key")
+        )
+        assert r.status_code == 202, r.text
+        assert (r.json()["status"], r.json()["examples"]) == ("queued", 20)
+        for _ in range(500):
+            again = (await client.get(f"/v1/tasks/{task['id']}", headers=auth("alice-key"))).json()
+            if again["status"] == "ready":
+                break
+            await asyncio.sleep(0.02)
+        assert again["fit"]["after"]["n"] == 20
