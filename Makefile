@@ -140,10 +140,11 @@ test-vllm: setup
 	bash scripts/setup_vllm.sh
 	OPENJEV_VLLM=1 $(PY) -m pytest tests/vllm
 
-# The llama.cpp engine on the embedded GGUF, for real: llama-cpp-python into .venv, from a wheel
-# built once (about 8 minutes on 2 cores) and cached outside the clone (scripts/setup_llamacpp.sh).
+# The llama.cpp engine on the embedded GGUF and on the default model (what `make serve` serves), for
+# real: llama-cpp-python into .venv, from a wheel built once (about 7 minutes on 2 cores) and cached
+# outside the clone, and the default model's GGUF in the cache (scripts/setup_default_model.sh).
 test-llamacpp: setup
-	bash scripts/setup_llamacpp.sh
+	bash scripts/setup_default_model.sh
 	OPENJEV_LLAMACPP=1 $(PY) -m pytest tests/llamacpp
 
 bench-llamacpp: setup

@@ -89,6 +89,7 @@ class Row:
     probs: tuple[float, ...]
     cf: tuple[float, ...] | None  # the content-free reading's answer, where it was recorded
     correct: int
+    soft: tuple[float, ...] | None = None  # a soft gold in option order, where the source has one
 
 
 def rows_of(source: str, items: Sequence[Item], pool: Pool) -> list[Row]:
@@ -99,13 +100,44 @@ def rows_of(source: str, items: Sequence[Item], pool: Pool) -> list[Row]:
         sig = signature(item.request["questions"][qid])
         got = [pool.get((item.id, qid), {}).get(o) for o in readout.orders(q)]
         cf = [pool.get((f"cf-{sig}", qid), {}).get(o) for o in readout.orders(q)]
-        if any(g is None for g in got) or any(c is None for c in cf):
+        if any(g is None for g in got):
             continue
         probs = readout.combine(q, got).probs
-        out.append(
-            Row(source, qtype, len(probs), sig, probs, readout.combine(q, cf).probs, readings.expected_index(item, qid))
-        )
+        free = None if any(c is None for c in cf) else readout.combine(q, cf).probs
+        soft = _soft(item, qid)
+        out.append(Row(source, qtype, len(probs), sig, probs, free, readings.expected_index(item, qid), soft))
     return out
+
+
+def _soft(item: Item, qid: str) -> tuple[float, ...] | None:
+    """The source's soft gold of a question in the question's option order (noul: true, false)."""
+    if not item.soft or qid not in item.soft:
+        return None
+    gold, q = item.soft[qid], item.request["questions"][qid]
+    if q["type"] == "noul":
+        names = ["true", "false"]
+    elif q["type"] == "choice":
+        names = list(q["criteria"])
+    else:
+        names = [str(j) for j in range(len(q["criteria"]))]
+    return tuple(gold.get(n, 0.0) for n in names)
+
+
+def soft_figures(rows: Sequence[Row], bins: int = 15) -> dict[str, float]:
+    """Against a soft gold: the ECE of our top answer's probability against the gold's probability
+    of that answer, and the mean total variation between the two distributions."""
+    sums: dict[int, list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0])
+    tv = 0.0
+    for r in rows:
+        assert r.soft is not None
+        top = max(range(r.n), key=lambda j: r.probs[j])
+        k = min(int(r.probs[top] * bins), bins - 1)
+        sums[k][0] += 1
+        sums[k][1] += r.probs[top]
+        sums[k][2] += r.soft[top]
+        tv += 0.5 * math.fsum(abs(a - b) for a, b in zip(r.probs, r.soft, strict=True))
+    ece = math.fsum(abs(c - g) for _, c, g in sums.values()) / max(len(rows), 1)
+    return {"soft_ece": ece, "total_variation": tv / max(len(rows), 1)}
 
 
 def _norm(v: Sequence[float]) -> tuple[float, ...]:
@@ -168,7 +200,40 @@ def _pre(name: str, rows: Sequence[Row]) -> list[Row]:
     return list(rows)
 
 
-METHODS = ("raw", "T", "T(n)", "CF", "CF+T", "CF/2+T", "BC", "BC+T")
+METHODS = ("raw", "shipped", "T", "T(n)", "T+ord", "CF", "CF+T", "CF/2+T", "BC", "BC+T")
+# the shipped file's temperatures for the default readout (noul letters R=1, choice and score R=2)
+SHIPPED_FILE = Path(__file__).resolve().parents[1] / "src/openjev/calibrations/qwen2.5-coder-1.5b.json"
+
+
+def shipped_temperatures(path: Path = SHIPPED_FILE) -> dict[str, float]:
+    doc = json.loads(path.read_text())
+    fits = {(f["readout"], f.get("rotations", 1)): f["types"] for f in doc["fits"]}
+    return {"noul": fits[("letters", 1)]["noul"]["temperature"]} | {
+        t: fits[("letters", 2)][t]["temperature"] for t in ("choice", "score")
+    }
+
+
+def _tilt(probs: Sequence[float], t: float, a: float, b: float) -> tuple[float, ...]:
+    """`probs` at temperature t, then tilted by level: log p_j + a z_j + b z_j^2, z_j from -1/2 to 1/2."""
+    n = len(probs)
+    z = [j / (n - 1) - 0.5 for j in range(n)]
+    logs = [math.log(max(p, FLOOR)) / t + a * z[j] + b * z[j] ** 2 for j, p in enumerate(probs)]
+    top = max(logs)
+    return _norm([math.exp(x - top) for x in logs])
+
+
+def fit_ord(rows: Sequence[Row]) -> tuple[float, float, float]:
+    """(T, a, b) of `_tilt` by NLL: an ordinal-aware calibration of a scale (a leaning toward one
+    end, b toward the ends or the middle); tiny ridge on a and b."""
+    from scipy.optimize import minimize
+
+    def loss(x: np.ndarray) -> float:
+        t, a, b = max(float(x[0]), 0.05), float(x[1]), float(x[2])
+        nll = math.fsum(-math.log(max(_tilt(r.probs, t, a, b)[r.correct], FLOOR)) for r in rows) / len(rows)
+        return nll + 1e-3 * (a * a + b * b)
+
+    x = minimize(loss, np.array([1.0, 0.0, 0.0]), method="Nelder-Mead", options={"xatol": 1e-3, "fatol": 1e-5}).x
+    return max(float(x[0]), 0.05), float(x[1]), float(x[2])
 
 
 def held_out(name: str, train: Sequence[Row], test: Sequence[Row]) -> list[Row]:
@@ -181,7 +246,16 @@ def held_out(name: str, train: Sequence[Row], test: Sequence[Row]) -> list[Row]:
     out: list[Row] = []
     for t in TYPES:
         tr, te = [r for r in train if r.qtype == t], [r for r in test if r.qtype == t]
-        if name.endswith("T(n)"):
+        if name == "shipped":  # the 1.5B's shipped file (another model's rows: its figures are not shown)
+            temp = shipped_temperatures()[t]
+            out += [replace(r, probs=_temper(r.probs, temp)) for r in te]
+        elif name == "T+ord" and t == "score" and tr:
+            temp, a, b = fit_ord(tr)
+            out += [replace(r, probs=_tilt(r.probs, temp, a, b)) for r in te]
+        elif name == "T+ord":
+            temp = fit_t(tr)
+            out += [replace(r, probs=_temper(r.probs, temp)) for r in te]
+        elif name.endswith("T(n)"):
             a, b = fit_tn(tr)
             out += [replace(r, probs=_temper(r.probs, max(a - b * math.log(r.n), 0.05))) for r in te]
         elif name.endswith("+T") or name == "T":
@@ -192,19 +266,74 @@ def held_out(name: str, train: Sequence[Row], test: Sequence[Row]) -> list[Row]:
     return out
 
 
+def _single(order: Sequence[int], lp: Sequence[float]) -> tuple[float, ...]:
+    """One reading's answer in the question's own option order."""
+    top = max(lp)
+    shown = _norm([math.exp(x - top) for x in lp])
+    out = [0.0] * len(order)
+    for position, option in enumerate(order):
+        out[option] = shown[position]
+    return tuple(out)
+
+
+def score_variants(source: str, items: Sequence[Item], pool: Pool) -> dict[str, list[Row]]:
+    """A scale's answer read forward only, reversed only, and both (the default), uncalibrated."""
+    out: dict[str, list[Row]] = {"forward": [], "reversed": [], "both": []}
+    readout = READ["score"]
+    for item, qid, q in questions_of(items):
+        if question_type(q) != "score":
+            continue
+        orders = readout.orders(q)
+        got = [pool.get((item.id, qid), {}).get(o) for o in orders]
+        if any(g is None for g in got) or len(orders) != 2:
+            continue
+        gold = readings.expected_index(item, qid)
+        n = len(orders[0])
+        for name, probs in (
+            ("forward", _single(orders[0], got[0])),
+            ("reversed", _single(orders[1], got[1])),
+            ("both", readout.combine(q, got).probs),
+        ):
+            out[name].append(Row(source, "score", n, "", probs, None, gold))
+    return out
+
+
+def ece_floor(scored: Sequence[Scored], draws: int = 200, seed: int = 0) -> float:
+    """The mean ECE of a perfectly calibrated answerer with these confidences on this many questions
+    (each right with the probability it gives): what a cell's ECE is made of by its size alone."""
+    import random
+
+    rng = random.Random(seed)
+    total = 0.0
+    for _ in range(draws):
+        sim = [
+            Scored(s.qtype, s.probs, s.top if rng.random() < max(s.probs) else (s.top + 1) % len(s.probs))
+            for s in scored
+        ]
+        total += summarize(sim)["ece"]
+    return total / draws
+
+
 def figures(rows: Sequence[Row]) -> dict[str, float | int | None]:
     scored = [Scored(r.qtype, r.probs, r.correct) for r in rows]
     m = summarize(scored)
-    return {"n": len(rows), "accuracy": m["accuracy"], "ece": m["ece"], "nll": m["nll"], "brier": m.get("brier")}
+    out = {"n": len(rows), "accuracy": m["accuracy"], "ece": m["ece"], "nll": m["nll"], "brier": m.get("brier")}
+    out["ece_floor"] = ece_floor(scored)
+    if rows and all(r.soft is not None for r in rows):
+        out |= soft_figures(rows)
+    return out
 
 
 def table(rows: Sequence[Row]) -> dict:
+    """Per method and source: a human-labelled source fitted on the other human-labelled ones; a
+    soft-gold source (another model's opinion: never fitted on) on all the human-labelled ones."""
     sources = sorted({r.source for r in rows}, key=lambda s: SOURCES.index(s) if s in SOURCES else 99)
+    human = [r for r in rows if r.soft is None]
     out: dict = {}
     for name in METHODS:
         out[name] = {}
         for s in sources:
-            test = held_out(name, [r for r in rows if r.source != s], [r for r in rows if r.source == s])
+            test = held_out(name, [r for r in human if r.source != s], [r for r in rows if r.source == s])
             out[name][s] = {
                 t: figures([r for r in test if r.qtype == t]) for t in TYPES if any(r.qtype == t for r in test)
             }
@@ -212,10 +341,28 @@ def table(rows: Sequence[Row]) -> dict:
     return out
 
 
-def markdown(result: dict, model: str) -> str:
+def markdown(full: dict, model: str) -> str:
+    result = full["methods"]
     lines = [f"# Leave-one-source-out calibration: {model}", ""]
-    lines += ["Each cell: ECE / accuracy (n) of the source when fitted on all the others.", ""]
     sources = list(next(iter(result.values())))
+    lines += ["Per method over every held-out (source, type) cell: the mean and worst ECE, the cells whose ECE is"]
+    lines += ["above the uncalibrated reading's by more than 0.005, and the mean accuracy change against it.", ""]
+    floors = [result["raw"][s][t]["ece_floor"] for s in sources for t in TYPES if t in result["raw"][s]]
+    lines += [
+        f"(A perfectly calibrated answerer's mean ECE on cells of these sizes: {sum(floors) / len(floors):.3f}.)",
+        "",
+    ]
+    lines += ["| method | mean ECE | worst ECE | cells worse than raw | accuracy change |", "|---|---|---|---|---|"]
+    for name, per in result.items():
+        cells = [(s, t) for s in sources for t in TYPES if t in per[s]]
+        eces = [per[s][t]["ece"] for s, t in cells]
+        worse = sum(per[s][t]["ece"] > result["raw"][s][t]["ece"] + 0.005 for s, t in cells)
+        gain = [per[s][t]["accuracy"] - result["raw"][s][t]["accuracy"] for s, t in cells]
+        lines.append(
+            f"| {name} | {sum(eces) / len(eces):.3f} | {max(eces):.3f} | {worse} of {len(cells)} | "
+            f"{sum(gain) / len(gain):+.3f} |"
+        )
+    lines += ["", "Each cell: ECE / accuracy (n) of the source when fitted on all the others.", ""]
     lines += ["| method | type | " + " | ".join(sources) + " |", "|---|---|" + "---|" * len(sources)]
     for name, per in result.items():
         for t in (*TYPES, "all"):
@@ -224,6 +371,15 @@ def markdown(result: dict, model: str) -> str:
                 m = per[s].get(t)
                 cells.append("-" if m is None else f"{m['ece']:.3f} / {m['accuracy']:.3f} ({m['n']})")
             lines.append(f"| {name} | {t} | " + " | ".join(cells) + " |")
+    lines += ["", "Scales read one way or both (uncalibrated): ECE / accuracy (n)", ""]
+    variants = full["score_readings"]
+    lines += ["| reading | " + " | ".join(variants) + " |", "|---|" + "---|" * len(variants)]
+    for name in ("forward", "reversed", "both"):
+        cells = [
+            "-" if name not in v else f"{v[name]['ece']:.3f} / {v[name]['accuracy']:.3f} ({v[name]['n']})"
+            for v in variants.values()
+        ]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -258,6 +414,13 @@ def build(args: argparse.Namespace) -> int:
     for source in args.sources:
         rows += rows_of(source, items_of(source, args.cache_dir), pool)
     result = table(rows)
+    if args.model != "qwen2.5-coder-1.5b":
+        result.pop("shipped")
+    variants: dict[str, dict] = {}
+    for source in args.sources:
+        got = score_variants(source, items_of(source, args.cache_dir), pool)
+        variants[source] = {name: figures(rs) for name, rs in got.items() if rs}
+    result = {"methods": result, "score_readings": variants}
     results = Path(args.results)
     results.mkdir(parents=True, exist_ok=True)
     (results / f"sources-{args.model}.json").write_text(json.dumps(result, indent=1) + "\n")

@@ -409,3 +409,19 @@ def test_every_readout_name_has_its_builder():
     from openjev.core.readouts.catalog import BUILDERS
 
     assert sorted(BUILDERS) == sorted(READOUT_NAMES)
+
+
+@pytest.mark.parametrize("family", ENGINE_FAMILIES)
+def test_each_engine_family_imports_alone(family):
+    """The engine recipe (docs/architecture.md): a family's every module imports in a fresh
+    interpreter, and brings no other family with it (what families share lives beside them)."""
+    code = (
+        "import importlib, pkgutil, sys\n"
+        f"import openjev.engines.{family} as fam\n"
+        f"for m in pkgutil.iter_modules(fam.__path__): importlib.import_module('openjev.engines.{family}.' + m.name)\n"
+        "print(' '.join(sorted({n.split('.')[2] for n in sys.modules if n.startswith('openjev.engines.') and n.count('.') >= 2})))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    loaded = set(out.stdout.split())
+    assert family in loaded  # guards the guard: the family itself was imported
+    assert not loaded & (set(ENGINE_FAMILIES) - {family}), f"{family} brings {sorted(loaded & set(ENGINE_FAMILIES))}"

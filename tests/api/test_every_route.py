@@ -203,7 +203,7 @@ async def test_errors_leave_in_the_routes_own_format(route):
             assert error["error_type"] == "not_found"
         two = route.body("7 7")
         if route.openai:
-            two["questions"] = two["questions"] * 2
+            two["questions"] = [two["questions"][0], {**two["questions"][0], "name": "q2"}]  # names are unique
         else:
             items = two["requests"] if route.batch else [two]
             items[0]["questions"] = {"a": items[0]["questions"]["q"], "b": items[0]["questions"]["q"]}

@@ -401,3 +401,52 @@ async def test_drain_timeout_answers_what_still_runs_with_json_503():
         assert r.headers["x-typesafe-request-id"]
         await asyncio.wait_for(done.wait(), 2)
         assert engine.cancelled == 1
+
+
+@pytest.mark.parametrize(
+    ("text", "why"),
+    [
+        ("alice:a-key tokens_per_min=0\n", "tokens_per_min must be a whole number of at least 1"),
+        ("alice:a-key requests_per_min=0\n", "requests_per_min must be a whole number of at least 1"),
+        ("alice:a-key tokens_per_min=\u00b2\n", "tokens_per_min must be a whole number"),  # '²': str.isdigit() says yes
+        ("alice:a-key tokens_per_min=\u0663\n", "tokens_per_min must be a whole number"),  # an Arabic-Indic 3
+        ("alice:a-key tokens_per_min=5 tokens_per_min=9\n", "option 'tokens_per_min' given twice"),
+        ("alice:a-key cache_group=a cache_group=b\n", "option 'cache_group' given twice"),
+        ("alice:same-secret\nbob:same-secret\n", "key 'bob' has the same secret as 'alice'"),
+    ],
+)
+def test_keys_file_rules_of_issue_48_name_the_line(text, why):
+    """0 is refused (it meant 'unlimited' even where the server's default is a limit: leave
+    the option out for the default); a repeated option, a secret shared by two names and a
+    non-ASCII digit are errors naming the line, never the last one silently winning."""
+    with pytest.raises(ConfigError) as e:
+        parse_keys_file("# keys\n" + text)
+    line = "line 3" if "\nbob:" in text else "line 2"
+    assert why in str(e.value) and line in str(e.value), e.value
+    assert "same-secret" not in str(e.value)  # never the key
+
+
+def test_a_file_key_with_a_flag_keys_secret_is_refused(tmp_path):
+    path = tmp_path / "keys"
+    path.write_text("alice:flag-key\n")
+    with pytest.raises(ConfigError, match="have the secret of an --api-key key"):
+        KeyRing(("flag-key",), str(path))
+
+
+def test_serve_exits_2_naming_the_line_of_a_malformed_keys_file(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    path = tmp_path / "keys"
+    path.write_text("alice:a-key\nbob:b-key tokens_per_min=\u00b2\n", encoding="utf-8")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OPENJEV_")}
+    run = subprocess.run(
+        [sys.executable, "-m", "openjev", "serve", "--api-keys-file", str(path), "--port", "1"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+    assert run.returncode == 2, run.stderr[-2000:]
+    assert "line 2" in run.stderr and "Traceback" not in run.stderr, run.stderr[-2000:]

@@ -19,6 +19,7 @@ from openjev.core.abstain import AbstainRule
 from openjev.core.answers import answer_of
 from openjev.core.compile_limits import CompileLimits
 from openjev.core.compile_size import compiles_inline
+from openjev.core.distinct import refuse_ties
 from openjev.core.ports import Admission, Engine, PlanResult
 from openjev.core.prompts import CompiledRequest, PromptCompiler
 from openjev.core.readouts import Readout, ReadoutContext, ReadoutSpec, question_type
@@ -136,6 +137,7 @@ class DecisionService:
     ) -> CompiledRequest:
         """prepare() in the calling thread: compile under the limits, check the budgets.
         `part_cache`: see PromptCompiler.compile (a batch's items asking the same questions)."""
+        refuse_ties(request)  # before any work: the same rule on every route
         compiled = self._compiler.compile(request, readout, self._limits.compile_limits(), part_cache)
         self._check_budgets(request, compiled)
         return compiled

@@ -15,7 +15,7 @@ from openjev.api.identity.key_limits import KeyLimits
 from openjev.api.identity.keys import KeyEntry, KeyRing, current_key
 from openjev.api.identity.proxies import TrustedProxies
 from openjev.api.identity.reservation import admit, current_reservation
-from openjev.errors import AuthenticationError
+from openjev.errors import AuthenticationError, RequestError
 
 # The API docs: behind the API's key with --docs auth, their static assets too (the largest
 # responses the server has: open, they let anyone hold connections with unread answers).
@@ -50,6 +50,8 @@ class AdmissionMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        if len(Headers(scope=scope).getlist("authorization")) > 1:  # which one is meant is not ours to guess
+            raise RequestError("more than one Authorization header: send one")
         entry = self._authenticate(scope, scope["path"])
         state = scope.setdefault("state", {})
         state["key_name"] = entry.name if entry else None

@@ -42,6 +42,7 @@ log = logging.getLogger(__name__)
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 _HEX = re.compile(r"^[0-9a-fA-F]{64}$")
+_COUNT = re.compile(r"^[0-9]{1,12}$")
 _LIMITS = ("requests_per_min", "tokens_per_min")
 _OPTIONS = "requests_per_min=N, tokens_per_min=N, weight=N or cache_group=NAME"
 MAX_WEIGHT = 1000
@@ -95,6 +96,9 @@ def parse_keys_file(text: str, source: str = "keys file") -> list[KeyEntry]:
         limits, group = _options(options, where)
         if any(e.name == name for e in entries):
             raise ConfigError(f"{where}: key name {name!r} appears twice")
+        same = [e.name for e in entries if hmac.compare_digest(e.digest, digest)]
+        if same:  # one secret, two names: which name (and limits) a request gets would be a guess
+            raise ConfigError(f"{where}: key {name!r} has the same secret as {same[0]!r}; each key needs its own")
         entries.append(
             KeyEntry(
                 name,
@@ -112,15 +116,24 @@ def _options(options: list[str], where: str) -> tuple[dict[str, int], str | None
     """A keys file line's options: (its limits and weight by name, its cache_group or None)."""
     limits: dict[str, int] = {}
     group: str | None = None
+    seen: set[str] = set()
     for option in options:
         k, _, v = option.partition("=")
+        if k in seen:  # which one would win is not for the server to guess
+            raise ConfigError(f"{where}: option {k!r} given twice")
+        seen.add(k)
         if k == "cache_group":
             if not _NAME.match(v):
                 raise ConfigError(f"{where}: cache_group must be 1-64 of A-Z a-z 0-9 _ . -")
             group = v
             continue
-        if k not in (*_LIMITS, "weight") or not v.isdigit():
+        if k not in (*_LIMITS, "weight"):
             raise ConfigError(f"{where}: unknown option {k!r} (expected {_OPTIONS})")
+        if not _COUNT.match(v) or int(v) == 0:  # ASCII digits only: '²' is a digit to str.isdigit
+            raise ConfigError(
+                f"{where}: {k} must be a whole number of at least 1 (leave it out for the server's "
+                "default; a key that must not be served is removed from the file)"
+            )
         if k == "weight" and not 1 <= int(v) <= MAX_WEIGHT:
             raise ConfigError(f"{where}: weight must be 1 to {MAX_WEIGHT}")
         limits[k] = int(v)
@@ -220,6 +233,12 @@ class KeyRing:
         clash = [e.name for e in self._flag_entries if e.name in names]
         if clash:
             raise ConfigError(f"{self._path}: names {clash} are taken by --api-key keys")
+        digests = {e.digest for e in self._flag_entries}
+        shared = [e.name for e in from_file if e.digest in digests]
+        if shared:
+            raise ConfigError(
+                f"{self._path}: keys {shared} have the secret of an --api-key key; each key needs its own"
+            )
         return with_namespaces(self._flag_entries + from_file)
 
     def reload(self) -> bool:

@@ -18,11 +18,13 @@ from openjev.api.identity.door import AdmissionMiddleware
 from openjev.api.identity.hosts import HostMiddleware, HostPolicy
 from openjev.api.operations.access import AccessLogMiddleware, MetricsEndpoint
 from openjev.api.operations.middleware import BodyMiddleware, ErrorMiddleware, HeadMiddleware, RequestIdMiddleware
+from openjev.api.operations.page_headers import PageHeadersMiddleware
 from openjev.api.server import handlers, routes
 from openjev.api.server.assembly import Loader, Runtime, build_service, lifespan
 from openjev.api.server.conventions import ConventionsMiddleware
 from openjev.api.server.drain import DrainMiddleware
 from openjev.api.server.ops import Operations
+from openjev.api.server.playground import page_policies
 from openjev.api.server.routes import SYSTEMONE_ROUTES
 from openjev.api.server.task_jobs import open_jobs
 from openjev.config import Settings
@@ -99,3 +101,4 @@ def _middleware(app: FastAPI, settings: Settings, ops: Operations) -> None:
     if hosts is not None:  # DNS rebinding: before the key and the body
         app.add_middleware(HostMiddleware, policy=hosts)
     app.add_middleware(RequestIdMiddleware)  # outermost of ours: ids on 413/415 too
+    app.add_middleware(PageHeadersMiddleware, policies=page_policies(settings.listen.docs != "off"))

@@ -9,7 +9,11 @@ from importlib import resources
 from fastapi import FastAPI
 from fastapi.responses import HTMLResponse
 
+from openjev.api.operations.page_headers import DOCS_POLICY, page_policy
+
 PAGE = "playground.html"
+PATHS = ("/", "/playground")
+DOCS_PAGES = ("/docs", "/docs/oauth2-redirect", "/redoc")
 
 
 def page() -> str:
@@ -23,5 +27,12 @@ def install(app: FastAPI) -> None:
         # no-store: a page from an older server version must not outlive an upgrade
         return HTMLResponse(html, headers={"Cache-Control": "no-store"})
 
-    for path in ("/", "/playground"):
+    for path in PATHS:
         app.add_api_route(path, playground, methods=["GET"], include_in_schema=False)
+
+
+def page_policies(docs: bool) -> dict[str, str]:
+    """The Content-Security-Policy of each page a browser renders (api/operations/page_headers.py):
+    the playground's allows its own inline script by hash; the docs' where they are served."""
+    policy = page_policy(page())
+    return {**dict.fromkeys(PATHS, policy), **(dict.fromkeys(DOCS_PAGES, DOCS_POLICY) if docs else {})}

@@ -23,6 +23,7 @@ from pydantic import (
 
 from openjev.api.contract.openai.items import InputItem, Instructions, Strict
 from openjev.config import MAX_CHOICE_OPTIONS, MIN_CHOICE_OPTIONS
+from openjev.core.distinct import first_repeat, reading
 
 MAX_QUESTIONS = 400  # the contract's own bound; the server's --max-questions applies too
 MAX_SCORE_LEVELS = 255  # levels are labelled options like choices (the contract sets no bound)
@@ -68,14 +69,16 @@ class QuestionChoice(Strict):
         seen: set[tuple[type, str | bool]] = set()
         shown: dict[str, int] = {}  # what the model reads of each choice -> its position
         for i, choice in enumerate(self.choices):
-            key = (type(choice.value), choice.value)
+            # compared as the core's one rule reads them (core/distinct.py): Unicode forms and
+            # invisible characters aside
+            key = (type(choice.value), reading(choice.value) if isinstance(choice.value, str) else choice.value)
             if key in seen:
                 raise ValueError(
-                    f"choice {choice.value!r} appears more than once; each choice must be unique "
-                    '(the string "true" and the boolean true are different choices)'
+                    f"choice {choice.value!r} appears more than once (invisible characters and Unicode forms "
+                    'aside); each choice must be unique (the string "true" and the boolean true are different choices)'
                 )
             seen.add(key)
-            text = shown_text(choice).strip()
+            text = reading(shown_text(choice))
             if not text:
                 raise ValueError(f"choice {i} shows the model nothing (an empty or blank value and no description)")
             if text in shown:
@@ -167,3 +170,14 @@ class DecisionCreate(Strict):
                 "(`input` and a `questions` array)"
             )
         return data
+
+    @model_validator(mode="after")
+    def _names_unique(self) -> DecisionCreate:
+        names = [q.name for q in self.questions if q.name is not None]
+        twice = first_repeat(names)
+        if twice is not None:
+            raise ValueError(
+                f"questions named {names[twice[0]]!r} and {names[twice[1]]!r}: the same name twice (invisible "
+                "characters and Unicode forms aside); an answer is found by its name, so each needs its own"
+            )
+        return self
