@@ -1,4 +1,4 @@
-"""`openjev serve`, `openjev schema` and `openjev ask` (ask.py). Flags are generated from
+"""`openjev serve`, `openjev schema`, `openjev ask` (ask.py) and `openjev task` (task_cli.py). Flags are generated from
 the settings' fields, each with its OPENJEV_* environment twin (config/sections.py holds every default)."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from openjev import __version__, ask
+from openjev import __version__, ask, task_cli
 from openjev.config import LogSettings, Settings, env_name, flag_name, load_settings, replace_settings, setting_fields
 from openjev.errors import ConfigError
 
@@ -53,6 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_commands(sub)
     ask.add_parser(sub)
+    task_cli.add_parser(sub)
     return parser
 
 
@@ -240,6 +241,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return run(args)
         if args.command == "ask":
             return ask.run(args)
+        if args.command == "task":
+            return task_cli.run(args)
         if args.command == "model":
             return model_install(args)
         return serve(_settings(args, passthrough), whole)

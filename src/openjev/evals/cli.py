@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 
 from openjev.core.readouts import CANONICAL_ORDER, READOUT_NAMES
-from openjev.evals import report
+from openjev.evals import pictures, report
 from openjev.evals.dataset import DataError, load_items
 from openjev.evals.metrics import by_type
 from openjev.evals.runner import ResultStore, RunConfig, RunMismatch, run_items, run_meta, score
@@ -53,6 +53,12 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     ev.add_argument("--no-flips", action="store_true", help="skip the rotated choice requests (no order-flip rate)")
     ev.add_argument("--calibration", help="in-process: auto, none or a calibration file (default auto)")
     ev.add_argument("--out", help="run folder (default evals/runs/<data>-<readout>-<calibration>)")
+    ev.add_argument(
+        "--report",
+        action="store_true",
+        help="also write the pictures: confidence.png (a histogram per type), coverage.png (the abstain rule's "
+        "accuracy against coverage) and report.html showing them with reliability.png",
+    )
     ev.add_argument(
         "--invariance",
         action="store_true",
@@ -149,6 +155,8 @@ def evaluate(args: argparse.Namespace) -> int:
     title = f"{_stem(args.data)}: readout {facts['readout']}, calibration {facts['calibration']}"
     report.write(folder, summary, scored, title)
     sys.stdout.write(report.markdown(summary, title))
+    if args.report:
+        print(f"wrote {pictures.write(folder, scored, title, report.markdown(summary, title))}", file=sys.stderr)
     print(f"\nwrote {folder}/summary.json, summary.md, reliability.png", file=sys.stderr)
     return 0 if facts["items_failed"] == 0 else 1
 

@@ -62,7 +62,7 @@ class BoundedH11Protocol(H11Protocol):
 
     @classmethod
     def stats(cls) -> dict[str, float]:
-        """For /metrics (api/server/ops.py reads it at scrape time, once handed over by uvicorn_config)."""
+        """For /metrics (api/server/operator_state.py reads it at scrape time, once handed over by uvicorn_config)."""
         return {"connections_open": cls.open_connections, **{f"connections_{k}": v for k, v in cls.counts.items()}}
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:

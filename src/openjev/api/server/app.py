@@ -23,7 +23,7 @@ from openjev.api.server import handlers, routes
 from openjev.api.server.assembly import Loader, Runtime, build_service, lifespan
 from openjev.api.server.conventions import ConventionsMiddleware
 from openjev.api.server.drain import DrainMiddleware
-from openjev.api.server.ops import Operations
+from openjev.api.server.operator_state import Operations
 from openjev.api.server.playground import page_policies
 from openjev.api.server.routes import SYSTEMONE_ROUTES
 from openjev.api.server.task_jobs import open_jobs
@@ -50,7 +50,7 @@ def create_app(
     kept for /health and passed to `on_fatal` (the CLI exits non-zero on it); `on_loaded`
     runs once the service is built, in a worker thread, before the first decision."""
     runtime = Runtime(settings)
-    ops = Operations(  # keys, limits, metrics, drain (api/server/ops.py)
+    ops = Operations(  # keys, limits, metrics, drain (api/server/operator_state.py)
         settings.keys,
         settings.limits,
         runtime,
@@ -83,7 +83,7 @@ def _middleware(app: FastAPI, settings: Settings, ops: Operations) -> None:
     app.add_middleware(
         BodyMiddleware, max_bytes=settings.limits.max_body_bytes, timeout_s=settings.connections.body_timeout_s
     )
-    # What operators need around the routes, one job per middleware (api/server/ops.py):
+    # What operators need around the routes, one job per middleware (api/server/operator_state.py):
     app.add_middleware(DrainMiddleware, drain=ops.drain)  # /health 503 and decisions refused once draining
     app.add_middleware(MetricsEndpoint, metrics=ops.metrics)  # GET /metrics, behind the key off this machine
     app.add_middleware(  # keys and the key's requests/min checked before the body is read

@@ -60,7 +60,7 @@ def limits_body(
 ) -> dict[str, Any]:
     """The body of GET /v1/limits for the caller `entry` (None: no keys in use); `store`: where
     the per-key limits are kept (`limits_store`: memory, or redis with its mode and whether it
-    answers: api/server/ops.py `store_state`)."""
+    answers: api/server/operator_state.py `store_state`)."""
     flat = flat_values(settings)
     out: dict[str, Any] = {name: flat[name] for name in _SETTINGS}
     out.update(

@@ -121,9 +121,8 @@ class LlamaCppBackend:
         lc.llama_backend_init()
         mparams = lc.llama_model_default_params()
         # No repacked copies of the weights (llama.cpp's CPU_REPACK buffers, for Q4_0, Q4_K and
-        # kin): measured on the 1.5B Q4_K_M model, 2-core AMD EPYC with AVX2, they cost 597 MiB
-        # beside the mapped file, 1.5 s of load and a quarter of the prefill speed (33-34
-        # against 40-44 tokens/s, four alternating runs).
+        # kin): on a 2-core CPU they cost memory beside the mapped file, load time and prefill
+        # speed (bench/bench_llamacpp.py).
         mparams.use_extra_bufts = False
         self._model = lc.llama_model_load_from_file(path.encode(), mparams)
         if not self._model:

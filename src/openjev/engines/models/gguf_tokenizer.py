@@ -66,8 +66,8 @@ def _save(tokenizer, target: Path) -> None:
 def named_tokenizer(folder: Path):
     """The tokenizer class the folder's tokenizer_config.json names, loaded as AutoTokenizer
     would load it, without AutoTokenizer's detour through the model's configuration classes,
-    which import torch (4 s and about 220 MiB of the llama.cpp engine's start, measured on the
-    1.5B model's folder; that engine never runs torch). AutoTokenizer where no class is named."""
+    which import torch (seconds and hundreds of MiB of the llama.cpp engine's start; that
+    engine never runs torch). AutoTokenizer where no class is named."""
     import transformers
 
     try:

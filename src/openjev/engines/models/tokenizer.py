@@ -24,9 +24,8 @@ from openjev.errors import ModelUnsuitable
 log = logging.getLogger(__name__)
 
 # Texts longer than this are encoded through encode_batch, which releases the GIL while the
-# Rust tokenizer runs (encode does not): a 400 KB state takes ~0.7 s to encode, and with
-# the GIL held the event loop, though the compile runs in a worker thread, would stall as
-# long (measured: /health/live waited 0.7 s; with encode_batch the longest gap is ~60 ms).
+# Rust tokenizer runs (encode does not), so a long encode in a worker thread does not stall
+# the event loop.
 GIL_FREE_CHARS = 16_384
 
 
@@ -36,8 +35,7 @@ class HFChatTokenizer:
             raise ModelUnsuitable("the tokenizer has no chat template: openjev needs an instruct (chat) model")
         self._tok = tokenizer
         # The Rust tokenizer called directly: the same ids as tokenizer(text) (which calls
-        # its encode_batch) without the wrapper's per-call overhead and the batch's thread
-        # pool, ~5x less time for the short texts of a small request (bench/bench_api.py).
+        # its encode_batch) without the wrapper's per-call overhead and the batch's thread pool.
         backend = getattr(tokenizer, "backend_tokenizer", None)
         self._fast = backend if backend is not None and not getattr(tokenizer, "split_special_tokens", False) else None
         self._plain = _without_added_tokens(backend) if backend is not None else None
@@ -103,10 +101,7 @@ class HFChatTokenizer:
             batch = getattr(self._plain, "encode_batch_fast", self._plain.encode_batch)
             return [e.ids for e in batch(texts, add_special_tokens=False)]
         # Short texts one by one, in this thread: any batch call, even of one text, goes
-        # through the thread pool, whose wake-ups cost more CPU than the encoding (a
-        # 4-question request: ~2.6 ms of the pool's threads, beside the engine's server on a
-        # 2-core machine; encode_batch_fast of one text at a time, measured over SGLang with
-        # the tiny model in one run: no less CPU per decision under 8 clients).
+        # through the thread pool, whose wake-ups cost more CPU than the encoding.
         return [self._plain.encode(t, add_special_tokens=False).ids for t in texts]
 
 
