@@ -32,6 +32,8 @@ from pathlib import Path
 
 import httpx
 
+from openjev.core.ports import Engine
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import machine
 
@@ -54,7 +56,7 @@ REQUEST = {  # the README's example: a short ticket, 3 questions (one of each ty
 }
 
 
-class InstantEngine:
+class InstantEngine(Engine):
     """A fake engine: answers every plan at once with fixed log-probs (no model work)."""
 
     parallel_layouts = False

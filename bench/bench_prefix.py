@@ -33,7 +33,7 @@ from common import core_request, machine, p50, payload
 from openjev.api.server.assembly import service_limits
 from openjev.config import MAX_CHOICE_OPTIONS, load_settings
 from openjev.core.plan import Plan
-from openjev.core.ports import BranchResult, PlanResult
+from openjev.core.ports import BranchResult, Engine, PlanResult
 from openjev.core.prompts import PromptCompiler
 from openjev.core.service import DecisionService
 from openjev.engines import load_engine
@@ -45,7 +45,7 @@ _SETTINGS = load_settings({"max_in_flight": 64, "engine_timeout_s": 3600}, envir
 LIMITS = service_limits(_SETTINGS.quality, _SETTINGS.limits)
 
 
-class NaiveEngine:
+class NaiveEngine(Engine):
     """Baseline: every branch prefilled independently through the full model (nothing shared)."""
 
     parallel_layouts = False

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from openjev.core import calibration as calib
+from openjev.core.ports import Engine
 from openjev.core.readouts import CANONICAL_ORDER, LettersReadout, ParallelReadout, ReadoutSpec, YesNoReadout
 from openjev.evals import readings
 from openjev.evals.dataset import Item, load_items
@@ -326,7 +327,7 @@ def _service_for_tables(model: str):
     source = resolve_source(settings.served.model, settings.served.cache_dir)
     tok = AutoTokenizer.from_pretrained(gguf_cache_folder(source, settings.served.cache_dir), local_files_only=True)
 
-    class NoEngine:
+    class NoEngine(Engine):
         parallel_layouts = True  # it stands for the in-process engine the readings were recorded on
 
         async def run(self, _plan):
