@@ -109,3 +109,38 @@ def test_a_body_past_the_deadline_is_refused_by_the_warm_up_price_before_any_req
         assert status == 422 and "past its 5 s deadline" in message, message  # measured, still refused
     finally:
         stop_server(server)
+
+
+def test_64_concurrent_refused_2_mb_bodies_from_one_key_cost_under_3_s_of_cpu(tmp_path):
+    """Issue 48, item 4: a key with tokens_per_min=3000 sending 64 refused 2 MB bodies at once
+    had all 64 compiled (19.2 s of CPU), its debt 21.1 M tokens and Retry-After 422,348 s.
+    Now the door reserves each body's work before reading it: one compiles, 63 are 429s,
+    the whole costs under 3 s of server CPU, and Retry-After is at most the one-minute cap."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    server = start_server(tmp_path, "--key-tokens-per-min", "3000", key="debt-key-123")
+    try:
+        body = _body("/v1/systemone", "7 " * 950_000, [("q", "Refund?")])  # 1.9 MB
+        proc = psutil.Process(server.process.pid)
+        t0 = proc.cpu_times()
+
+        def post(_: int) -> httpx.Response:
+            return httpx.post(server.url + "/v1/systemone", json=body, headers=server.headers(), timeout=120)
+
+        with ThreadPoolExecutor(64) as pool:
+            answers = list(pool.map(post, range(64)))
+        t1 = proc.cpu_times()
+        cpu = (t1.user + t1.system) - (t0.user + t0.system)
+        statuses = sorted(r.status_code for r in answers)
+        retries = [int(r.headers["retry-after"]) for r in answers if r.status_code == 429]
+        print(
+            f"64 concurrent refused bodies: {statuses.count(422)} x 422, {statuses.count(429)} x 429, "
+            f"{cpu:.2f} s of server CPU, Retry-After at most {max(retries)} s"
+        )
+        assert statuses.count(422) <= 1 and statuses.count(422) + statuses.count(429) == 64, statuses
+        assert cpu < 3.0, f"{cpu:.2f} s of server CPU"
+        assert max(retries) <= 61, retries
+        small = httpx.post(server.url + "/v1/systemone", json=bombs.SMALL, headers=server.headers(), timeout=120)
+        assert small.status_code == 429 and int(small.headers["retry-after"]) <= 61, small.headers
+    finally:
+        stop_server(server)
