@@ -12,7 +12,7 @@ INSTALLER ?= uv
 UV_VERSION := 0.13.9
 export HF_HUB_OFFLINE := 1
 
-.PHONY: setup serve quality-model quality-model-small lint fmt test docs docs-serve browser-deps test-browser test-sglang test-sglang-torch test-scaleout test-vllm test-llamacpp bench bench-vllm bench-llamacpp lock clean
+.PHONY: setup serve quality-model quality-model-small lint fmt test docs docs-serve browser-deps test-browser redis-deps test-api-tier test-sglang test-sglang-torch test-scaleout test-vllm test-llamacpp bench bench-vllm bench-llamacpp lock clean
 
 $(STAMP): pyproject.toml $(LOCK) Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -93,6 +93,17 @@ browser-deps:
 
 test-browser: setup browser-deps
 	OPENJEV_BROWSER_TEST=1 $(PY) -m pytest tests/browser -v
+
+# The API tier past one process (docs/scale-out.md): real openjev replicas sharing a real
+# redis-server (Debian's package, installed here where missing), then every limits test of
+# tests/api on the Redis backend. About a minute.
+redis-deps:
+	@if command -v redis-server >/dev/null; then echo "redis-server present"; \
+	else $(APT) update -qq && $(APT) install -y -qq redis-server; fi
+
+test-api-tier: setup redis-deps
+	OPENJEV_API_TIER=1 $(PY) -m pytest tests/api_tier -v
+	OPENJEV_API_TIER=1 $(PY) -m pytest tests/api -q -k redis
 
 # Re-resolve requirements.lock from pyproject.toml (after changing dependencies). The resolver
 # reads torch's own dependencies from the CPU wheel in TORCH_WHEELS.

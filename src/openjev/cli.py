@@ -117,15 +117,15 @@ def settle_heap() -> None:
     gc.freeze()
 
 
-def serve(settings: Settings) -> int:
-    from openjev import calibrations
+def serve(settings: Settings, argv: Sequence[str] = ()) -> int:
+    from openjev import calibrations, workers
     from openjev.engines import preflight_engine, prestart_engine
 
     preflight_engine(settings)  # ConfigError -> exit 2 before listening
     calibrations.preflight(settings.quality.calibration)
-    # Bound before anything loads: a busy port is exit 2 at once, not after the model loaded
-    # (uvicorn binds only after the lifespan has started the load).
-    listener = bind_listener(settings.listen.host, settings.listen.port)
+    listener = _listening(settings)
+    if settings.fleet.workers > 1 and os.environ.get(workers.LISTEN_FD) is None:
+        return workers.run_workers(listener, argv, settings.fleet.workers)
     # An engine that can begins its load now, beside the imports below (the service's, a
     # second or more): its load is taken over by the app's lifespan (engines/__init__.py).
     prestart_engine(settings)
@@ -162,6 +162,15 @@ def serve(settings: Settings) -> int:
         print(f"openjev: cannot serve: {failed[0]}", file=sys.stderr)
         return 1
     return 0
+
+
+def _listening(settings: Settings) -> socket.socket:
+    """Bound before anything loads: a busy port is exit 2 at once, not after the model loaded
+    (uvicorn binds only after the lifespan has started the load). A worker of --workers N
+    inherits its parent's socket (openjev/workers.py)."""
+    from openjev import workers
+
+    return workers.inherited_listener() or bind_listener(settings.listen.host, settings.listen.port)
 
 
 def _uvicorn_config(app: Any, settings: Settings) -> Any:
@@ -217,6 +226,7 @@ def schema() -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    whole = list(argv)  # what --workers N starts again in each worker
     passthrough: list[str] = []
     if "--" in argv:  # `openjev serve --engine sglang ... -- <child server flags>`
         at = argv.index("--")
@@ -235,7 +245,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return task_cli.run(args)
         if args.command == "model":
             return model_install(args)
-        return serve(_settings(args, passthrough))
+        return serve(_settings(args, passthrough), whole)
     except ConfigError as e:
         print(f"openjev: {e}", file=sys.stderr)
         return 2

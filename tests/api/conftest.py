@@ -12,6 +12,28 @@ from tests.support.fakes import FakeEngine, FakeTokenizer
 
 CARD = ModelCard(name="fake-model-1", description="a fake", release_date="2026-01-01")
 
+# Settings every running_app takes besides its own: where the per-key limits are kept
+# (`limits_store`: this process's memory, or a real Redis).
+STORE: dict[str, str] = {}
+
+
+@pytest.fixture(params=["memory", "redis"])
+def limits_store(request):
+    """Runs a limits test on both backends: the in-memory default, and a real redis-server
+    (emptied first) named by --limits-redis-url."""
+    if request.param == "memory":
+        yield "memory"
+        return
+    server = request.getfixturevalue("redis_server")
+    if server.process is None:  # a test that killed it left it down
+        server.start()
+    server.flush()
+    STORE["limits_redis_url"] = server.url
+    try:
+        yield "redis"
+    finally:
+        STORE.clear()
+
 
 def fake_loader(
     engine: FakeEngine, gate: threading.Event | None = None, fail: Exception | None = None, card: ModelCard = CARD
@@ -41,7 +63,9 @@ async def running_app(
     """The app with its lifespan running, and an httpx client on it (in-process ASGI)."""
     engine = engine or FakeEngine()
     loader = fake_loader(engine, gate, fail, card)
-    app = create_app(load_settings(settings, environ={}), loader=loader, on_fatal=on_fatal, on_loaded=on_loaded)
+    app = create_app(
+        load_settings({**STORE, **settings}, environ={}), loader=loader, on_fatal=on_fatal, on_loaded=on_loaded
+    )
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://localhost") as client:

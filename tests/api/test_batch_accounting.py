@@ -8,6 +8,7 @@ import asyncio
 import json
 import logging
 
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from openjev.api.operations.logs import ACCESS
@@ -78,6 +79,7 @@ async def test_every_batch_item_is_in_the_metrics_and_has_its_own_access_line(ca
         assert (await client.post("/v1/systemone", json=VALID, headers=AUTH)).status_code == 200
 
 
+@pytest.mark.usefixtures("limits_store")
 async def test_per_key_requests_per_minute_count_batch_items():
     async with running_app(api_keys=("k1",), key_requests_per_min=5) as (client, engine):
         # A full bucket lets a batch larger than the limit through once (a request is never
@@ -90,6 +92,7 @@ async def test_per_key_requests_per_minute_count_batch_items():
         assert len(engine.plans) == 8  # nothing reached the engine
 
 
+@pytest.mark.usefixtures("limits_store")
 async def test_a_batch_is_refused_when_its_items_exceed_what_the_key_has_left():
     async with running_app(api_keys=("k1",), key_requests_per_min=6) as (client, engine):
         for _ in range(3):

@@ -119,6 +119,7 @@ async def test_states_form_items_keep_their_own_errors():
 
 
 @pytest.mark.parametrize("path", ["/v1/systemone", "/v1/systemone/batch"])
+@pytest.mark.usefixtures("limits_store")
 async def test_refused_compile_work_is_charged_to_the_callers_key(path):
     async with running_app(api_keys=("key-a", "key-b"), key_tokens_per_min=50_000) as (client, engine):
         a, b = ({"Authorization": f"Bearer {k}"} for k in ("key-a", "key-b"))

@@ -36,6 +36,7 @@ def _counting_compiles(monkeypatch) -> list[int]:
 
 
 @pytest.mark.parametrize("route", EVERY, ids=IDS)
+@pytest.mark.usefixtures("limits_store")
 async def test_64_concurrent_refused_bodies_compile_once_and_the_retry_is_capped(monkeypatch, route):
     compiles = _counting_compiles(monkeypatch)
     async with running_app(api_keys=("key-a", "key-b"), key_tokens_per_min=3000, max_in_flight=64) as (client, engine):
@@ -57,6 +58,7 @@ async def test_64_concurrent_refused_bodies_compile_once_and_the_retry_is_capped
         assert status == 200  # another key is served
 
 
+@pytest.mark.usefixtures("limits_store")
 async def test_one_40000_token_mistake_locks_a_key_out_for_at_most_a_minute():
     async with running_app(api_keys=("key-a",), key_tokens_per_min=3000) as (client, _):
         a = {"Authorization": "Bearer key-a"}

@@ -86,6 +86,7 @@ def _sample(text: str, name: str, **labels: str) -> float:
 
 
 @pytest.mark.parametrize("route", EVERY, ids=IDS)
+@pytest.mark.usefixtures("limits_store")
 async def test_refused_work_is_charged_to_the_key_so_it_is_429_next(route):
     async with running_app(api_keys=("key-a", "key-b"), key_tokens_per_min=50_000) as (client, engine):
         refused = route.body("7 " * 60_000)  # 60,000 state tokens encoded before the per-branch refusal

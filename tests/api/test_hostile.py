@@ -645,6 +645,7 @@ class ConcurrencyFakeEngine(FakeEngine):
             self.now -= 1
 
 
+@pytest.mark.usefixtures("limits_store")
 async def test_one_key_flooding_leaves_slots_for_another():
     engine = ConcurrencyFakeEngine(delay_s=0.2)
     async with running_app(engine, api_keys=("alice-key", "bob-key"), max_in_flight=4) as (client, _):

@@ -3,6 +3,8 @@ server's defaults it is held to), beside the server's (issue 28, item 9)."""
 
 from __future__ import annotations
 
+import pytest
+
 from tests.api.conftest import running_app
 
 
@@ -10,6 +12,7 @@ def _auth(key: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {key}"}
 
 
+@pytest.mark.usefixtures("limits_store")
 async def test_each_key_sees_its_own_limits(tmp_path):
     keys = tmp_path / "keys"
     keys.write_text("alice:alice-key requests_per_min=7 tokens_per_min=900 weight=3\nbob:bob-key\n")
@@ -23,6 +26,7 @@ async def test_each_key_sees_its_own_limits(tmp_path):
     assert alice["max_questions"] == bob["max_questions"]  # the server's own limits, the same for all
 
 
+@pytest.mark.usefixtures("limits_store")
 async def test_without_keys_the_defaults_are_shown():
     async with running_app(key_requests_per_min=30) as (client, _):
         limits = (await client.get("/v1/limits")).json()

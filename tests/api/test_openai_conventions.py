@@ -36,6 +36,7 @@ async def test_the_sdk_sees_the_request_id_on_answers_and_errors():
         assert "x-request-id" not in r.headers  # Jev's clients read x-typesafe-request-id
 
 
+@pytest.mark.usefixtures("limits_store")
 async def test_a_limited_key_sees_what_it_has_left():
     async with running_app(api_keys=("key-a",), key_requests_per_min=5, key_tokens_per_min=100_000) as (client, _):
         sdk = _sdk(client)

@@ -273,6 +273,7 @@ async def test_token_budget_is_a_400_naming_the_question():
         assert engine.plans == []
 
 
+@pytest.mark.usefixtures("limits_store")
 async def test_401_and_429_in_openai_shape_with_their_headers():
     async with running_app(api_keys=("k1",), key_requests_per_min=1) as (client, _engine):
         err = error_of(await client.post("/v1/decisions", json=VALID), 401)

@@ -140,6 +140,7 @@ async def test_named_keys_from_a_file_work_beside_flag_keys(tmp_path):
         assert r.status_code == 401
 
 
+@pytest.mark.usefixtures("limits_store")
 async def test_per_key_requests_per_minute_is_429_for_that_key_only(tmp_path):
     path = tmp_path / "keys"
     path.write_text("alice:a-key requests_per_min=2\nbob:b-key\n")
@@ -154,6 +155,7 @@ async def test_per_key_requests_per_minute_is_429_for_that_key_only(tmp_path):
         assert (await client.post("/v1/systemone", json=VALID, headers=_auth("b-key"))).status_code == 200
 
 
+@pytest.mark.usefixtures("limits_store")
 async def test_per_key_tokens_per_minute_is_429_after_compile_before_the_engine():
     async with running_app(api_keys=("k1",), key_tokens_per_min=60) as (client, engine):
         first = await client.post("/v1/systemone", json=VALID, headers=_auth("k1"))

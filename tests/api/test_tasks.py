@@ -256,3 +256,31 @@ async def test_more_examples_refit_the_task(keys):
                 break
             await asyncio.sleep(0.02)
         assert again["fit"]["after"]["n"] == 20
+
+
+async def test_a_jev_body_names_its_task_as_the_header_does(keys):
+    async with running_app(**keys) as (client, _):
+        task, _ = await fitted(client, "alice-key", {"question": QUESTION, "examples": examples(12)})
+        other, _ = await fitted(
+            client, "alice-key", {"question": {**QUESTION, "instructions": "Is it 8?"}, "examples": examples(12)}
+        )
+        body = {"state": "ticket 1", "questions": {"q": QUESTION}, "x_task": task["id"]}
+        r = await client.post("/v1/systemone", json=body, headers=auth("alice-key"))
+        assert r.headers["x-openjev-calibration"] == f"task:{task['id']}"
+        wrong = await client.post("/v1/systemone", json={**body, "x_task": other["id"]}, headers=auth("alice-key"))
+        assert wrong.status_code == 409  # that task is for another question
+        both = {**auth("alice-key"), "x-openjev-task": other["id"]}
+        assert (await client.post("/v1/systemone", json=body, headers=both)).status_code == 422
+        batch = {"requests": [{**body, "x_task": other["id"]}]}
+        r = await client.post(
+            "/v1/systemone/batch", json=batch, headers={**auth("alice-key"), "accept": "application/json"}
+        )
+        assert r.json()[0]["status"] == 409
+        malformed = await client.post("/v1/systemone", json={**body, "x_task": "nope"}, headers=auth("alice-key"))
+        assert malformed.status_code == 422
+
+
+async def test_the_task_bounds_are_published(keys):
+    async with running_app(max_task_examples=77, max_example_tokens=555, **keys) as (client, _):
+        limits = (await client.get("/v1/limits", headers=auth("alice-key"))).json()
+    assert (limits["max_task_examples"], limits["max_example_tokens"]) == (77, 555)

@@ -8,7 +8,7 @@ import pytest
 
 from openjev.core.calibration import TypeFit, apply
 from openjev.core.task_figures import figures, threshold
-from openjev.core.task_fit import Example, Params, fit_task, global_params, nll, solve
+from openjev.core.task_fit import Example, Params, fit_task, global_params, honest_predictions, nll, solve
 
 
 def drawn(count, n, true_scale, true_bias=None, seed=1):
@@ -127,3 +127,13 @@ def test_too_few_or_inconsistent_examples_are_refused():
     bad = [*drawn(10, 2, 1.0), Example((0.0, 0.0, 0.0), 0)]
     with pytest.raises(ValueError, match="options"):
         fit_task(bad, None, 0.9)
+
+
+def test_the_reported_figures_never_see_the_example_they_predict():
+    examples = drawn(20, 2, true_scale=0.4, seed=5)
+    prior = Params(1.0, (0.0, 0.0))
+    before = honest_predictions(examples, prior, 5, 0)
+    flipped = [*examples[:3], Example(examples[3].logs, 1 - examples[3].gold), *examples[4:]]
+    after = honest_predictions(flipped, prior, 5, 0)
+    assert after[3] == before[3]  # its own gold changed nothing of its prediction
+    assert after != before  # but its fold's neighbours were predicted by fits that saw it

@@ -312,3 +312,40 @@ def test_a_light_keys_request_goes_in_the_next_small_round_beside_a_heavy_keys_q
     # at most the round under way when it arrived, then its own: the heavy key's quantum and it
     assert len(during) <= 2 and during[-1] <= QUANTUM + 64, during
     assert sum(n for _, n in runner.forwards) == 81 * 64
+
+
+class KeyedRunner(FakeRunner):
+    """A FakeRunner that counts each forward's tokens by key: key a's token ids are below
+    10,000, key b's above."""
+
+    def __init__(self) -> None:
+        super().__init__(0.0)
+        self.by_key: list[tuple[int, int]] = []
+
+    def forward(self, rows):
+        a = sum(1 for r in rows for t in r.tokens if t < 10_000)
+        self.by_key.append((a, sum(len(r.tokens) for r in rows) - a))
+        return super().forward(rows)
+
+
+def test_a_key_of_weight_two_gets_twice_the_tokens_of_a_weight_one_key_while_both_wait():
+    runner = KeyedRunner()
+    limits = SchedulerLimits(batch_tokens=2048, attention_budget=1 << 30, window_s=0.05, slice_s=10)
+    scheduler = Scheduler(runner, PrefixCache(0), limits)
+    heavy_a, heavy_b = Share("a", 2), Share("b", 1)
+    plans = [
+        Plan.from_branches([Branch(tuple(range(base + 64 * k + 1, base + 64 * k + 65)), (1, 2))], share=share)
+        for k in range(40)
+        for base, share in ((0, heavy_a), (20_000, heavy_b))
+    ]
+
+    async def go() -> None:
+        await asyncio.gather(*(scheduler.run(p) for p in plans))
+
+    try:
+        asyncio.run(go())
+    finally:
+        scheduler.stop()
+    both = [(a, b) for a, b in runner.by_key if a and b][:8]  # rounds in which both keys still waited
+    a, b = sum(x for x, _ in both), sum(y for _, y in both)
+    assert len(both) >= 4 and a == 2 * b, runner.by_key

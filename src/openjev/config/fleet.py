@@ -30,7 +30,7 @@ class FleetSettings:
         "share, limit / --limits-replicas) or open (per-key limits off until it answers)",
     )
     limits_redis_timeout_ms: float = opt(
-        50.0, "bound on each call to that Redis; past it the call counts as a failure and the mode holds"
+        250.0, "bound on each call to that Redis; past it the call counts as a failure and the mode holds"
     )
     limits_replicas: int = opt(
         1, "API processes sharing the limits (replicas x --workers): mode local divides each limit by it"

@@ -14,8 +14,9 @@ and lambda are chosen by k-fold cross-validated NLL on the task's examples, the 
 unchanged among the candidates; a candidate replaces it only where its cross-validated loss
 is lower by more than one standard error of the paired difference, so a task whose few
 examples do not clearly support a change keeps the global fit.
-The figures after are the chosen candidate's cross-validated predictions (never fitted on
-the example they predict); those before are the global fit's, which saw none of them.
+The figures after are nested cross-validated: each example predicted by the whole
+procedure (choice of form and shrinkage included) run without its fold, so the choice does
+not flatter them; those before are the global fit's, which saw none of the examples.
 """
 
 from __future__ import annotations
@@ -212,22 +213,12 @@ def _clearly_better(loss: Sequence[float], global_loss: Sequence[float]) -> bool
     return mean > spread / math.sqrt(len(diffs))
 
 
-def fit_task(
-    examples: Sequence[Example],
-    base: TypeFit | None,
-    target_precision: float,
-    *,
-    folds: int = FOLDS,
-    seed: int = 0,
-) -> TaskFit:
-    """The task's fit (module doc). ValueError for fewer than MIN_EXAMPLES examples, or
-    examples of differing option counts."""
-    if len(examples) < MIN_EXAMPLES:
-        raise ValueError(f"a task needs at least {MIN_EXAMPLES} labelled examples to fit, it has {len(examples)}")
-    n = len(examples[0].logs)
-    if any(len(e.logs) != n or not 0 <= e.gold < n for e in examples):
-        raise ValueError("every example must read the task's options, its gold one of them")
-    prior = global_params(base, n)
+def select(
+    examples: Sequence[Example], prior: Params, folds: int, seed: int
+) -> tuple[str, float | None, dict[str, float]]:
+    """The form and shrinkage chosen by `folds`-fold cross-validated NLL (module doc), and
+    each candidate's mean cross-validated NLL."""
+    n = len(prior.bias)
     fold = folds_of(len(examples), folds, seed)
     candidates: dict[str, tuple[str, float | None, list[list[float]]]] = {
         "global": ("global", None, [prior.probs(e.logs) for e in examples])
@@ -245,13 +236,54 @@ def fit_task(
         (name for name in losses if name == "global" or _clearly_better(losses[name], losses["global"])),
         key=lambda name: scores[name],
     )
-    form, lam, predicted = candidates[chosen]
-    params = prior if lam is None else solve(examples, prior, lam, form != "temperature")
-    after_rows = [(p, e.gold) for p, e in zip(predicted, examples, strict=True)]
+    return candidates[chosen][0], candidates[chosen][1], scores
+
+
+def fitted(examples: Sequence[Example], prior: Params, folds: int, seed: int) -> tuple[Params, str, float | None]:
+    """The whole procedure on `examples`: the chosen candidate, refitted on all of them."""
+    form, shrinkage, _ = select(examples, prior, folds, seed)
+    params = prior if shrinkage is None else solve(examples, prior, shrinkage, form != "temperature")
+    return params, form, shrinkage
+
+
+def honest_predictions(examples: Sequence[Example], prior: Params, folds: int, seed: int) -> list[list[float]]:
+    """Each example's probabilities from the whole procedure (the choice of form and
+    shrinkage included) run on the other folds: nested cross-validation, so the figures a
+    task reports are not flattered by the choice made on the same folds."""
+    outer = folds_of(len(examples), folds, seed + 1)
+    out: list[list[float]] = [[] for _ in examples]
+    for k in range(folds):
+        train = [e for e, f in zip(examples, outer, strict=True) if f != k]
+        params, _, _ = fitted(train, prior, min(folds, len(train)), seed)
+        for i, f in enumerate(outer):
+            if f == k:
+                out[i] = params.probs(examples[i].logs)
+    return out
+
+
+def fit_task(
+    examples: Sequence[Example],
+    base: TypeFit | None,
+    target_precision: float,
+    *,
+    folds: int = FOLDS,
+    seed: int = 0,
+) -> TaskFit:
+    """The task's fit (module doc). ValueError for fewer than MIN_EXAMPLES examples, or
+    examples of differing option counts."""
+    if len(examples) < MIN_EXAMPLES:
+        raise ValueError(f"a task needs at least {MIN_EXAMPLES} labelled examples to fit, it has {len(examples)}")
+    n = len(examples[0].logs)
+    if any(len(e.logs) != n or not 0 <= e.gold < n for e in examples):
+        raise ValueError("every example must read the task's options, its gold one of them")
+    prior = global_params(base, n)
+    form, shrinkage, scores = select(examples, prior, folds, seed)
+    params = prior if shrinkage is None else solve(examples, prior, shrinkage, form != "temperature")
+    after_rows = [(p, e.gold) for p, e in zip(honest_predictions(examples, prior, folds, seed), examples, strict=True)]
     return TaskFit(
         params=params,
         form=form,
-        shrinkage=lam,
+        shrinkage=shrinkage,
         before=figures([(prior.probs(e.logs), e.gold) for e in examples]),
         after=figures(after_rows),
         threshold=threshold(after_rows, target_precision),

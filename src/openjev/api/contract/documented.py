@@ -58,7 +58,10 @@ BODY_ERRORS: Responses = {
     },
     **RATE_LIMITED,
     502: _error("the engine answered with something unusable (unknown; retryable)"),
-    503: _error("model still loading, the engine is down, or the server is draining (SIGTERM); see Retry-After"),
+    503: _error(
+        "model still loading, the engine is down, the server is draining (SIGTERM), or the shared limits store "
+        "does not answer (--limits-redis-mode closed); see Retry-After"
+    ),
     504: _error("the engine missed its deadline (timeout)"),
     529: _error("too many evaluations or tokens in flight (rate_limit_error); see Retry-After"),
 }

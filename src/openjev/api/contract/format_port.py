@@ -77,5 +77,7 @@ class WireFormat:
     responses: dict[int | str, dict[str, Any]]
     partition: Callable[[Any], str] = lambda _body: ""
     audit: Callable[[Any], dict[str, str]] = lambda _body: {}
+    # the task the body names, where the format has a field for one (api/server/task_binding.py)
+    task_of: Callable[[Any], str | None] = lambda _body: None
     id_header: str | None = None
     rate_limit_headers: bool = False

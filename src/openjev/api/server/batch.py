@@ -57,7 +57,7 @@ from openjev.core.types import DecisionRequest, Question
 from openjev.engines import ModelCard
 from openjev.errors import ClientDisconnected, OpenjevError, RequestError, TokensExceeded
 
-Binder = Callable[[DecisionRequest], Mapping[str, TaskCalibration]]  # the request's task fits
+Binder = Callable[[DecisionRequest, str | None], Mapping[str, TaskCalibration]]  # the request's task fits
 
 log = logging.getLogger(__name__)
 
@@ -264,7 +264,8 @@ def _prepare_all(
             with pipeline.charging(key_limits):
                 item.request, model = _request_of(raw, body, shared, limits)  # in the key's namespace
                 item.model = common.resolve_model(model, served)
-                item.tasks = bind(item.request)  # the tasks' fits, checked before any compile
+                named = raw.get("x_task") if isinstance(raw, dict) and body.requests is not None else None
+                item.tasks = bind(item.request, named)  # the tasks' fits, checked before any compile
                 item.compiled = service.prepare_now(item.request, service.readout(spec), part_cache)
             work = item.compiled.plan.unique_tokens
         except TokensExceeded as exc:  # charged already; its work counts toward the batch's too

@@ -39,7 +39,7 @@ from openjev.api.identity.auth import require_key
 from openjev.api.identity.key_limits import KeyLimits
 from openjev.api.operations.middleware import request_id_of
 from openjev.api.server.assembly import Runtime
-from openjev.api.server.task_binding import TASK_HEADER, fits_of
+from openjev.api.server.task_binding import TASK_HEADER, fits_of, named_task
 from openjev.config import LimitSettings, QualitySettings
 from openjev.core.readouts import ReadoutSpec
 from openjev.core.service import DecisionService
@@ -104,16 +104,21 @@ async def unless_disconnected(request: Request, work: Awaitable[T]) -> T:
 
 
 def task_binder(
-    request: Request, spec: ReadoutSpec | None, service: DecisionService, fingerprint: str, quality: QualitySettings
-) -> Callable[[DecisionRequest], Mapping[str, TaskCalibration]]:
-    """For a decision request of this HTTP request: by question id, the task fit that answers it
-    (api/server/task_binding.py; `x-openjev-task` or the question's wording)."""
+    request: Request,
+    spec: ReadoutSpec | None,
+    service: DecisionService,
+    fingerprint: str,
+    quality: QualitySettings,
+) -> Callable[[DecisionRequest, str | None], Mapping[str, TaskCalibration]]:
+    """For a decision request of this HTTP request and the task its body names (if any): by
+    question id, the task fit that answers it (api/server/task_binding.py; `x-openjev-task`,
+    the body's, or the question's wording)."""
     jobs = request.app.state.tasks
     lookup = jobs.lookup if jobs is not None else None
     header = request.headers.get(TASK_HEADER)
     model = (fingerprint, quality.temperature, service.abstain)
     resolved = service.resolve(spec or service.default_readout)
-    return lambda decision: fits_of(lookup, header, decision, resolved, model)
+    return lambda decision, named: fits_of(lookup, named_task(header, named), decision, resolved, model)
 
 
 async def decide(
@@ -129,7 +134,7 @@ async def decide(
     if audit:
         log.info(fmt.name + " request", extra={"fields": {"request_id": request_id_of(request.scope), **audit}})
     async with charged(key_limits):
-        tasks = task_binder(request, spec, service, card.fingerprint, quality)(decision)
+        tasks = task_binder(request, spec, service, card.fingerprint, quality)(decision, fmt.task_of(body))
         work = service.decide(decision, readout=spec, calibrate=calibrate, tasks=tasks)
         result = await unless_disconnected(request, work)
     request.state.result = result  # for the access log and metrics (api/operations/access.py)

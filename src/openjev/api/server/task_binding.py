@@ -46,6 +46,13 @@ def checked_id(task_id: str) -> str:
     return task_id
 
 
+def named_task(header: str | None, body: str | None) -> str | None:
+    """The task a request names, by header or body field; 422 where the two name different ones."""
+    if header is not None and body is not None and header.strip() != body:
+        raise InvalidInput(f"{TASK_HEADER} names {header.strip()[:40]!r} but the body's x_task {body!r}: name one task")
+    return header if header is not None else body
+
+
 def binding(fingerprint: str, base_temperature: float, spec: ReadoutSpec, qtype: str, wording: str) -> dict[str, Any]:
     """What a fit is bound to, stored with it."""
     return {

