@@ -278,3 +278,9 @@ async def test_a_jev_body_names_its_task_as_the_header_does(keys):
         assert r.json()[0]["status"] == 409
         malformed = await client.post("/v1/systemone", json={**body, "x_task": "nope"}, headers=auth("alice-key"))
         assert malformed.status_code == 422
+
+
+async def test_the_task_bounds_are_published(keys):
+    async with running_app(max_task_examples=77, max_example_tokens=555, **keys) as (client, _):
+        limits = (await client.get("/v1/limits", headers=auth("alice-key"))).json()
+    assert (limits["max_task_examples"], limits["max_example_tokens"]) == (77, 555)

@@ -42,6 +42,8 @@ _SETTINGS = (
     "max_head_bytes",
     "send_timeout_s",
     "max_body_chunks",
+    "max_task_examples",
+    "max_example_tokens",
 )
 
 
