@@ -105,3 +105,27 @@ async def test_the_playground_and_the_docs_send_security_headers_that_allow_what
             assert '<script src="http' not in r.text  # assets from this server, which the policy allows
         r = await client.get("/health")
         assert r.headers["x-content-type-options"] == "nosniff" and "content-security-policy" not in r.headers
+
+
+async def test_a_keys_requests_in_progress_are_bounded_by_the_per_client_setting():
+    """Issue 48, item 5, per key: a key's requests in progress (from many addresses) are
+    bounded as one address's connections are (--max-connections-per-client): the third of a
+    key with a bound of 2 is a 429 at once, another key is served meanwhile."""
+    import asyncio
+
+    from tests.support.fakes import FakeEngine
+
+    engine = FakeEngine(delay_s=0.5)
+    async with running_app(engine, api_keys=("key-a", "key-b"), max_connections_per_client=2) as (client, _):
+        route = EVERY[0]
+        a, b = {"Authorization": "Bearer key-a"}, {"Authorization": "Bearer key-b"}
+        slow = [asyncio.create_task(route.post(client, route.body("7 7"), a)) for _ in range(2)]
+        await asyncio.sleep(0.2)  # both in progress, waiting on the engine
+        status, error, r = await route.post(client, route.body("7 7"), a)
+        assert status == 429 and "requests in progress" in str(error), error
+        assert r.headers["retry-after"] == "1"
+        status, error, _ = await route.post(client, route.body("7 7"), b)
+        assert status == 200, error
+        assert [s for s, _, _ in await asyncio.gather(*slow)] == [200, 200]
+        status, error, _ = await route.post(client, route.body("7 7"), a)  # done: room again
+        assert status == 200, error

@@ -181,7 +181,10 @@ async def test_redis_killed_mid_load_the_mode_holds_and_restarted_the_fleet_rejo
     else:  # open: per-key limits off until Redis answers
         assert set(during) <= {200, 429} and during[200] > 1.1 * 2 * promised(30, outage), during
     redis_server.start()  # back, empty (no persistence): the fleet's buckets start full
-    await asyncio.sleep(1.2)  # a call a second tries Redis again
+    await asyncio.sleep(1.2)  # one call a second tries Redis again: the next one on each replica rejoins
+    async with httpx.AsyncClient(timeout=10) as client:
+        for url in urls:
+            assert (await client.post(url + "/v1/systemone", json=BODY, headers=auth("bob-key"))).status_code == 200
     t0 = time.monotonic()
     after, _ = await load(urls, "rpm-key", seconds=3, concurrency=4)
     assert set(after) <= {200, 429}, after

@@ -56,8 +56,9 @@ class ConnectionSettings:
     )
     max_connections_per_client: int = opt(
         64,
-        "open HTTP connections from one client address at once (a --trusted-proxies peer excepted); beyond it "
-        "that client's new connection is answered 503 and closed (0: no bound per client)",
+        "open HTTP connections from one client address at once (a --trusted-proxies peer excepted; beyond it "
+        "that client's new connection is answered 503 and closed), and requests in progress per API key (429 "
+        "beyond); 0: no bound",
     )
     head_timeout_s: float = opt(
         10.0, "time for a request's head (request line and headers) to arrive; beyond it: 408 and close"

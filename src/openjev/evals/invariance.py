@@ -8,7 +8,8 @@ run here bear on how a readout reads a question:
 - `option_permutation`: choice options reordered, score levels reversed -> each option's
   probability unchanged (tolerance 0.05 in total variation);
 - `noul_as_choice`: a noul and the same question as a yes/no choice -> the same P(yes);
-- `clone_symmetry`: two options with the same description -> equal probabilities;
+- `clone_symmetry`: two options with the same description -> equal probabilities (this server
+  refuses such a choice with a 422 on every route, so its trials count as errors, not tests);
 - `batch_order`: the batch's questions in reverse order -> the same answers.
 
 Each is the share of its tests (24 on jevbench-mini) that hold. Requests go to the server

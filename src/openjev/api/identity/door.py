@@ -7,6 +7,9 @@ request may then start is admission.py's, on the engine port."""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import AsyncIterator
+
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -15,7 +18,7 @@ from openjev.api.identity.key_limits import KeyLimits
 from openjev.api.identity.keys import KeyEntry, KeyRing, current_key
 from openjev.api.identity.proxies import TrustedProxies
 from openjev.api.identity.reservation import admit, current_reservation
-from openjev.errors import AuthenticationError, RequestError
+from openjev.errors import AuthenticationError, RateLimited, RequestError
 
 # The API docs: behind the API's key with --docs auth, their static assets too (the largest
 # responses the server has: open, they let anyone hold connections with unread answers).
@@ -38,13 +41,25 @@ class AdmissionMiddleware:
     (`current_key`, and its name in the request's state for the log and the metrics)."""
 
     def __init__(
-        self, app: ASGIApp, keys: KeyRing, key_limits: KeyLimits, proxies: TrustedProxies, docs_auth: bool
+        self,
+        app: ASGIApp,
+        keys: KeyRing,
+        key_limits: KeyLimits,
+        proxies: TrustedProxies,
+        docs_auth: bool,
+        open_per_key: int = 0,
     ) -> None:
         self.app = app
         self.keys = keys
         self.key_limits = key_limits
         self.proxies = proxies
         self.docs_auth = docs_auth
+        # Requests in progress per key (head read, answer not finished: a body still arriving
+        # holds its connection), bounded as one address's connections are
+        # (--max-connections-per-client), so one key cannot hold the server's connections
+        # from many addresses; 0: no bound.
+        self.open_per_key = open_per_key
+        self._open: dict[str, int] = {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -69,12 +84,33 @@ class AdmissionMiddleware:
             state["sees_load"] = not self.keys.enabled or self._bearer(scope) is not None
         token, reserved = current_key.set(entry), current_reservation.set(held)
         try:
-            await self.app(scope, receive, send)
+            async with self._in_progress(entry):
+                await self.app(scope, receive, send)
         finally:
             if held is not None:
                 await held.release()
             current_reservation.reset(reserved)
             current_key.reset(token)
+
+    @contextlib.asynccontextmanager
+    async def _in_progress(self, entry: KeyEntry | None) -> AsyncIterator[None]:
+        """One of the key's requests in progress (429 past `open_per_key`)."""
+        if entry is None or not self.open_per_key:
+            yield
+            return
+        if self._open.get(entry.name, 0) >= self.open_per_key:
+            raise RateLimited(
+                f"API key {entry.name!r} has {self.open_per_key} requests in progress (its limit, "
+                "--max-connections-per-client); retry after Retry-After",
+                retry_after_s=1,
+            )
+        self._open[entry.name] = self._open.get(entry.name, 0) + 1
+        try:
+            yield
+        finally:
+            left = self._open.pop(entry.name, 1) - 1
+            if left > 0:
+                self._open[entry.name] = left
 
     def _bearer(self, scope: Scope) -> KeyEntry | None:
         """The key entry the request's Bearer header names, None for none or an unknown one."""

@@ -121,8 +121,15 @@ class StoreHealth:
         self._retry_at = 0.0
 
     def usable(self) -> bool:
-        """Whether a call should try the store now (always while up; once a second while down)."""
-        return self.up or self._clock() >= self._retry_at
+        """Whether a call should try the store now: always while up; while down, one call a
+        second (the others keep to the mode while it tries)."""
+        if self.up:
+            return True
+        now = self._clock()
+        if now < self._retry_at:
+            return False
+        self._retry_at = now + RETRY_S
+        return True
 
     def failed(self, exc: BaseException) -> None:
         self._retry_at = self._clock() + RETRY_S

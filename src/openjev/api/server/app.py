@@ -92,6 +92,7 @@ def _middleware(app: FastAPI, settings: Settings, ops: Operations) -> None:
         key_limits=ops.key_limits,
         proxies=ops.proxies,
         docs_auth=settings.listen.docs == "auth",
+        open_per_key=settings.connections.max_connections_per_client,
     )
     app.add_middleware(ErrorMiddleware)  # what those raise, and bugs, in the contract's error shape
     # Outside ErrorMiddleware, so a 429 or 401 answered at the door carries them too.
