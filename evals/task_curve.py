@@ -52,16 +52,19 @@ def rows(model: str, split: str, base: calib.Calibration) -> dict[str, list[Exam
     for item in items:
         for qid, question in readings.core_request(item).questions:
             rec = recs.get((item.id, qid))
-            if rec is None:
-                continue
-            combined = readings.combine_letters(readout, question, rec)
-            qtype = question_type(question)
-            fit = base.fit_for(ReadoutSpec("letters", 1), qtype)
-            prior = calib.TypeFit(1.0, (), dict(fit.position_prior) if fit is not None else {})
-            probs = calib.apply(prior, combined.probs, combined.shown, combined.clones, combined.mirrored)
-            gold = readings.expected_index(item, qid)
-            out[qtype].append(Example(tuple(math.log(max(p, 1e-12)) for p in probs), gold))
+            if rec is not None:
+                out[question_type(question)].append(example(item, qid, question, rec, base, readout))
     return out
+
+
+def example(item, qid: str, question, rec: readings.Recorded, base: calib.Calibration, readout) -> Example:
+    """One recorded question as a task's fit sees it: its letters R=1 log-probs after the global
+    fit's position prior, and its gold answer."""
+    combined = readings.combine_letters(readout, question, rec)
+    fit = base.fit_for(ReadoutSpec("letters", 1), question_type(question))
+    prior = calib.TypeFit(1.0, (), dict(fit.position_prior) if fit is not None else {})
+    probs = calib.apply(prior, combined.probs, combined.shown, combined.clones, combined.mirrored)
+    return Example(tuple(math.log(max(p, 1e-12)) for p in probs), readings.expected_index(item, qid))
 
 
 def by_width(examples: list[Example]) -> list[list[Example]]:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 from pathlib import Path
 
@@ -28,7 +27,7 @@ from openjev.evals import readings
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from source_table import items_of
-from task_curve import IDS, LABELS, ROOT, curve
+from task_curve import IDS, LABELS, ROOT, curve, example
 
 SOURCES = ("vader-tweets", "vader-amazon", "vader-movies")
 
@@ -42,15 +41,9 @@ def tasks(model: str, source: str, base: calib.Calibration, cache_dir: str) -> d
     for item in items_of(source, cache_dir, [5, 8, 16]):
         for qid, question in readings.core_request(item).questions:
             rec = recs.get((item.id, qid))
-            if rec is None or qid not in item.expected:
-                continue
-            combined = readings.combine_letters(readout, question, rec)
-            qtype = question_type(question)
-            fit = base.fit_for(ReadoutSpec("letters", 1), qtype)
-            prior = calib.TypeFit(1.0, (), dict(fit.position_prior) if fit is not None else {})
-            probs = calib.apply(prior, combined.probs, combined.shown, combined.clones, combined.mirrored)
-            logs = tuple(math.log(max(p, 1e-12)) for p in probs)
-            out.setdefault(qid, (qtype, []))[1].append(Example(logs, readings.expected_index(item, qid)))
+            if rec is not None and qid in item.expected:
+                got = example(item, qid, question, rec, base, readout)
+                out.setdefault(qid, (question_type(question), []))[1].append(got)
     return out
 
 
