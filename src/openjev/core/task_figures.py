@@ -12,6 +12,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from openjev.core.scoring import argmax
+
 ECE_BINS = 15
 
 Row = tuple[Sequence[float], int]
@@ -50,20 +52,11 @@ class Threshold:
         }
 
 
-def top(probs: Sequence[float]) -> int:
-    """The top option's index (the first on ties)."""
-    best = 0
-    for i, p in enumerate(probs):
-        if p > probs[best]:
-            best = i
-    return best
-
-
 def figures(rows: Sequence[Row]) -> Figures:
     if not rows:
         raise ValueError("no rows to measure")
     n = len(rows)
-    hits = [top(p) == gold for p, gold in rows]
+    hits = [argmax(p) == gold for p, gold in rows]
     brier = math.fsum(math.fsum((q - (i == gold)) ** 2 for i, q in enumerate(p)) for p, gold in rows) / n
     bins: list[list[tuple[float, bool]]] = [[] for _ in range(ECE_BINS)]
     for (p, _), hit in zip(rows, hits, strict=True):
@@ -79,7 +72,7 @@ def threshold(rows: Sequence[Row], target_precision: float) -> Threshold:
     declined) with the coverage and precision that leaves."""
     if not rows:
         raise ValueError("no rows to choose a threshold on")
-    ranked = sorted(((max(p), top(p) == gold) for p, gold in rows), key=lambda r: -r[0])
+    ranked = sorted(((max(p), argmax(p) == gold) for p, gold in rows), key=lambda r: -r[0])
     best: tuple[float, int, int] | None = None  # (cut, answered, right)
     right = 0
     for k, (conf, hit) in enumerate(ranked, 1):
