@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import time
@@ -68,5 +69,16 @@ class RedisServer:
             self.process.wait(10)
             self.process = None
 
+    def pause(self) -> None:
+        """SIGSTOP: a store that accepts connections and never answers (a hung host)."""
+        assert self.process is not None
+        self.process.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        assert self.process is not None
+        self.process.send_signal(signal.SIGCONT)
+
     def stop(self) -> None:
+        if self.process is not None:
+            self.resume()  # a paused process takes SIGKILL too, but leave nothing stopped
         self.kill()

@@ -36,6 +36,7 @@ RETRY_S = 1.0  # while down, how often a call tries Redis again
 # loop blocked past the timeout (a long compile) must not be taken for Redis being away.
 GRACE_TURNS = 3
 LATE_WAITS = 3
+LATE_S = 0.02  # a wake later than this past its timeout: the loop was busy, not Redis slow
 
 # A bucket is a hash {l: level, t: seconds} refilled to Redis's TIME; it expires once full.
 _COMMON = """
@@ -177,6 +178,7 @@ class RedisStore:
         self.timeout_s = timeout_s
         self.replicas = replicas
         self.prefix = prefix
+        self._answered_at = -math.inf  # loop time of the last call Redis answered
         self.take = self.client.register_script(_TAKE)
         self.charge = self.client.register_script(_CHARGE)
         self.level = self.client.register_script(_LEVEL)
@@ -187,6 +189,7 @@ class RedisStore:
         if not self.health.usable():
             return False, None
         task = asyncio.ensure_future(make())
+        task.add_done_callback(self._answered)
         try:
             done = await self._wait(task)
             for _ in range(GRACE_TURNS):  # a reply that came while this loop was busy elsewhere is read first
@@ -207,15 +210,23 @@ class RedisStore:
 
     async def _wait(self, task: asyncio.Future[Any]) -> bool:
         """Whether `task` finished within the timeout. A wait that woke late (this process's
-        loop busy, or its GIL held by compiles in worker threads) measured this process, not
-        Redis: it is waited again, up to LATE_WAITS times."""
+        loop busy, or its GIL held by compiles in worker threads) measured this process, and one
+        during which another call was answered measured this process's queue for a connection:
+        neither is Redis being away, so the call is waited again, up to LATE_WAITS times."""
         loop = asyncio.get_running_loop()
+        late = self.timeout_s + max(LATE_S, 0.1 * self.timeout_s)
         for _ in range(1 + LATE_WAITS):
             start = loop.time()
             done, _ = await asyncio.wait({task}, timeout=self.timeout_s)
-            if done or loop.time() - start < 1.5 * self.timeout_s:
-                return bool(done)
+            if done:
+                return True
+            if loop.time() - start < late and self._answered_at < start:
+                return False
         return task.done()
+
+    def _answered(self, task: asyncio.Future[Any]) -> None:
+        if not task.cancelled() and task.exception() is None:
+            self._answered_at = asyncio.get_running_loop().time()
 
     async def close(self) -> None:
         await self.client.aclose()
