@@ -28,15 +28,22 @@ def test_each_shipped_file_is_chosen_for_its_own_model_only():
 
 
 def test_the_quality_models_file_names_its_measured_defaults():
-    """Chosen per type on dev (docs/quality-model.md): choice options and scales read in two
-    orders, noul once; a floor on the calibrated top probability."""
+    """Readouts chosen per type on dev (docs/quality-model.md): choice options and scales read
+    in two orders, noul once; a floor on the calibrated top probability."""
     cal = _by_model()["qwen2.5-coder-1.5b"]
     spec = cal.default_readout
     assert spec == ReadoutSpec("letters", 2, (("noul", ReadoutSpec("letters", 1)),)) and cal.covers(spec)
     assert cal.default_abstain is not None and cal.default_abstain.min_confidence > 0
     for qtype in ("noul", "choice", "score"):  # a fit for each type's own readout: a temperature, no prior
         fit = cal.fit_for(spec.for_type(qtype), qtype)
-        assert fit is not None and fit.bias == ()
+        assert fit is not None and fit.bias == () and not fit.position_prior
+    # chosen leave-one-source-out (evals/source_table.py): choice divides out its content-free
+    # answer before a temperature; yes/no and scales are read as they are
+    choice = cal.fit_for(spec.for_type("choice"), "choice")
+    assert choice is not None and choice.content_free and choice.temperature < 1
+    for qtype in ("noul", "score"):
+        fit = cal.fit_for(spec.for_type(qtype), qtype)
+        assert fit is not None and not fit.content_free and fit.temperature == 1.0
 
 
 def test_the_embedded_models_canonical_fit_divides_out_its_position_prior():

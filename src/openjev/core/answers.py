@@ -15,13 +15,20 @@ from openjev.core.wording import option_texts
 from openjev.errors import EngineError
 
 
-def answer_of(question: Question, combined: Combined, fit: calib.TypeFit | None, rule: AbstainRule) -> Answer:
+def answer_of(
+    question: Question,
+    combined: Combined,
+    fit: calib.TypeFit | None,
+    rule: AbstainRule,
+    free: tuple[float, ...] | None = None,
+) -> Answer:
     """A question's answer from its readings' combined probabilities: calibrated where `fit`
-    applies, then its choice or score, confidence, and whether `rule` abstains."""
+    applies (divided by its content-free answer `free` first, where the fit asks for one),
+    then its choice or score, confidence, and whether `rule` abstains."""
     probs = (
         combined.probs
         if fit is None
-        else calib.apply(fit, combined.probs, combined.shown, combined.clones, combined.mirrored)
+        else calib.apply(fit, combined.probs, combined.shown, combined.clones, combined.mirrored, free)
     )
     if not all(math.isfinite(p) for p in probs):
         raise EngineError("the engine's log-probabilities gave non-finite probabilities")

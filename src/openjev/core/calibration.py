@@ -46,11 +46,13 @@ class TypeFit:
     position regardless of the options (PriDe, estimated without labels); an answer read in
     one lettered ordering is divided by it position by position before T applies, an answer
     read in one ordering and its reverse by its symmetrised form (the geometric mean of
-    positions j and n-1-j). Empty: none."""
+    positions j and n-1-j). Empty: none. `content_free`: the answer is first divided by the
+    question's content-free answer (core/content_free.py), which the service reads."""
 
     temperature: float
     bias: tuple[float, ...] = ()
     position_prior: Mapping[int, tuple[float, ...]] = field(default_factory=dict)
+    content_free: bool = False
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.temperature) and self.temperature > 0):
@@ -97,14 +99,20 @@ def apply(
     shown: Sequence[int] | None = None,
     clones: Sequence[Sequence[int]] = (),
     mirrored: bool = False,
+    free: Sequence[float] | None = None,
 ) -> tuple[float, ...]:
     """Calibrated probabilities (same length, sum 1). `shown`: the option at each letter of
     the one ordering read (Combined.shown), for the fit's position prior; without it (or
     without a prior for this many options) none is applied. `mirrored` (Combined.mirrored):
     `shown` was read in both directions, so the prior applies symmetrised and a reversed
     ordering still gets the mirrored answer. `clones`: groups of options that must keep one
-    probability (Combined.clones): the prior of their letters is shared."""
+    probability (Combined.clones): the prior of their letters is shared. `free`: the
+    question's content-free answer, divided out first (where the fit says so)."""
     logs = [math.log(max(p, _FLOOR)) for p in probs]
+    if free is not None:
+        if len(free) != len(probs):
+            raise ValueError(f"content-free answer has {len(free)} options, the question {len(probs)}")
+        logs = [v - math.log(max(f, _FLOOR)) for v, f in zip(logs, free, strict=True)]
     prior = fit.position_prior.get(len(probs)) if shown is not None else None
     if prior is not None and shown is not None:
         last = len(shown) - 1
@@ -201,7 +209,10 @@ def _fit_of(entry: Mapping[str, Any]) -> ReadoutFit:
         if qtype not in QUESTION_TYPES:
             raise ValueError(f"unknown question type {qtype!r}")
         prior = {int(n): tuple(float(p) for p in ps) for n, ps in (t.get("position_prior") or {}).items()}
-        types[qtype] = TypeFit(float(t["temperature"]), tuple(float(b) for b in t.get("bias", ())), prior)
+        free = t.get("content_free", False)
+        if not isinstance(free, bool):
+            raise ValueError(f"{qtype}: content_free must be true or false, got {free!r}")
+        types[qtype] = TypeFit(float(t["temperature"]), tuple(float(b) for b in t.get("bias", ())), prior, free)
     return ReadoutFit(spec, types)
 
 

@@ -2,8 +2,9 @@
 
 Order of work, so that nothing invalid or over budget reaches the engine:
 admission (the caller's share, then the in-flight cap) -> compile (off the event loop) -> token budgets -> engine run
-under a deadline -> readout (branch log-probs -> option probabilities) -> calibration ->
-answers.
+under a deadline (with the content-free twin of the questions whose fit divides one out and
+whose reading is not cached: core/content_free.py) -> readout (branch log-probs -> option
+probabilities) -> calibration -> answers.
 """
 
 from __future__ import annotations
@@ -17,8 +18,10 @@ from dataclasses import dataclass
 from openjev.core import calibration as calib
 from openjev.core.abstain import AbstainRule
 from openjev.core.answers import answer_of
+from openjev.core.combine import combine_all
 from openjev.core.compile_limits import CompileLimits
 from openjev.core.compile_size import compiles_inline
+from openjev.core.content_free import ContentFreeReadings
 from openjev.core.distinct import refuse_ties
 from openjev.core.ports import Admission, Engine, PlanResult
 from openjev.core.prompts import CompiledRequest, PromptCompiler
@@ -30,7 +33,7 @@ from openjev.core.types import (
     DecisionResult,
     Usage,
 )
-from openjev.errors import EngineError, EngineTimeout, Overloaded, TokensExceeded
+from openjev.errors import EngineTimeout, Overloaded, TokensExceeded
 
 
 @dataclass(frozen=True)
@@ -105,6 +108,7 @@ class DecisionService:
         self.default_readout = readout = self.resolve(readout if readout is not None else ReadoutSpec())
         self.calibration = calibration
         self.abstain = abstain if abstain is not None else AbstainRule()
+        self.content_free = ContentFreeReadings()  # per question, where a fit divides one out
         self.readout(readout)  # an unavailable default readout fails at startup, not per request
 
     def resolve(self, spec: ReadoutSpec) -> ReadoutSpec:
@@ -189,43 +193,50 @@ class DecisionService:
         readout = self.readout(spec)
         if compiled is None:
             compiled = await self.prepare(request, spec)
-        t1 = self._clock()
-        try:
-            result = await asyncio.wait_for(self._engine.run(compiled.plan), self._limits.engine_timeout_s)
-        except TimeoutError:
-            raise EngineTimeout(f"the engine did not answer within {self._limits.engine_timeout_s:g} s") from None
-        t2 = self._clock()
-        if len(result.branches) != len(compiled.plan.branches):
-            raise EngineError(
-                f"engine returned {len(result.branches)} results for {len(compiled.plan.branches)} branches"
-            )
         cal = self.calibration if calibrate and self.calibration is not None and self.calibration.covers(spec) else None
+        fits = {
+            qid: cal.fit_for(spec.for_type(question_type(q)), question_type(q)) if cal is not None else None
+            for qid, q in request.questions
+        }
+        wanted = [(qid, q) for qid, q in request.questions if qid not in tasks and (f := fits[qid]) and f.content_free]
+        twin = self.content_free.missing(request, spec, wanted)
+        twin_compiled = await self.prepare(twin, spec) if twin is not None else None
+        t1 = self._clock()
+        result, twin_result = await self._run(compiled, twin_compiled)
+        t2 = self._clock()
+        if twin is not None and twin_compiled is not None and twin_result is not None:
+            self.content_free.store(
+                request, spec, twin.questions, combine_all(readout, twin, twin_compiled, twin_result)
+            )
+        free = self.content_free.answers(request, spec, wanted)
         answers, applied = [], []
-        for (qid, question), (start, count) in zip(request.questions, compiled.spans, strict=True):
-            branches = compiled.plan.branches[start : start + count]
-            logprobs = [r.logprobs for r in result.branches[start : start + count]]
-            for branch, lp in zip(branches, logprobs, strict=True):
-                if len(lp) != len(branch.label_ids):
-                    raise EngineError(f"engine returned {len(lp)} label log-probs, expected {len(branch.label_ids)}")
-            try:
-                combined = readout.combine(question, logprobs)
-            except ValueError as e:
-                raise EngineError("unusable label log-probs from the engine", detail=str(e)) from None
-            qtype = question_type(question)
-            fit = cal.fit_for(spec.for_type(qtype), qtype) if cal is not None else None
-            task = tasks.get(qid)
+        combined_all = combine_all(readout, request, compiled, result)
+        for (qid, question), combined in zip(request.questions, combined_all, strict=True):
+            fit, task = fits[qid], tasks.get(qid)
             applied.append(task.name if task is not None else cal.id if fit is not None and cal is not None else None)
             rule = task.abstain if task is not None else self.abstain
-            answers.append((qid, answer_of(question, combined, task.fit if task is not None else fit, rule)))
+            got = answer_of(question, combined, task.fit if task is not None else fit, rule, free.get(qid))
+            answers.append((qid, got))
         timings = {"prepare": (t1 - t0) * 1000, **result.timings_ms, "engine": (t2 - t1) * 1000}
         return DecisionResult(
             answers=tuple(answers),
-            usage=self._usage(compiled, result),
+            usage=self._usage(compiled, result, twin_compiled, twin_result),
             prefix_tokens=compiled.plan.shared_prefix_len,
             timings_ms=timings,
             readout=used_readout(spec, compiled).describe(),
             calibration=",".join(dict.fromkeys(a for a in applied if a)) or (cal.id if cal is not None else None),
         )
+
+    async def _run(
+        self, compiled: CompiledRequest, twin: CompiledRequest | None
+    ) -> tuple[PlanResult, PlanResult | None]:
+        """The request's plan, and its content-free twin's beside it, under one deadline."""
+        runs = [self._engine.run(compiled.plan)] + ([self._engine.run(twin.plan)] if twin is not None else [])
+        try:
+            results = await asyncio.wait_for(asyncio.gather(*runs), self._limits.engine_timeout_s)
+        except TimeoutError:
+            raise EngineTimeout(f"the engine did not answer within {self._limits.engine_timeout_s:g} s") from None
+        return results[0], (results[1] if twin is not None else None)
 
     def _check_budgets(self, request: DecisionRequest, compiled: CompiledRequest) -> None:
         plan = compiled.plan
@@ -246,13 +257,22 @@ class DecisionService:
             raise exc
 
     @staticmethod
-    def _usage(compiled: CompiledRequest, result: PlanResult) -> Usage:
+    def _usage(
+        compiled: CompiledRequest, result: PlanResult, twin: CompiledRequest | None, twin_result: PlanResult | None
+    ) -> Usage:
+        """The request's tokens, and its content-free twin's where one was read (charged alike)."""
+        parts = [(compiled, result)] + ([(twin, twin_result)] if twin is not None and twin_result is not None else [])
         return Usage(
-            input_tokens=compiled.plan.unique_tokens,
-            prompt_tokens=compiled.plan.prompt_tokens,
-            computed_tokens=result.computed_tokens,
-            cached_tokens=result.cached_tokens,
+            input_tokens=sum(c.plan.unique_tokens for c, _ in parts),
+            prompt_tokens=sum(c.plan.prompt_tokens for c, _ in parts),
+            computed_tokens=_total([r.computed_tokens for _, r in parts]),
+            cached_tokens=_total([r.cached_tokens for _, r in parts]),
         )
+
+
+def _total(counts: list[int | None]) -> int | None:
+    """The sum, or None where an engine did not say (unknown stays unknown)."""
+    return None if any(c is None for c in counts) else sum(c for c in counts if c is not None)
 
 
 def used_readout(spec: ReadoutSpec, compiled: CompiledRequest) -> ReadoutSpec:
