@@ -52,7 +52,10 @@ from openjev.evals.metrics import Scored, summarize
 from openjev.evals.sources import load_source
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from abstain_table import MIN_COVERAGE, MIN_GAIN, Read, grid, measure, rule_text
 from transfer_table import IDS, LABELS, Pool, pooled, questions_of
+
+from openjev.core.abstain import AbstainRule
 
 TYPES = ("noul", "choice", "score")
 SOURCES = ("evals-dev", "vader-tweets", "vader-amazon", "vader-movies", "typed-decisions")
@@ -101,6 +104,8 @@ class Row:
     cf: tuple[float, ...] | None  # the content-free reading's answer, where it was recorded
     correct: int
     soft: tuple[float, ...] | None = None  # a soft gold in option order, where the source has one
+    label_mass: float = 1.0  # the readings' (for the abstain rule)
+    agreement: float | None = None
 
 
 def rows_of(source: str, items: Sequence[Item], pool: Pool) -> list[Row]:
@@ -113,10 +118,13 @@ def rows_of(source: str, items: Sequence[Item], pool: Pool) -> list[Row]:
         cf = [pool.get((f"cf-{sig}", qid), {}).get(o) for o in readout.orders(q)]
         if any(g is None for g in got):
             continue
-        probs = readout.combine(q, got).probs
+        combined = readout.combine(q, got)
+        probs = combined.probs
         free = None if any(c is None for c in cf) else readout.combine(q, cf).probs
         soft = _soft(item, qid)
-        out.append(Row(source, qtype, len(probs), sig, probs, free, readings.expected_index(item, qid), soft))
+        gold = readings.expected_index(item, qid)
+        mass, agreement = combined.label_mass, combined.order_agreement
+        out.append(Row(source, qtype, len(probs), sig, probs, free, gold, soft, mass, agreement))
     return out
 
 
@@ -457,6 +465,35 @@ def build(args: argparse.Namespace) -> int:
     return 0
 
 
+def abstain_rule(rows: Sequence[Row]) -> tuple[AbstainRule, dict[str, tuple[float, float, float]]]:
+    """The abstain rule for the CHOSEN answers that holds on every human-labelled source: of
+    abstain_table's grid, those keeping coverage >= MIN_COVERAGE and gaining >= MIN_GAIN of
+    accuracy on each, the best mean accuracy answered (ties: more coverage); and what it does
+    on each source: coverage, accuracy answered, accuracy all."""
+    fits = {t: chosen_fit(t, rows) for t in TYPES}
+    reads: dict[str, list[Read]] = defaultdict(list)
+    for r in rows:
+        fit = fits[r.qtype]
+        probs = _divide(r.probs, r.cf) if fit.get("content_free") and r.cf else r.probs
+        probs = _temper(probs, fit["temperature"])
+        top = max(range(len(probs)), key=probs.__getitem__)
+        reads[r.source].append(Read(r.qtype, top == r.correct, r.label_mass, r.agreement, max(probs)))
+    human = [s for s in reads if s != "typed-decisions"]
+    best, best_key = AbstainRule(), (-1.0, -1.0)
+    for candidate in grid():
+        ms = [measure(reads[s], candidate) for s in human]
+        if all(m["coverage"] >= MIN_COVERAGE and m["accuracy_answered"] - m["accuracy_all"] >= MIN_GAIN for m in ms):
+            key = (sum(m["accuracy_answered"] for m in ms) / len(ms), sum(m["coverage"] for m in ms) / len(ms))
+            if key > best_key:
+                best, best_key = candidate, key
+    rule = best
+    held = {}
+    for source, rs in reads.items():
+        m = measure(rs, rule)
+        held[source] = (round(m["coverage"], 3), round(m["accuracy_answered"], 3), round(m["accuracy_all"], 3))
+    return rule, held
+
+
 def ship(args: argparse.Namespace) -> int:
     """Rewrite the shipped file's default-readout fits with CHOSEN, fitted on every human-labelled source."""
     pool = pooled(Path(args.out) / args.model)
@@ -474,6 +511,9 @@ def ship(args: argparse.Namespace) -> int:
         if f["readout"] == "canonical":  # a scale read canonically is read both ways: the same fit
             f["types"]["score"] = chosen_fit("score", rows)
     sources = sorted({r.source for r in rows})
+    rule, held = abstain_rule(rows)
+    doc["defaults"]["abstain"] = rule.describe()
+    print(f"abstain: {rule_text(rule)}; on each source (coverage, accuracy answered / all): {held}")
     doc["id"], doc["created"] = "qwen2.5-coder-1.5b-sources-v5", args.created
     doc["data"] = {
         "files": sources,
