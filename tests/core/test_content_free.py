@@ -14,7 +14,8 @@ from openjev.core.content_free import STATE as FREE_STATE
 from openjev.core.content_free import ContentFreeCache, divide, request_of
 from openjev.core.prompts import PromptCompiler
 from openjev.core.readouts import ReadoutSpec
-from openjev.core.service import DecisionService, ServiceLimits
+from openjev.core.service import DecisionService
+from openjev.core.service_limits import ServiceLimits
 from openjev.core.task_apply import TaskCalibration
 from openjev.core.types import DecisionRequest
 from openjev.errors import ConfigError
@@ -106,3 +107,14 @@ def test_a_calibration_file_turns_it_on_per_type_and_refuses_a_non_boolean():
     doc["fits"][0]["types"]["choice"]["content_free"] = "yes"
     with pytest.raises(ConfigError, match="content_free must be true or false"):
         calib.from_dict(doc)
+
+
+async def test_a_failing_read_fails_the_request_with_its_own_error():
+    from openjev.errors import Overloaded
+
+    engine = FakeEngine(fail=Overloaded("full", retry_after_s=1))
+    service = _service(engine)
+    with pytest.raises(Overloaded, match="full"):
+        await service.decide(DecisionRequest(STATE, QUESTIONS))
+    assert len(engine.plans) == 2  # both were tried; nothing cached
+    assert len(service.content_free.cache) == 0

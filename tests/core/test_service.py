@@ -6,7 +6,8 @@ import pytest
 from openjev.core import calibration as calib
 from openjev.core.abstain import AbstainRule
 from openjev.core.prompts import PromptCompiler
-from openjev.core.service import DecisionService, ServiceLimits
+from openjev.core.service import DecisionService
+from openjev.core.service_limits import ServiceLimits
 from openjev.core.types import ChoiceAnswer, DecisionRequest, NoulAnswer, ScoreAnswer
 from openjev.errors import EngineError, EngineTimeout, Overloaded, TokensExceeded
 from tests.core.test_prompts import QUESTIONS, STATE

@@ -3,7 +3,7 @@ settings changed (the core has no defaults of its own)."""
 
 from openjev.api.server.assembly import service_limits
 from openjev.config import load_settings
-from openjev.core.service import ServiceLimits
+from openjev.core.service_limits import ServiceLimits
 
 
 def limits_of(**flat) -> ServiceLimits:

@@ -13,13 +13,11 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 
 from openjev.core import calibration as calib
 from openjev.core.abstain import AbstainRule
 from openjev.core.answers import answer_of
 from openjev.core.combine import combine_all
-from openjev.core.compile_limits import CompileLimits
 from openjev.core.compile_size import compiles_inline
 from openjev.core.content_free import ContentFreeReadings
 from openjev.core.distinct import refuse_ties
@@ -27,6 +25,7 @@ from openjev.core.ports import Admission, Engine, PlanResult
 from openjev.core.prompts import CompiledRequest, PromptCompiler
 from openjev.core.readouts import Readout, ReadoutContext, ReadoutSpec, question_type
 from openjev.core.readouts.catalog import PARALLEL_FALLBACK, ReadoutCatalog
+from openjev.core.service_limits import ServiceLimits
 from openjev.core.task_apply import TaskCalibration
 from openjev.core.types import (
     DecisionRequest,
@@ -34,40 +33,6 @@ from openjev.core.types import (
     Usage,
 )
 from openjev.errors import EngineTimeout, Overloaded, TokensExceeded
-
-
-@dataclass(frozen=True)
-class ServiceLimits:
-    """Every value required: their defaults are the settings' (built at the edge, api/server/assembly.py)."""
-
-    max_branch_tokens: int
-    max_request_tokens: int
-    max_in_flight: int
-    engine_timeout_s: float
-    retry_after_s: int
-    temperature: float
-    rotation_max_options: int
-    max_branches: int
-    max_prompt_tokens: int
-    # The model's positions (None where the engine does not say): a longer branch is refused
-    # while it compiles, before any engine work, as the per-branch budget is.
-    context_tokens: int | None
-
-    @property
-    def branch_tokens(self) -> int:
-        """The longest branch served: the budget, or the model's context where it is less."""
-        if self.context_tokens is not None and self.context_tokens < self.max_branch_tokens:
-            return self.context_tokens
-        return self.max_branch_tokens
-
-    def compile_limits(self) -> CompileLimits:
-        by_context = self.branch_tokens < self.max_branch_tokens
-        return CompileLimits(
-            max_branch_tokens=self.branch_tokens,
-            max_branches=self.max_branches,
-            max_prompt_tokens=self.max_prompt_tokens,
-            branch_limit="per branch: the model's context length" if by_context else "per branch",
-        )
 
 
 class DecisionService:
@@ -231,12 +196,23 @@ class DecisionService:
         self, compiled: CompiledRequest, twin: CompiledRequest | None
     ) -> tuple[PlanResult, PlanResult | None]:
         """The request's plan, and its content-free twin's beside it, under one deadline."""
-        runs = [self._engine.run(compiled.plan)] + ([self._engine.run(twin.plan)] if twin is not None else [])
         try:
-            results = await asyncio.wait_for(asyncio.gather(*runs), self._limits.engine_timeout_s)
+            return await asyncio.wait_for(self._run_both(compiled, twin), self._limits.engine_timeout_s)
         except TimeoutError:
             raise EngineTimeout(f"the engine did not answer within {self._limits.engine_timeout_s:g} s") from None
-        return results[0], (results[1] if twin is not None else None)
+
+    async def _run_both(
+        self, compiled: CompiledRequest, twin: CompiledRequest | None
+    ) -> tuple[PlanResult, PlanResult | None]:
+        if twin is None:
+            return await self._engine.run(compiled.plan), None
+        try:  # a task group: one failing cancels the other, and a cancelled request cancels both
+            async with asyncio.TaskGroup() as group:
+                main = group.create_task(self._engine.run(compiled.plan))
+                free = group.create_task(self._engine.run(twin.plan))
+        except BaseExceptionGroup as failed:
+            raise failed.exceptions[0] from None
+        return main.result(), free.result()
 
     def _check_budgets(self, request: DecisionRequest, compiled: CompiledRequest) -> None:
         plan = compiled.plan

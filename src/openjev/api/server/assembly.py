@@ -20,7 +20,8 @@ from openjev.core.calibration import Calibration
 from openjev.core.ports import Admission
 from openjev.core.prompts import PromptCompiler
 from openjev.core.readouts import ReadoutSpec
-from openjev.core.service import DecisionService, ServiceLimits
+from openjev.core.service import DecisionService
+from openjev.core.service_limits import ServiceLimits
 from openjev.core.wording import PROMPT_VERSION
 from openjev.engines import LoadedEngine, ModelCard
 from openjev.errors import EngineUnavailable, NotReady
