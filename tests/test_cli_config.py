@@ -1,4 +1,5 @@
 import json
+import os
 import subprocess
 import sys
 
@@ -57,16 +58,18 @@ def test_cli_flags_map_onto_settings(monkeypatch):
     )
 
 
-def test_schema_prints_openapi_without_loading_ml_frameworks():
+def test_schema_prints_openapi_without_loading_ml_frameworks_or_writing_files(tmp_path):
     code = (
         "import sys, io, contextlib; from openjev.cli import main; buf = io.StringIO()\n"
         "with contextlib.redirect_stdout(buf): rc = main(['schema'])\n"
         "assert rc == 0 and 'torch' not in sys.modules and 'transformers' not in sys.modules\n"
         "sys.stdout.write(buf.getvalue())"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    env = {**os.environ, "HOME": str(tmp_path), "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env).stdout
     spec = json.loads(out)
-    assert spec["openapi"].startswith("3.") and "/v1/systemone" in spec["paths"]
+    assert spec["openapi"].startswith("3.") and "/v1/systemone" in spec["paths"] and "/v1/tasks" in spec["paths"]
+    assert list(tmp_path.rglob("*")) == []  # no task store (nor anything else) created
 
 
 @pytest.mark.parametrize(

@@ -218,7 +218,8 @@ def bind_listener(host: str, port: int) -> socket.socket:
 def schema() -> int:
     from openjev.api.server.app import create_app
 
-    app = create_app(load_settings(environ={}))
+    # the task store in memory: printing the document must not create the default store's file
+    app = create_app(load_settings({"tasks_db": ":memory:"}, environ={}))
     json.dump(app.openapi(), sys.stdout, indent=2, ensure_ascii=False)
     sys.stdout.write("\n")
     return 0
