@@ -11,6 +11,12 @@ decisions/s beside its solo figure, the total decisions/s together, and every st
 than 200. One JSON line.
 
     flock /tmp/openjev-heavy.lock .venv/bin/python bench/bench_fair.py [--seconds 20] [--rounds 2] [--serve-arg=--engine=llamacpp]
+
+`--sglang-tiny HIDDEN` measures openjev over a real SGLang 0.5.23 server (PyTorch, CPU;
+.venv-sglang-torch: scripts/setup_sglang_torch.sh) serving a tiny random model (the embedded
+tokenizer, one layer of HIDDEN units), once per `--engine-calls N` (openjev's
+--max-engine-calls: calls past it wait in the keys' fair order; SGLang schedules what it was
+sent). One JSON line per setting.
 """
 
 from __future__ import annotations
@@ -109,8 +115,14 @@ def main() -> None:
     parser.add_argument("--modes", default="batches,singles", help="heavy modes to run: batches, singles")
     parser.add_argument("--rounds", type=int, default=2, help="alternating rounds of every phase")
     parser.add_argument("--serve-arg", action="append", default=[], help="an extra `openjev serve` argument")
+    parser.add_argument("--sglang-tiny", type=int, metavar="HIDDEN", help="over SGLang serving a tiny model")
+    parser.add_argument("--engine-calls", default="64,4", help="with --sglang-tiny: --max-engine-calls values")
     args = parser.parse_args()
     modes = [m for m in args.modes.split(",") if m]
+    head = {"bench": "fair", "machine": machine(), "seconds": args.seconds, "rounds": args.rounds}
+    if args.sglang_tiny:
+        over_sglang(args, modes, head)
+        return
     with tempfile.TemporaryDirectory() as tmp:
         (Path(tmp) / "keys").write_text(KEYS)
         server = start_server(Path(tmp), "--api-keys-file", str(Path(tmp) / "keys"), *args.serve_arg, env={})
@@ -118,8 +130,34 @@ def main() -> None:
             result = asyncio.run(measure(server.url, args.seconds, modes, args.rounds))
         finally:
             stop_server(server)
-    head = {"bench": "fair", "machine": machine(), "seconds": args.seconds, "rounds": args.rounds}
     print(json.dumps({**head, "load_avg_1m": os.getloadavg()[0], **result}))
+
+
+def over_sglang(args: argparse.Namespace, modes: list[str], head: dict) -> None:
+    """The bench over one SGLang server, once per --engine-calls value (one JSON line each)."""
+    from tests.sglang import server as sgl
+
+    if not sgl.SGL_TORCH_PYTHON.exists():
+        sys.exit(f"no SGLang venv at {sgl.SGL_TORCH_PYTHON}: run scripts/setup_sglang_torch.sh")
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        (root / "keys").write_text(KEYS)
+        folder = sgl.tiny_model_folder(root / "tiny", hidden=args.sglang_tiny)
+        engine = sgl.start(folder, root / "sglang.log", kind="torch", max_running=32, context_length=2048, chunk=1024)
+        try:
+            for calls in [int(c) for c in args.engine_calls.split(",") if c]:
+                flags = ("--engine", "sglang", "--connect", engine.url, "--model", str(folder))
+                more = ("--max-engine-calls", str(calls), *args.serve_arg)
+                server = start_server(root, "--api-keys-file", str(root / "keys"), *flags, *more, env={})
+                try:
+                    result = asyncio.run(measure(server.url, args.seconds, modes, args.rounds))
+                finally:
+                    stop_server(server)
+                engine_head = {"engine": f"sglang 0.5.23 (torch, CPU), tiny random model (hidden {args.sglang_tiny})"}
+                line = {**head, **engine_head, "max_engine_calls": calls, "load_avg_1m": os.getloadavg()[0], **result}
+                print(json.dumps(line), flush=True)
+        finally:
+            engine.stop()
 
 
 if __name__ == "__main__":
