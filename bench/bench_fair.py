@@ -116,12 +116,17 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2, help="alternating rounds of every phase")
     parser.add_argument("--serve-arg", action="append", default=[], help="an extra `openjev serve` argument")
     parser.add_argument("--sglang-tiny", type=int, metavar="HIDDEN", help="over SGLang serving a tiny model")
+    parser.add_argument("--weights", action="store_true", help="two heavy keys of weight 1 and 2 instead")
+    parser.add_argument("--weight-batches", type=int, default=2, help="with --weights: batches in flight per key")
     parser.add_argument("--engine-calls", default="64,4", help="with --sglang-tiny: --max-engine-calls values")
     args = parser.parse_args()
     modes = [m for m in args.modes.split(",") if m]
     head = {"bench": "fair", "machine": machine(), "seconds": args.seconds, "rounds": args.rounds}
     if args.sglang_tiny:
         over_sglang(args, modes, head)
+        return
+    if args.weights:
+        print(json.dumps({**head, **weighted(args), "load_avg_1m": os.getloadavg()[0]}))
         return
     with tempfile.TemporaryDirectory() as tmp:
         (Path(tmp) / "keys").write_text(KEYS)
@@ -131,6 +136,44 @@ def main() -> None:
         finally:
             stop_server(server)
     print(json.dumps({**head, "load_avg_1m": os.getloadavg()[0], **result}))
+
+
+WEIGHTED_KEYS = "one:weight-one-key-01 weight=1\ntwo:weight-two-key-02 weight=2\n"
+
+
+def weighted(args: argparse.Namespace) -> dict:
+    """Two heavy keys (`--weight-batches` batches of 10 in flight each), of weight 1 and 2, side by side for
+    `--rounds` phases: each key's decisions/s and the ratio of the weight-2 key's to the other's."""
+
+    async def rounds(url: str) -> list[tuple[Tally, Tally, float]]:
+        out = []
+        for _ in range(args.rounds + 1):  # the first: warm-up, not counted
+            until = time.monotonic() + args.seconds
+            t0 = time.monotonic()
+            one, two = await asyncio.gather(
+                heavy_batches(url, "weight-one-key-01", until, batches=args.weight_batches),
+                heavy_batches(url, "weight-two-key-02", until, batches=args.weight_batches),
+            )
+            out.append((one, two, time.monotonic() - t0))
+        return out[1:]
+
+    with tempfile.TemporaryDirectory() as tmp:
+        (Path(tmp) / "keys").write_text(WEIGHTED_KEYS)
+        server = start_server(Path(tmp), "--api-keys-file", str(Path(tmp) / "keys"), *args.serve_arg, env={})
+        try:
+            runs = asyncio.run(rounds(server.url))
+        finally:
+            stop_server(server)
+    one = [round(a.decisions / s, 3) for a, _, s in runs]
+    two = [round(b.decisions / s, 3) for _, b, s in runs]
+    errors = [dict(a.errors) | dict(b.errors) for a, b, _ in runs]
+    ratios = [round(b / a, 2) if a else None for a, b in zip(one, two, strict=True)]
+    return {
+        "weight_1_decisions_per_s": one,
+        "weight_2_decisions_per_s": two,
+        "ratio_per_round": ratios,
+        "errors": errors,
+    }
 
 
 def over_sglang(args: argparse.Namespace, modes: list[str], head: dict) -> None:
