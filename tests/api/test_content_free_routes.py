@@ -5,14 +5,11 @@ its own (core/content_free.py)."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
-from openjev.core import calibration as calib
-from openjev.core.wording import PROMPT_VERSION
 from tests.api.conftest import running_app
 from tests.api.test_every_route import EVERY, IDS
+from tests.support.calibration_files import fake_model_calibration
 
 CHOICE = {"type": "choice", "instructions": "Which team?", "criteria": {"billing": "Payments", "tech": "Bugs"}}
 OPENAI_CHOICE = {
@@ -24,18 +21,8 @@ OPENAI_CHOICE = {
 
 
 def _calibration(tmp_path) -> str:
-    doc = {
-        "format": calib.FORMAT,
-        "id": "fake-model-content-free",
-        "model": {"name": "fake-model-1", "fingerprint": ""},
-        "prompt_version": PROMPT_VERSION,
-        "base_temperature": 1.0,
-        "fits": [{"readout": "letters", "types": {"choice": {"temperature": 0.7, "content_free": True}}}],
-        "defaults": {"readout": "letters", "rotations": 1},
-    }
-    path = tmp_path / "cal.json"
-    path.write_text(json.dumps(doc))
-    return str(path)
+    fits = [{"readout": "letters", "types": {"choice": {"temperature": 0.7, "content_free": True}}}]
+    return fake_model_calibration(tmp_path, "fake-model-content-free", fits, {"readout": "letters", "rotations": 1})
 
 
 def _usage(route, r) -> int:

@@ -4,6 +4,7 @@ import pytest
 
 from tests.api.conftest import running_app
 from tests.api.test_systemone import VALID
+from tests.support.calibration_files import fake_model_calibration
 
 
 async def test_default_readout_and_no_calibration_are_named_in_headers(api):
@@ -133,28 +134,13 @@ async def test_the_canonical_readout_answers_the_same_for_any_option_order():
 
 def _model_calibration(tmp_path, **defaults) -> str:
     """A calibration bound to the fake model (empty fingerprint) that names its defaults."""
-    import json
-
-    from openjev.core import calibration as calib
-    from openjev.core.wording import PROMPT_VERSION
-
     fit = {"types": {"noul": {"temperature": 1.0}}}
-    doc = {
-        "format": calib.FORMAT,
-        "id": "fake-model-measured",
-        "model": {"name": "fake-model-1", "fingerprint": ""},
-        "prompt_version": PROMPT_VERSION,
-        "base_temperature": 1.0,
-        "fits": [
-            {"readout": "letters", "rotations": 1, **fit},
-            {"readout": "letters", "rotations": 4, **fit},
-            {"readout": "yesno", "types": {"choice": {"temperature": 4.0}}},
-        ],
-        "defaults": defaults,
-    }
-    path = tmp_path / "cal.json"
-    path.write_text(json.dumps(doc))
-    return str(path)
+    fits = [
+        {"readout": "letters", "rotations": 1, **fit},
+        {"readout": "letters", "rotations": 4, **fit},
+        {"readout": "yesno", "types": {"choice": {"temperature": 4.0}}},
+    ]
+    return fake_model_calibration(tmp_path, "fake-model-measured", fits, defaults)
 
 
 async def test_the_models_calibration_sets_its_default_readout_a_header_still_wins(tmp_path):
