@@ -103,7 +103,7 @@ redis-deps:
 
 test-api-tier: setup redis-deps
 	OPENJEV_API_TIER=1 $(PY) -m pytest tests/api_tier -v
-	OPENJEV_API_TIER=1 $(PY) -m pytest tests/api -q -k redis
+	OPENJEV_API_TIER=1 $(PY) -m pytest tests/api -q -k "redis or store_timeouts"
 
 # Re-resolve requirements.lock from pyproject.toml (after changing dependencies). The resolver
 # reads torch's own dependencies from the CPU wheel in TORCH_WHEELS.

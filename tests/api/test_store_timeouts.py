@@ -54,7 +54,7 @@ async def test_a_loop_blocked_past_the_timeout_is_not_taken_for_redis_being_away
     assert shared.health.up and shared.health.switches == 0
 
 
-async def test_a_call_queued_behind_answered_calls_waits_again_and_one_alone_fails(shared):
+async def test_a_call_queued_behind_answered_redis_calls_waits_again_and_one_alone_fails(shared):
     """Fakes of a call's own work (`make`) at the seam: the first is slower than the
     timeout while others are answered meanwhile (this process's queue for a connection),
     so it is waited again; the same slowness with nothing answered is a failure."""
