@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from openjev.core.abstain import AbstainRule
+from openjev.core.content_free import divide
 from openjev.core.readouts import ReadoutSpec
 from openjev.errors import ConfigError
 
@@ -108,11 +109,9 @@ def apply(
     ordering still gets the mirrored answer. `clones`: groups of options that must keep one
     probability (Combined.clones): the prior of their letters is shared. `free`: the
     question's content-free answer, divided out first (where the fit says so)."""
-    logs = [math.log(max(p, _FLOOR)) for p in probs]
     if free is not None:
-        if len(free) != len(probs):
-            raise ValueError(f"content-free answer has {len(free)} options, the question {len(probs)}")
-        logs = [v - math.log(max(f, _FLOOR)) for v, f in zip(logs, free, strict=True)]
+        probs = divide(probs, free)
+    logs = [math.log(max(p, _FLOOR)) for p in probs]
     prior = fit.position_prior.get(len(probs)) if shown is not None else None
     if prior is not None and shown is not None:
         last = len(shown) - 1
