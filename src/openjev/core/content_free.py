@@ -12,6 +12,7 @@ asked is theirs to know)."""
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections import OrderedDict
 from collections.abc import Hashable, Sequence
@@ -39,7 +40,8 @@ def divide(probs: Sequence[float], free: Sequence[float]) -> tuple[float, ...]:
 
 
 class ContentFreeCache:
-    """The content-free answers read so far, least recently used evicted past `size`."""
+    """The content-free answers read so far, least recently used evicted past `size` entries
+    (each a few hundred bytes, whatever the question's length)."""
 
     def __init__(self, size: int = 4096) -> None:
         self.size = size
@@ -49,7 +51,8 @@ class ContentFreeCache:
 
     @staticmethod
     def key(namespace: str, spec: ReadoutSpec, question: Question) -> Hashable:
-        return (namespace, spec, question)
+        """A digest of the question, not the question: an entry's size never grows with its text."""
+        return (namespace, spec, hashlib.sha256(repr(question).encode()).digest())
 
     def get(self, key: Hashable) -> tuple[float, ...] | None:
         found = self._answers.get(key)
