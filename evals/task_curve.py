@@ -12,7 +12,7 @@ cross-validated estimate the fit reports to its caller (GET /v1/tasks/{id}: fit.
     .venv/bin/python evals/task_curve.py --model qwen2.5-coder-1.5b
 
 writes evals/results/tasks-<model>.json and .md, and the pictures docs/tasks-ece-<model>.png
-(ECE against examples) and docs/tasks-reliability-<model>.png (held-out reliability at the
+(ECE, with the noise of its answers taken out, against examples) and docs/tasks-reliability-<model>.png (held-out reliability at the
 most examples the type's questions allow, global fit against the task's).
 """
 
@@ -77,37 +77,57 @@ def by_width(examples: list[Example]) -> list[list[Example]]:
 
 
 def curve(dev: list[Example], test: list[Example], base: calib.TypeFit | None, repeats: int) -> dict[str, Any]:
-    """Per size: mean held-out ECE of the global fit and of the task's, and the task's
-    cross-validated estimate, over `repeats` draws; and the held-out predictions of the
-    largest size the type's questions allow."""
+    """Per size, means over `repeats` draws: the held-out ECE of the global fit and of the
+    task's, and the task's cross-validated estimate, each as ECE and as ECE with the noise
+    of its answers taken out (core/task_figures.py: the held-out answers and the examples
+    differ in number, so only the second compares them), and the held-out Brier and accuracy
+of both fits; `bias` is the estimate's mean less
+    the held-out figure's mean, `spread` the mean per-draw distance. Held out per draw:
+    HELD_OUT test answers and every other test answer not drawn as an example (dev answers
+    never: the global fit saw them). Also the held-out predictions of the largest size."""
     out: dict[str, Any] = {"sizes": {}, "pooled": {}}
     n = len(test[0].logs)
     prior = global_params(base, n)
     for size in SIZES:
         if size > len(dev) + len(test) - HELD_OUT:
             continue
-        figs: dict[str, list[float]] = {"global": [], "task": [], "cv": [], "gap": []}
+        figs: dict[str, list[float]] = {}
         for r in range(repeats):
             rng = random.Random(1000 * size + r)
             order = list(range(len(test)))
             rng.shuffle(order)
-            held = [test[i] for i in order[:HELD_OUT]]
-            pool = [test[i] for i in order[HELD_OUT:]] + dev
+            pool = [(test[i], True) for i in order[HELD_OUT:]] + [(e, False) for e in dev]
             rng.shuffle(pool)
-            fitted = fit_task(pool[:size], base, 0.9)
+            held = [test[i] for i in order[:HELD_OUT]] + [e for e, is_test in pool[size:] if is_test]
+            fitted = fit_task([e for e, _ in pool[:size]], base, 0.9)
             g_rows = [(prior.probs(e.logs), e.gold) for e in held]
             t_rows = [(fitted.params.probs(e.logs), e.gold) for e in held]
-            held_ece = figures(t_rows).ece
-            figs["global"].append(figures(g_rows).ece)
-            figs["task"].append(held_ece)
-            figs["cv"].append(fitted.after.ece)
-            figs["gap"].append(abs(fitted.after.ece - held_ece))
+            g, t = figures(g_rows), figures(t_rows)
+            for key, value in (
+                ("global", g.ece),
+                ("task", t.ece),
+                ("cv", fitted.after.ece),
+                ("global_debiased", g.ece_debiased),
+                ("task_debiased", t.ece_debiased),
+                ("cv_debiased", fitted.after.ece_debiased),
+                ("global_brier", g.brier),
+                ("task_brier", t.brier),
+                ("global_accuracy", g.accuracy),
+                ("task_accuracy", t.accuracy),
+                ("spread", abs(fitted.after.ece - t.ece)),
+                ("spread_debiased", abs(fitted.after.ece_debiased - t.ece_debiased)),
+                ("held_out", len(held)),
+            ):
+                figs.setdefault(key, []).append(value)
             pooled = out["pooled"].setdefault("largest", {"size": size, "global": [], "task": []})
             if pooled["size"] != size:
                 pooled.update(size=size, **{"global": [], "task": []})
             pooled["global"] += g_rows
             pooled["task"] += t_rows
-        out["sizes"][size] = {k: sum(v) / len(v) for k, v in figs.items()}
+        means = {k: sum(v) / len(v) for k, v in figs.items()}
+        means["bias"] = means["cv"] - means["task"]
+        means["bias_debiased"] = means["cv_debiased"] - means["task_debiased"]
+        out["sizes"][size] = means
     return out
 
 
@@ -117,28 +137,41 @@ def pictures(results: dict[str, Any], model: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(results), figsize=(3.4 * len(results), 3.2), squeeze=False)
-    for ax, (qtype, res) in zip(axes[0], results.items(), strict=True):
-        sizes = sorted(res["sizes"])
-        for key, style, label in (
-            ("global", "x--", "global fit (held-out)"),
-            ("task", "o-", "per-task fit (held-out)"),
-            ("cv", "s:", "per-task fit (its CV estimate)"),
+    panels = [(f"{qtype} ({res['options']} options)", res["sizes"]) for qtype, res in results.items()]
+    ece_picture(panels, len(panels), f"{model}: ECE against the examples a task has", f"tasks-ece-{model}.png")
+    reliability_pictures(results, model, plt)
+
+
+def ece_picture(panels: list[tuple[str, dict[int, dict[str, float]]]], columns: int, title: str, name: str) -> None:
+    """docs/<name>: per panel (title, `curve`'s sizes), held-out ECE of the global and the
+    task's fit and the task's CV estimate against the examples, noise taken out (comparable
+    across sizes)."""
+    import matplotlib.pyplot as plt
+
+    rows = -(-len(panels) // columns)
+    fig, axes = plt.subplots(rows, columns, figsize=(3.4 * columns, 3.0 * rows), squeeze=False)
+    for ax, (label, by_size) in zip([a for row in axes for a in row], panels, strict=False):
+        sizes = sorted(by_size)
+        for key, style, legend in (
+            ("global_debiased", "x--", "global fit (held-out)"),
+            ("task_debiased", "o-", "per-task fit (held-out)"),
+            ("cv_debiased", "s:", "per-task fit (its CV estimate)"),
         ):
-            ax.plot(sizes, [res["sizes"][s][key] for s in sizes], style, label=label)
-        ax.set_title(f"{qtype} ({res['options']} options)", fontsize=9)
+            ax.plot(sizes, [by_size[s][key] for s in sizes], style, label=legend)
+        ax.set_title(label, fontsize=9)
         ax.set_xlabel("examples in the task", fontsize=8)
         ax.set_xscale("log")
         ax.set_xticks(sizes, [str(s) for s in sizes])
         ax.minorticks_off()
         ax.tick_params(labelsize=7)
-    axes[0][0].set_ylabel("ECE", fontsize=8)
+        ax.set_ylim(bottom=0)
+    for row in axes:
+        row[0].set_ylabel("ECE, noise taken out", fontsize=8)
     axes[0][0].legend(fontsize=7)
-    fig.suptitle(f"{model}: ECE against the examples a task has", fontsize=10)
+    fig.suptitle(title, fontsize=10)
     fig.tight_layout()
-    fig.savefig(ROOT / "docs" / f"tasks-ece-{model}.png", dpi=110)
+    fig.savefig(ROOT / "docs" / name, dpi=110)
     plt.close(fig)
-    reliability_pictures(results, model, plt)
 
 
 def reliability_pictures(results: dict[str, Any], model: str, plt: Any) -> None:
@@ -165,19 +198,30 @@ def reliability_pictures(results: dict[str, Any], model: str, plt: Any) -> None:
     plt.close(fig)
 
 
+HEADER = (
+    "| examples | held out | global | per-task | CV estimate | bias | global (debiased) | per-task (debiased) "
+    "| CV estimate (debiased) | bias (debiased) |"
+)
+
+
+def row_cells(size: int, f: dict[str, float]) -> str:
+    """One size's figures as table cells (`curve`'s keys), from `examples` to the debiased bias."""
+    return (
+        f"{size} | {f['held_out']:.0f} | {f['global']:.3f} | {f['task']:.3f} | {f['cv']:.3f} | {f['bias']:+.3f} | "
+        f"{f['global_debiased']:.3f} | {f['task_debiased']:.3f} | {f['cv_debiased']:.3f} | {f['bias_debiased']:+.3f} |"
+    )
+
+
 def markdown(results: dict[str, Any], model: str, repeats: int) -> str:
     lines = [
-        f"### {model}: per-task fits against the global fit (held-out ECE, {repeats} draws, {HELD_OUT} held out)",
+        f"### {model}: per-task fits against the global fit (held-out ECE, {repeats} draws)",
         "",
-        "| type | options | examples | global | per-task | per-task CV estimate | abs(CV - held-out) |",
-        "|---|---|---|---|---|---|---|",
+        "| type | options " + HEADER,
+        "|---|---|" + "---|" * HEADER.count(" | ") + "---|",
     ]
     for qtype, res in results.items():
         for size, f in sorted(res["sizes"].items()):
-            lines.append(
-                f"| {qtype} | {res['options']} | {size} | {f['global']:.3f} | {f['task']:.3f} | {f['cv']:.3f} "
-                f"| {f['gap']:.3f} |"
-            )
+            lines.append(f"| {qtype} | {res['options']} | " + row_cells(size, f))
     return "\n".join(lines) + "\n"
 
 

@@ -3,14 +3,16 @@
 A held-out source (openjev.evals.sources: the vader sources ask the same three questions of
 every text) gives, per question, 72-112 labelled answers of one decision: a task as a caller
 would create it. From the recorded readings (`evals/source_table.py record`: letters R=2,
-whose first ordering is letters R=1's), each task's answers are split per draw into 20 held
-out and a pool its examples come from; the server's own per-task fit (core/task_fit.py) on
-10, 25 and 50 of them is set beside the shipped global fit on the same held-out answers, with
-the cross-validated estimate the fit reports to its caller (evals/task_curve.py's `curve`).
+whose first ordering is letters R=1's), each task's answers are split per draw into its
+examples and the held-out rest (at least 20); the server's own per-task fit
+(core/task_fit.py) on 10, 25 and 50 of them is set beside the shipped global fit on the same
+held-out answers, with the cross-validated estimate the fit reports to its caller
+(evals/task_curve.py's `curve`).
 
     .venv/bin/python evals/task_sources.py --model qwen2.5-coder-1.5b
 
-writes evals/results/tasks-sources-<model>.md and .json.
+writes evals/results/tasks-sources-<model>.md and .json, and the picture
+docs/tasks-sources-ece-<model>.png (ECE against examples, per source and task).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from openjev.evals import readings
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from source_table import items_of
-from task_curve import IDS, LABELS, ROOT, curve, example
+from task_curve import HEADER, IDS, LABELS, ROOT, curve, ece_picture, example, row_cells
 
 SOURCES = ("vader-tweets", "vader-amazon", "vader-movies")
 
@@ -56,20 +58,22 @@ def main() -> int:
     base = calib.load(ROOT / "src" / "openjev" / "calibrations" / f"{args.model}.json")
     results: dict[str, dict] = {}
     lines = [
-        f"### {args.model}: per-task fits on held-out sources (held-out ECE, {args.repeats} draws, 20 held out)",
+        f"### {args.model}: per-task fits on held-out sources (held-out ECE, {args.repeats} draws)",
         "",
-        "| source | task (type, n) | examples | global | per-task | per-task CV estimate | abs(CV - held-out) |",
-        "|---|---|---|---|---|---|---|",
+        "| source | task (type, n) " + HEADER,
+        "|---|---|" + "---|" * HEADER.count(" | ") + "---|",
     ]
     for source in SOURCES:
         for qid, (qtype, examples) in tasks(args.model, source, base, args.cache_dir).items():
             res = curve([], examples, base.fit_for(ReadoutSpec("letters", 1), qtype), args.repeats)
             results[f"{source}/{qid}"] = {"type": qtype, "n": len(examples), "sizes": res["sizes"]}
             for size, f in res["sizes"].items():
-                lines.append(
-                    f"| {source} | {qid} ({qtype}, {len(examples)}) | {size} | {f['global']:.3f} | "
-                    f"{f['task']:.3f} | {f['cv']:.3f} | {f['gap']:.3f} |"
-                )
+                lines.append(f"| {source} | {qid} ({qtype}, {len(examples)}) | " + row_cells(size, f))
+    import matplotlib
+
+    matplotlib.use("Agg")
+    panels = [(f"{key.removeprefix('vader-')} ({r['type']}, {r['n']})", r["sizes"]) for key, r in results.items()]
+    ece_picture(panels, 3, f"{args.model}: per-task fits on held-out sources", f"tasks-sources-ece-{args.model}.png")
     out = ROOT / "evals" / "results"
     (out / f"tasks-sources-{args.model}.json").write_text(json.dumps(results, indent=1) + "\n")
     text = "\n".join(lines) + "\n"

@@ -63,7 +63,7 @@ async def test_a_task_is_fitted_with_progress_and_reports_its_figures(keys):
         fit = task["fit"]
         assert fit["binding"]["wording"] and fit["binding"]["readout"]
         for when in ("before", "after"):
-            assert set(fit[when]) == {"n", "accuracy", "brier", "ece"} and fit[when]["n"] == 30
+            assert set(fit[when]) == {"n", "accuracy", "brier", "ece", "ece_debiased"} and fit[when]["n"] == 30
         assert fit["after"]["accuracy"] > fit["before"]["accuracy"]  # every gold is false: a bias learns it
         assert set(fit["threshold"]) == {"target_precision", "min_confidence", "coverage", "precision"}
         listed = (await client.get("/v1/tasks", headers=auth("alice-key"))).json()["tasks"]

@@ -37,6 +37,33 @@ def test_figures_by_hand():
     assert f.brier == pytest.approx((2 * 0.01 + 2 * 0.64 + 2 * 0.25 + 2 * 0.09) / 4)
     # bins of 1/15: 0.9 alone (right), 0.8 alone (wrong), 0.5 alone (right), 0.7 alone (right)
     assert f.ece == pytest.approx((0.1 + 0.8 + 0.5 + 0.3) / 4)
+    # each bin's squared gap less the variance of its hit rate, floored at 0: only the 0.8
+    # answer that was wrong is off by more than its own noise (0.64 - 0.16)
+    assert f.ece_debiased == pytest.approx(math.sqrt(0.64 - 0.16) / 4)
+
+
+def _mean_ece(size, scale, debiased, runs=300):
+    """Mean ECE of `runs` draws of `size` answers of a 3-option task whose true probabilities
+    are the shown ones at temperature 1/scale (scale 1: calibrated)."""
+    rng = random.Random(size)
+    total = 0.0
+    for _ in range(runs):
+        rows = []
+        for _ in range(size):
+            shown = Params(1.0, (0.0, 0.0, 0.0)).probs([rng.gauss(0, 2) for _ in range(3)])
+            truth = Params(scale, (0.0, 0.0, 0.0)).probs([math.log(p) for p in shown])
+            rows.append((shown, rng.choices(range(3), weights=truth)[0]))
+        f = figures(rows)
+        total += f.ece_debiased if debiased else f.ece
+    return total / runs
+
+
+@pytest.mark.parametrize("scale", [1.0, 0.5])
+def test_debiased_ece_compares_across_sizes_where_ece_does_not(scale):
+    raw = _mean_ece(20, scale, False) - _mean_ece(50, scale, False)
+    debiased = _mean_ece(20, scale, True) - _mean_ece(50, scale, True)
+    assert raw > 0.04  # the fewer answers, the larger the ECE, whatever the calibration
+    assert abs(debiased) < 0.03
 
 
 def test_threshold_reaches_the_target_with_the_most_coverage():

@@ -3,6 +3,14 @@ reaches a target precision. Pure functions, stdlib only; the same definitions as
 tooling (evals/metrics.py): ECE over 15 equal-width bins of the top probability, Brier
 summed over options.
 
+ECE measured on few answers is inflated by their noise alone (a perfectly calibrated
+answerer shows about 0.19 on 20 answers, 0.12 on 50), so figures on different numbers of
+answers cannot be compared by it. `ece_debiased` takes that noise out bin by bin: each
+bin's squared gap minus the variance its hit rate would have were its confidences right,
+floored at 0 (the squared-error correction of Kumar et al., 2019, "Verified uncertainty
+calibration", applied per bin to the L1 gap). It estimates the ECE of many answers; its
+error is within about 0.03 from 20 answers to 50 in simulation (docs/api-tasks.md).
+
 A row is (probabilities in option order, the index of the gold option).
 """
 
@@ -21,15 +29,23 @@ Row = tuple[Sequence[float], int]
 
 @dataclass(frozen=True)
 class Figures:
-    """`n` answers: their accuracy (top option is gold), mean Brier and ECE."""
+    """`n` answers: their accuracy (top option is gold), mean Brier, ECE and ECE with the
+    noise of `n` answers taken out (module doc)."""
 
     n: int
     accuracy: float
     brier: float
     ece: float
+    ece_debiased: float
 
     def describe(self) -> dict[str, float | int]:
-        return {"n": self.n, "accuracy": self.accuracy, "brier": self.brier, "ece": self.ece}
+        return {
+            "n": self.n,
+            "accuracy": self.accuracy,
+            "brier": self.brier,
+            "ece": self.ece,
+            "ece_debiased": self.ece_debiased,
+        }
 
 
 @dataclass(frozen=True)
@@ -63,7 +79,19 @@ def figures(rows: Sequence[Row]) -> Figures:
         conf = max(p)
         bins[min(ECE_BINS - 1, int(conf * ECE_BINS))].append((conf, hit))
     ece = math.fsum(abs(math.fsum(c for c, _ in b) - sum(h for _, h in b)) for b in bins if b) / n
-    return Figures(n=n, accuracy=sum(hits) / n, brier=brier, ece=ece)
+    return Figures(n=n, accuracy=sum(hits) / n, brier=brier, ece=ece, ece_debiased=_debiased(bins, n))
+
+
+def _debiased(bins: Sequence[Sequence[tuple[float, bool]]], n: int) -> float:
+    total = 0.0
+    for b in bins:
+        if not b:
+            continue
+        size = len(b)
+        gap = (math.fsum(c for c, _ in b) - sum(h for _, h in b)) / size
+        noise = math.fsum(c * (1 - c) for c, _ in b) / size**2
+        total += size * math.sqrt(max(0.0, gap * gap - noise))
+    return total / n
 
 
 def threshold(rows: Sequence[Row], target_precision: float) -> Threshold:
