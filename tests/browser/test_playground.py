@@ -1,6 +1,7 @@
 """The playground in a real headless browser (Debian's chromium + chromedriver, driven by
 Selenium) against a real `openjev serve`: it runs an example and the bars must show the
-probabilities the API gives for the same request. Saves a screenshot.
+probabilities the API gives for the same request; its Tasks panel shows a task's figures as
+the API gives them and sends with the task. Saves screenshots.
 
 `make test-browser` installs the browser and sets OPENJEV_BROWSER_TEST=1 (then a missing
 browser fails the test); elsewhere the test is skipped when the browser is absent."""
@@ -11,6 +12,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from decimal import ROUND_HALF_UP, Decimal
 from pathlib import Path
 
 import httpx
@@ -70,6 +72,7 @@ def browser():
         "--window-size=1400,1100",
     ):
         options.add_argument(flag)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})  # the console, to see CSP refusals
     driver = webdriver.Chrome(service=Service(executable_path=CHROMEDRIVER), options=options)
     driver.set_page_load_timeout(60)
     yield driver
@@ -79,7 +82,8 @@ def browser():
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    srv = start_server(tmp_path_factory.mktemp("browser"), key="browser-key")
+    tmp = tmp_path_factory.mktemp("browser")
+    srv = start_server(tmp, "--tasks-db", str(tmp / "tasks.sqlite3"), key="browser-key")
     yield srv
     stop_server(srv)
 
@@ -271,3 +275,132 @@ def test_playground_switches_to_openais_format_and_its_snippets_run(browser, ser
         "404 invalid_request_error (model): model 'gpt-6-luna' is not served here"
         in driver.find_element("id", "error").text
     )
+
+
+TASK_QUESTION = {"type": "noul", "instructions": "Does the customer ask for their money back?"}
+ASKS = [
+    "I want a refund for order {n}, it arrived broken.",
+    "Please send my money back for order {n}.",
+    "Order {n} was wrong; refund me please.",
+]
+OTHER = [
+    "Where is my order {n}? It has not arrived.",
+    "Can I change the address on order {n}?",
+    "Thanks, order {n} arrived and it is great.",
+]
+
+
+def _task_examples() -> list[dict]:
+    out = []
+    for n in range(6):  # 12 examples: a few more than the 10 a fit needs
+        out.append({"state": ASKS[n % 3].format(n=100 + n), "answer": True})
+        out.append({"state": OTHER[n % 3].format(n=200 + n), "answer": False})
+    return out
+
+
+def _fixed(x: float, digits: int) -> str:
+    """JavaScript's toFixed: the float's exact value rounded half up (Python's format rounds half to even)."""
+    return str(Decimal(x).quantize(Decimal(1).scaleb(-digits), rounding=ROUND_HALF_UP))
+
+
+def _cells(driver, table: str) -> dict:
+    """{(side, metric): (text shown, value in data)} of a figures table."""
+    rows = driver.execute_script(
+        f"return [...document.querySelectorAll('#{table} td[data-metric]')]"
+        ".map(td => [td.dataset.side, td.dataset.metric, td.textContent, td.dataset.value])"
+    )
+    return {(side, metric): (text, float(value)) for side, metric, text, value in rows}
+
+
+def test_playground_tasks_panel_shows_a_tasks_figures_and_sends_with_it(browser, server):
+    """A task created over HTTP: the panel lists it, follows its fit to ready, shows its
+    figures before and after as the API gives them, and "Use this task" makes Send name it
+    in x-openjev-task on both formats, the answer showing the task's calibration."""
+    from selenium.webdriver.support.ui import Select
+
+    created = httpx.post(
+        server.url + "/v1/tasks",
+        json={"question": TASK_QUESTION, "examples": _task_examples(), "caller_id": "refunds"},
+        headers=server.headers(),
+        timeout=120,
+    )
+    assert created.status_code == 201, created.text
+    task_id = created.json()["id"]
+
+    driver = browser
+    driver.get(server.url + "/")
+    _wait(driver, "return document.getElementById('editor').dataset.ready === '1'", 30)
+    driver.find_element("id", "key").clear()
+    driver.find_element("id", "key").send_keys(server.key)
+    driver.find_element("id", "tasks-refresh").click()
+    row = f"#task-list .task-row[data-id={json.dumps(task_id)}]"
+    _wait(driver, f"return document.querySelector({json.dumps(row)}) !== null", 30)
+    assert "refunds" in driver.find_element("css selector", row).text
+    driver.find_element("css selector", row).click()
+    # no further click: while it is queued or fitting the panel polls it until ready
+    _wait(driver, "return ['ready', 'failed'].includes(document.getElementById('task-view').dataset.status)", 300)
+    task = httpx.get(f"{server.url}/v1/tasks/{task_id}", headers=server.headers(), timeout=30).json()
+    assert task["status"] == "ready", task
+    assert driver.find_element("id", "task-view").get_attribute("data-status") == "ready"
+    fit = task["fit"]
+
+    shown = _cells(driver, "task-table")
+    for (side, metric), cell in shown.items():
+        assert cell == (_fixed(fit[side][metric], 0 if metric == "n" else 3), fit[side][metric]), (side, metric)
+    expected = {"accuracy", "brier", "ece", "n"} | ({"ece_debiased"} & set(fit["after"]))
+    assert set(shown) == {(side, metric) for side in ("before", "after") for metric in expected}
+    assert fit["after"]["n"] == 12
+    bars = driver.execute_script(
+        "return [...document.querySelectorAll('#task-bars .pair .bar-row')]"
+        ".map(r => [r.closest('.pair').dataset.metric, r.dataset.side, r.querySelector('.pct').textContent])"
+    )
+    assert sorted(bars) == sorted(
+        [metric, side, _fixed(fit[side][metric], 3)] for metric in ("ece", "brier") for side in ("before", "after")
+    )
+    threshold = _cells(driver, "task-threshold")
+    for metric, digits in (("target_precision", 2), ("min_confidence", 3), ("coverage", 3), ("precision", 3)):
+        assert threshold["threshold", metric][0] == _fixed(fit["threshold"][metric], digits), metric
+    assert driver.find_element("id", "task-fit").get_attribute("data-form") == fit["form"]
+
+    Select(driver.find_element("id", "example")).select_by_visible_text("Ticket triage")
+    driver.find_element("id", "task-use").click()
+    assert driver.find_element("id", "task-chip").is_displayed()
+    assert driver.find_element("id", "task-chip-id").text == task_id
+    # the task's question joined the request, so the named task has a question to answer
+    assert json.loads(driver.execute_script("return JSON.stringify(buildRequest())"))["questions"]["task"] == {
+        "type": "noul",
+        "instructions": TASK_QUESTION["instructions"],
+    }
+    shot = SCREENSHOT.with_name("playground-tasks.png")
+    shot.parent.mkdir(parents=True, exist_ok=True)
+    panel = driver.find_element("id", "tasks")
+    driver.execute_script("arguments[0].scrollIntoView()", panel)  # an element's screenshot stops at the viewport
+    panel.screenshot(str(shot))
+    print(f"screenshot: {shot}")
+
+    for fmt in ("jev", "openai"):
+        Select(driver.find_element("id", "format")).select_by_value(fmt)
+        _send(driver)
+        assert not driver.find_element("id", "error").is_displayed(), driver.find_element("id", "error").text
+        applied = driver.find_element("id", "applied")
+        assert applied.is_displayed() and f"task:{task_id}" in applied.text, (fmt, applied.text)
+        assert f"task:{task_id}" in applied.get_attribute("data-calibration").split(","), fmt
+        assert "task" in _bars(driver), fmt
+    driver.find_element("id", "copy-curl").click()
+    assert f"x-openjev-task: {task_id}" in driver.find_element("id", "snippet").get_attribute("value")
+
+    # the header itself is sent: without the task's question the server refuses the named task
+    driver.find_element("css selector", "#questions .question:last-child .remove").click()
+    _send(driver)
+    error = driver.find_element("id", "error")
+    assert error.is_displayed() and "409" in error.text and f"task {task_id} is for another question" in error.text
+
+    # and once dropped, Send names no task
+    driver.find_element("id", "task-drop").click()
+    assert not driver.find_element("id", "task-chip").is_displayed()
+    _send(driver)
+    assert not driver.find_element("id", "error").is_displayed(), driver.find_element("id", "error").text
+    assert "task:" not in driver.find_element("id", "applied").get_attribute("data-calibration")
+    # nothing the page did was refused by its Content-Security-Policy
+    console = [entry["message"] for entry in driver.get_log("browser")]
+    assert not [m for m in console if "Content Security Policy" in m], console
