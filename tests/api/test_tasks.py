@@ -212,6 +212,55 @@ async def test_a_task_deleted_while_it_fits_leaves_nothing(keys, tmp_path):
     assert conn.execute("SELECT count(*) FROM examples").fetchone()[0] == 0
 
 
+async def test_live_decisions_go_first_a_fit_reads_only_while_none_is_in_flight(keys):
+    """A fit's reads are the lowest priority: none starts while a live decision is in flight,
+    so a steady client keeps the engine and the fit waits for its gaps."""
+    from dataclasses import dataclass, field
+
+    from tests.support.fakes import FakeEngine
+
+    @dataclass
+    class TimedEngine(FakeEngine):
+        """A FakeEngine that records each call's (namespace, start, end)."""
+
+        calls: list = field(default_factory=list)
+
+        async def run(self, plan):
+            start = asyncio.get_running_loop().time()
+            try:
+                return await super().run(plan)
+            finally:
+                self.calls.append((plan.cache_namespace, start, asyncio.get_running_loop().time()))
+
+    engine = TimedEngine(delay_s=0.03)
+    async with running_app(engine, **keys) as (client, _):
+        r = await client.post(
+            "/v1/tasks", json={"question": QUESTION, "examples": examples(20)}, headers=auth("alice-key")
+        )
+        task_id = r.json()["id"]
+
+        async def live_client(n):
+            for i in range(15):
+                body = {"state": f"live {n} {i}", "questions": {"q": QUESTION}}
+                r = await client.post("/v1/systemone", json=body, headers=auth("bob-key"))
+                assert r.status_code == 200, r.text
+
+        await asyncio.gather(*(live_client(n) for n in range(3)))
+        for _ in range(500):
+            task = (await client.get(f"/v1/tasks/{task_id}", headers=auth("alice-key"))).json()
+            if task["status"] == "ready":
+                break
+            await asyncio.sleep(0.02)
+    assert task["status"] == "ready"
+    fit = [(start, end) for ns, start, end in engine.calls if ns.startswith("task-fit:")]
+    live = [(start, end) for ns, start, end in engine.calls if not ns.startswith("task-fit:")]
+    assert len(fit) == 20 and len(live) >= 45
+    started_during_live = [s for s, _ in fit if any(ls < s < le for ls, le in live)]
+    assert not started_during_live
+    # and the live clients were not held off: most of the fit ran after them
+    assert sum(s > max(le for _, le in live) for s, _ in fit) >= 10
+
+
 async def test_a_task_survives_a_restart_and_unfinished_jobs_resume(keys):
     async with running_app(**keys) as (client, _):
         task, _ = await fitted(client, "alice-key", {"question": QUESTION, "examples": examples(12)})
