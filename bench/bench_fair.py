@@ -4,9 +4,10 @@ server with two keys, measured side by side in one run.
 The light key sends one small request at a time (a 10-word state, one noul question); the
 heavy key keeps either two batches of 10 short states in flight (`batches`) or 16
 concurrent single requests (`singles`). Each phase runs `--seconds` (and until its last
-answers are in): the light key alone, the heavy key alone, then both together, repeated in
-`--rounds` alternating rounds. Reported per heavy mode: the light key's rate (decisions/s,
-the median of the rounds') and p50 latency beside its solo figures, the heavy key's
+answers are in; a rate counts the decisions answered within the `--seconds`, not that tail):
+the light key alone, the heavy key alone, then both together, repeated in `--rounds`
+alternating rounds. Reported per heavy mode: the light key's rate (decisions/s, the median of
+the rounds') and p50 latency beside its solo figures, the heavy key's
 decisions/s beside its solo figure, the total decisions/s together, and every status other
 than 200. One JSON line.
 
@@ -43,32 +44,35 @@ LIGHT, HEAVY = "light-key-0001", "heavy-key-0002"
 HEAVY_MODES = {"batches": heavy_batches, "singles": heavy_singles}
 
 
-def figures(tallies: list[Tally], seconds: list[float]) -> dict:
-    """Decisions/s (the median of the rounds'), p50 latency over every round, other statuses."""
+def figures(tallies: list[Tally], windows: list[tuple[float, float]]) -> dict:
+    """Decisions/s answered within each round's phase (the median of the rounds'), p50
+    latency over every round, other statuses."""
     ms = sorted(x * 1000 for t in tallies for x in t.latencies_s)
     errors: dict[int, int] = {}
     for t in tallies:
         for status, n in t.errors.items():
             errors[status] = errors.get(status, 0) + n
     return {
-        "decisions_per_s": round(statistics.median(t.decisions / s for t, s in zip(tallies, seconds, strict=True)), 3),
+        "decisions_per_s": round(statistics.median(t.rate(*w) for t, w in zip(tallies, windows, strict=True)), 3),
         "p50_ms": round(statistics.median(ms), 1) if ms else None,
         "errors": errors,
     }
 
 
-async def phase(url: str, seconds: float, light_on: bool, heavy: str | None) -> dict[str, tuple[Tally, float]]:
-    """Each tenant's tally and the phase's length (the last answers come after `seconds`)."""
-    until = time.monotonic() + seconds
+async def phase(
+    url: str, seconds: float, light_on: bool, heavy: str | None
+) -> dict[str, tuple[Tally, tuple[float, float]]]:
+    """Each tenant's tally and the phase's window (start, end): what is answered after it, a
+    tenant finishing its last batches alone, does not count."""
+    t0 = time.monotonic()
+    until = t0 + seconds
     tasks = {}
     if light_on:
         tasks["light"] = light(url, LIGHT, until)
     if heavy is not None:
         tasks["heavy"] = HEAVY_MODES[heavy](url, HEAVY, until)
-    t0 = time.monotonic()
     tallies = await asyncio.gather(*tasks.values())
-    elapsed = time.monotonic() - t0
-    return {name: (t, elapsed) for name, t in zip(tasks, tallies, strict=True)}
+    return {name: (t, (t0, until)) for name, t in zip(tasks, tallies, strict=True)}
 
 
 def ratio(a: float | None, b: float | None) -> float | None:
@@ -79,7 +83,7 @@ async def measure(url: str, seconds: float, modes: list[str], rounds: int) -> di
     """`rounds` rounds, each: the light key alone, then per heavy mode the heavy key alone and
     both together (the machine's load drifts: each ratio compares phases of the same rounds)."""
     await phase(url, 3, True, modes[0])  # warm-up: first forwards are slow
-    runs: dict[str, list[tuple[Tally, float]]] = {}
+    runs: dict[str, list[tuple[Tally, tuple[float, float]]]] = {}
     for _ in range(rounds):
         runs.setdefault("light_solo", []).append((await phase(url, seconds, True, None))["light"])
         for mode in modes:
@@ -145,16 +149,16 @@ def weighted(args: argparse.Namespace) -> dict:
     """Two heavy keys (`--weight-batches` batches of 10 in flight each), of weight 1 and 2, side by side for
     `--rounds` phases: each key's decisions/s and the ratio of the weight-2 key's to the other's."""
 
-    async def rounds(url: str) -> list[tuple[Tally, Tally, float]]:
+    async def rounds(url: str) -> list[tuple[Tally, Tally, tuple[float, float]]]:
         out = []
         for _ in range(args.rounds + 1):  # the first: warm-up, not counted
-            until = time.monotonic() + args.seconds
             t0 = time.monotonic()
+            until = t0 + args.seconds
             one, two = await asyncio.gather(
                 heavy_batches(url, "weight-one-key-01", until, batches=args.weight_batches),
                 heavy_batches(url, "weight-two-key-02", until, batches=args.weight_batches),
             )
-            out.append((one, two, time.monotonic() - t0))
+            out.append((one, two, (t0, until)))
         return out[1:]
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -164,8 +168,8 @@ def weighted(args: argparse.Namespace) -> dict:
             runs = asyncio.run(rounds(server.url))
         finally:
             stop_server(server)
-    one = [round(a.decisions / s, 3) for a, _, s in runs]
-    two = [round(b.decisions / s, 3) for _, b, s in runs]
+    one = [round(a.rate(*w), 3) for a, _, w in runs]
+    two = [round(b.rate(*w), 3) for _, b, w in runs]
     errors = [dict(a.errors) | dict(b.errors) for a, b, _ in runs]
     ratios = [round(b / a, 2) if a else None for a, b in zip(one, two, strict=True)]
     return {

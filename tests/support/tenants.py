@@ -4,13 +4,17 @@ The light tenant sends one small request at a time (a 10-word state, one noul qu
 the heavy tenant keeps work in flight: `batches` batches of `items` short states each
 (`/v1/systemone/batch`), or `singles` concurrent single requests. Every state is new (a
 counter in it), so no answer comes from the prefix cache beyond the prompt's common head.
-Each loop stops starting work at `until` (time.monotonic()) and reports what it saw.
+Each loop stops starting work at `until` (time.monotonic()) and reports what it saw, with
+the time each decision was answered (batches are read as their NDJSON stream, item by item):
+a rate over the phase counts what was answered before `until`, not the tail after it, where
+a tenant still finishing its last batches has the engine to itself.
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import time
 from dataclasses import dataclass, field
 
@@ -28,11 +32,21 @@ def short_state(repeats: int = 1) -> str:
 
 @dataclass
 class Tally:
-    """What one tenant got: answered decisions, each request's latency, statuses other than 200."""
+    """What one tenant got: answered decisions (and when, time.monotonic()), each request's
+    latency, statuses other than 200."""
 
     decisions: int = 0
     latencies_s: list[float] = field(default_factory=list)
     errors: dict[int, int] = field(default_factory=dict)
+    answered_at: list[float] = field(default_factory=list)
+
+    def answered(self) -> None:
+        self.decisions += 1
+        self.answered_at.append(time.monotonic())
+
+    def rate(self, start: float, until: float) -> float:
+        """Decisions per second answered between `start` and `until`."""
+        return sum(start <= t <= until for t in self.answered_at) / (until - start)
 
     def add_error(self, status: int) -> None:
         self.errors[status] = self.errors.get(status, 0) + 1
@@ -55,7 +69,7 @@ async def light(url: str, key: str, until: float) -> Tally:
                 await asyncio.sleep(0.05)  # a refusal is not retried at once
                 continue
             tally.latencies_s.append(time.perf_counter() - t0)
-            tally.decisions += 1
+            tally.answered()
     return tally
 
 
@@ -68,16 +82,18 @@ async def heavy_batches(url: str, key: str, until: float, batches: int = 2, item
         while time.monotonic() < until:
             body = {"questions": QUESTION, "states": [short_state(repeats) for _ in range(items)]}
             t0 = time.perf_counter()
-            r = await client.post("/v1/systemone/batch", json=body, headers={"Accept": "application/json"})
-            if r.status_code != 200:
-                tally.add_error(r.status_code)
-                await asyncio.sleep(0.05)
-                continue
-            for item in r.json():
-                if "answers" in item:
-                    tally.decisions += 1
-                else:
-                    tally.add_error(int(item.get("status", 0)))
+            async with client.stream("POST", "/v1/systemone/batch", json=body) as r:
+                if r.status_code != 200:
+                    tally.add_error(r.status_code)
+                    await r.aread()
+                    await asyncio.sleep(0.05)
+                    continue
+                async for line in r.aiter_lines():
+                    item = json.loads(line) if line.strip() else {"summary": None}
+                    if "answers" in item:
+                        tally.answered()
+                    elif "summary" not in item:
+                        tally.add_error(int(item.get("status", 0)))
             tally.latencies_s.append(time.perf_counter() - t0)
 
     async with _client(url, key) as client:
@@ -92,6 +108,7 @@ async def heavy_singles(url: str, key: str, until: float, singles: int = 16) -> 
     for t in tallies:
         total.decisions += t.decisions
         total.latencies_s += t.latencies_s
+        total.answered_at += t.answered_at
         for status, n in t.errors.items():
             total.errors[status] = total.errors.get(status, 0) + n
     return total
