@@ -48,12 +48,11 @@ def _plan(n: int, first: int = 1) -> Plan:
     return Plan.from_branches([Branch(tuple(range(first, first + n)), (1, 2))])
 
 
-def _scheduler(runner, slice_s=0.05, batch_tokens=2048):
-    return Scheduler(
-        runner,
-        PrefixCache(0),
-        SchedulerLimits(batch_tokens=batch_tokens, attention_budget=1 << 30, window_s=0, slice_s=slice_s),
+def _scheduler(runner, slice_s=0.05, batch_tokens=2048, fair_quantum=QUANTUM):
+    limits = SchedulerLimits(
+        batch_tokens=batch_tokens, attention_budget=1 << 30, window_s=0, slice_s=slice_s, fair_quantum=fair_quantum
     )
+    return Scheduler(runner, PrefixCache(0), limits)
 
 
 def test_a_cancelled_long_prefill_stops_within_about_one_slice():
@@ -285,9 +284,10 @@ def test_followers_of_a_cancelled_leader_compute_for_themselves():
 # ---- keys' fair order (engines/fair_share.py)
 
 
-def test_a_light_keys_request_goes_in_the_next_small_round_beside_a_heavy_keys_queue():
+@pytest.mark.parametrize("quantum", [QUANTUM, 64, 384])
+def test_a_light_keys_request_goes_in_the_next_small_round_beside_a_heavy_keys_queue(quantum):
     runner = FakeRunner(0.0002)
-    scheduler = _scheduler(runner, slice_s=10)
+    scheduler = _scheduler(runner, slice_s=10, fair_quantum=quantum)
     heavy = [
         Plan.from_branches([Branch(tuple(range(100 * k + 1, 100 * k + 65)), (1, 2))], share=Share("heavy"))
         for k in range(80)
@@ -310,20 +310,20 @@ def test_a_light_keys_request_goes_in_the_next_small_round_beside_a_heavy_keys_q
         scheduler.stop()
     during = [n for end, n in runner.forwards if t0 < end <= t1]
     # at most the round under way when it arrived, then its own: the heavy key's quantum and it
-    assert len(during) <= 2 and during[-1] <= QUANTUM + 64, during
+    assert len(during) <= 2 and during[-1] <= quantum + 64, during
     assert sum(n for _, n in runner.forwards) == 81 * 64
 
 
 class KeyedRunner(FakeRunner):
     """A FakeRunner that counts each forward's tokens by key: key a's token ids are below
-    10,000, key b's above."""
+    30,000, key b's above."""
 
     def __init__(self) -> None:
         super().__init__(0.0)
         self.by_key: list[tuple[int, int]] = []
 
     def forward(self, rows):
-        a = sum(1 for r in rows for t in r.tokens if t < 10_000)
+        a = sum(1 for r in rows for t in r.tokens if t < 30_000)
         self.by_key.append((a, sum(len(r.tokens) for r in rows) - a))
         return super().forward(rows)
 
@@ -335,8 +335,8 @@ def test_a_key_of_weight_two_gets_twice_the_tokens_of_a_weight_one_key_while_bot
     heavy_a, heavy_b = Share("a", 2), Share("b", 1)
     plans = [
         Plan.from_branches([Branch(tuple(range(base + 64 * k + 1, base + 64 * k + 65)), (1, 2))], share=share)
-        for k in range(40)
-        for base, share in ((0, heavy_a), (20_000, heavy_b))
+        for k in range(20 * QUANTUM // 64)  # more than eight rounds' worth for each key: the rounds counted are whole
+        for base, share in ((0, heavy_a), (30_000, heavy_b))
     ]
 
     async def go() -> None:

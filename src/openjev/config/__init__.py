@@ -1,4 +1,5 @@
-"""The one Settings object, made of sections (config/sections.py) that each component
+"""The one Settings object, made of sections (config/sections.py, config/engines.py,
+config/tasks.py) that each component
 receives alone; every default is defined there, once.
 
 Each field has an `OPENJEV_<NAME>` environment twin and a `--<name>` flag on
@@ -17,19 +18,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from openjev.config.checks import is_loopback_name, validate
+from openjev.config.engines import InProcessSettings, RemoteSettings, ServedSettings
 from openjev.config.fields import ENV_PREFIX, env_name, flag_name, parse_value
 from openjev.config.fleet import FleetSettings
 from openjev.config.ranges import MAX_CHOICE_OPTIONS, MAX_SCORE_LEVELS, MIN_CHOICE_OPTIONS, MIN_SCORE_LEVELS
 from openjev.config.sections import (
     ConnectionSettings,
-    InProcessSettings,
     KeySettings,
     LimitSettings,
     ListenSettings,
     LogSettings,
     QualitySettings,
-    RemoteSettings,
-    ServedSettings,
 )
 from openjev.config.tasks import TaskSettings
 

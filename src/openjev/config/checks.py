@@ -19,7 +19,7 @@ _DAY = 86_400.0
 _POSITIVE = """max_questions max_body_bytes max_json_depth max_branch_tokens max_request_tokens max_branches
     max_prompt_tokens max_in_flight engine_timeout_s retry_after_s attention_budget batch_tokens max_engine_calls
     startup_timeout_s rotations max_rotations rotation_max_options max_batch_items max_batch_tokens slice_ms
-    warmup_min_tokens max_connections head_timeout_s body_timeout_s send_timeout_s max_body_chunks
+    fair_quantum warmup_min_tokens max_connections head_timeout_s body_timeout_s send_timeout_s max_body_chunks
     max_task_examples max_example_tokens""".split()
 _NOT_NEGATIVE = """prefix_cache_bytes batch_window_ms max_tokens_in_flight drain_timeout_s max_queue_wait_s
     key_requests_per_min key_tokens_per_min coalesce_calls max_connections_per_client""".split()
@@ -33,6 +33,7 @@ _AT_MOST: dict[str, float] = {
     "max_body_chunks": 1 << 24,
     "batch_window_ms": 60_000.0,
     "slice_ms": 3_600_000.0,
+    "fair_quantum": 1 << 20,
     **dict.fromkeys(("max_rotations", "rotation_max_options"), MAX_CHOICE_OPTIONS),
     "max_body_bytes": 1 << 30,
     "max_head_bytes": 1 << 24,

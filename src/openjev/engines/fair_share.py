@@ -30,12 +30,14 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from openjev.config import InProcessSettings
 from openjev.core.types import Share
 
-# Tokens a weight-1 key is credited per round when several keys wait: a round is then about
-# this many tokens per waiting key, which keeps forwards large enough to batch well while
-# a light key's request waits for one such round, not for a heavy key's whole queue.
-QUANTUM = 128
+# Tokens a weight-1 key is credited per round when several keys wait (--fair-quantum's
+# default): a round is then about this many tokens per waiting key, which keeps forwards large
+# enough to batch well while a light key's request waits for one such round, not for a heavy
+# key's whole queue.
+QUANTUM = InProcessSettings.fair_quantum
 
 # A key served in the last LINGER_ROUNDS rounds still sizes the round as if it waited: a
 # client that sends its next request on its last answer arrives during the round after it,

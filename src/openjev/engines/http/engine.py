@@ -49,7 +49,7 @@ class HTTPEngine(Engine):
         *,
         max_prompt_tokens: int | None = None,
         step_tokens: int | None = None,
-        strategy: str = RemoteSettings.strategy,  # the defaults are the settings' (config/sections.py)
+        strategy: str = RemoteSettings.strategy,  # the defaults are the settings' (config/engines.py)
         max_calls: int = RemoteSettings.max_engine_calls,
         call_timeout_s: float = LimitSettings.engine_timeout_s,
         warmup_min_tokens: int = RemoteSettings.warmup_min_tokens,

@@ -111,6 +111,7 @@ class TransformersEngine(Engine):
         batch_window_s: float = InProcessSettings.batch_window_ms / 1000,
         pad_id: int = 0,
         slice_s: float = InProcessSettings.slice_ms / 1000,
+        fair_quantum: int = InProcessSettings.fair_quantum,
     ) -> None:
         self.runner = TorchRunner(model, pad_id)
         self.cache = PrefixCache(prefix_cache_bytes)
@@ -118,7 +119,11 @@ class TransformersEngine(Engine):
             self.runner,
             self.cache,
             SchedulerLimits(
-                batch_tokens=batch_tokens, attention_budget=attention_budget, window_s=batch_window_s, slice_s=slice_s
+                batch_tokens=batch_tokens,
+                attention_budget=attention_budget,
+                window_s=batch_window_s,
+                slice_s=slice_s,
+                fair_quantum=fair_quantum,
             ),
             CostModel(hidden_size=int(getattr(model.config, "hidden_size", 1024))),
         )
@@ -200,6 +205,7 @@ def load(served: ServedSettings, tuning: InProcessSettings) -> LoadedEngine:
         batch_window_s=tuning.batch_window_ms / 1000,
         pad_id=pad_id,
         slice_s=tuning.slice_ms / 1000,
+        fair_quantum=tuning.fair_quantum,
     )
     warm = engine.warm_up()
     seconds = time.perf_counter() - t0

@@ -30,7 +30,7 @@ from typing import Any, Protocol
 
 from openjev.core.plan import Plan
 from openjev.core.ports import BranchResult, PlanResult
-from openjev.engines.fair_share import FairRounds, Want
+from openjev.engines.fair_share import QUANTUM, FairRounds, Want
 from openjev.engines.memory import release_free_memory
 from openjev.engines.prefix_cache import PrefixCache
 from openjev.engines.torch.cost_model import CostModel, attended
@@ -62,6 +62,7 @@ class SchedulerLimits:
     attention_budget: int  # padded query x key positions per forward
     window_s: float  # gathering window after idle
     slice_s: float  # target duration of one request's slice
+    fair_quantum: int = QUANTUM  # tokens per weight per round while several keys wait (engines/fair_share.py)
 
 
 # Before any forward was measured, a round takes at most this many tokens; and however slow
@@ -86,7 +87,7 @@ class Scheduler:
         self._wake = threading.Condition()
         self._jobs: list[Job] = []
         self._joins = PrefixJoins()  # jobs waiting for a running job's prefix (engines/torch/joins.py)
-        self._fair = FairRounds()  # which keys' slices go in a round (engines/fair_share.py)
+        self._fair = FairRounds(limits.fair_quantum)  # which keys' slices go in a round (engines/fair_share.py)
         self._stopped = False
         self.forwards = 0
         self.computed_tokens = 0
