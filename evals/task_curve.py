@@ -78,13 +78,13 @@ def by_width(examples: list[Example]) -> list[list[Example]]:
 
 def curve(dev: list[Example], test: list[Example], base: calib.TypeFit | None, repeats: int) -> dict[str, Any]:
     """Per size, means over `repeats` draws: the held-out ECE of the global fit and of the
-        task's, and the task's cross-validated estimate, each as ECE and as ECE with the noise
-        of its answers taken out (core/task_figures.py: the held-out answers and the examples
-        differ in number, so only the second compares them), and the held-out Brier and accuracy
-    of both fits; `bias` is the estimate's mean less
-        the held-out figure's mean, `spread` the mean per-draw distance. Held out per draw:
-        HELD_OUT test answers and every other test answer not drawn as an example (dev answers
-        never: the global fit saw them). Also the held-out predictions of the largest size."""
+    task's, and the task's cross-validated estimate, each as ECE and as ECE with the noise of
+    its answers taken out (core/task_figures.py: the held-out answers and the examples differ
+    in number, so only the second compares them), and the held-out Brier and accuracy of both
+    fits; `bias` is the estimate's mean less the held-out figure's mean, `spread` the mean
+    per-draw distance. Held out per draw: HELD_OUT test answers and every other test answer
+    not drawn as an example (dev answers never: the global fit saw them). Also the held-out
+    predictions of the largest size."""
     out: dict[str, Any] = {"sizes": {}, "pooled": {}}
     n = len(test[0].logs)
     prior = global_params(base, n)
