@@ -47,3 +47,7 @@ async def test_a_keys_first_choice_reads_its_twin_once_and_is_charged_for_it(tmp
         status, error, _ = await route.post(client, body, b)
         assert status == 200, error
         assert len(engine.plans) == 5  # key-b reads its own
+        metrics = (await client.get("/metrics")).text
+        for line in ("openjev_content_free_entries 2.0", "openjev_content_free_hits_total 1.0"):
+            assert line in metrics.splitlines(), line
+        assert "openjev_content_free_misses_total 2.0" in metrics.splitlines()

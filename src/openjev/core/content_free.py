@@ -107,6 +107,14 @@ class ContentFreeReadings:
         for (_, q), c in zip(questions, combined, strict=True):
             self.cache.put(self.cache.key(request.cache_namespace, spec, q), c.probs)
 
+    def stats(self) -> dict[str, float]:
+        """The cache's entries and, since start, the questions found in it and those read."""
+        return {
+            "content_free_entries": len(self.cache),
+            "content_free_hits": self.cache.hits,
+            "content_free_misses": self.cache.misses,
+        }
+
     def answers(
         self, request: DecisionRequest, spec: ReadoutSpec, wanted: Sequence[tuple[str, Question]]
     ) -> dict[str, tuple[float, ...]]:

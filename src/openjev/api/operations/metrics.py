@@ -56,6 +56,7 @@ class _Live:
             "forward, 0 while the conservative prior prices it",
             "limits_store_up": "1 while the shared limits store (--limits-redis-url) answers; 0 while "
             "--limits-redis-mode holds",
+            "content_free_entries": "content-free answers cached (per key, readout and question)",
         }
         for name, help_text in gauges.items():
             if name in values:
@@ -76,6 +77,8 @@ class _Live:
             "framing; 413: over --max-body-chunks), the connection closed",
             "connections_upgrades_refused": "WebSocket upgrade requests refused (400, the connection closed)",
             "limits_store_switches": "switches of the shared limits store between answering and not",
+            "content_free_hits": "content-free answers a calibrated question found cached",
+            "content_free_misses": "content-free answers read (each one more engine call beside a request)",
         }
         for name, help_text in counters.items():
             if name in values:

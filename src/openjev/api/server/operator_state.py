@@ -106,6 +106,7 @@ class Operations:
         out: dict[str, float] = {"draining": float(self.drain.draining), "ready": float(service is not None)}
         if service is not None:
             out["evaluations_in_flight"] = service.in_flight
+            out.update(service.content_free.stats())
         if self.connection_stats is not None:
             out.update(self.connection_stats())
         if self.store is not None:
