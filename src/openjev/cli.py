@@ -1,5 +1,6 @@
 """`openjev serve`, `openjev schema`, `openjev ask` (ask.py) and `openjev task` (task_cli.py). Flags are generated from
-the settings' fields, each with its OPENJEV_* environment twin (config/sections.py, engines.py and tasks.py hold every default)."""
+the settings' fields, each with its OPENJEV_* environment twin (config/sections.py, engines.py and tasks.py hold every
+default)."""
 
 from __future__ import annotations
 

@@ -53,6 +53,16 @@ async def fitted(client, key, body, timeout=20.0):
     raise AssertionError(f"task not fitted in {timeout} s: {task}")
 
 
+async def settled(client, key, task_id, tries=500):
+    """The task once ready or failed (or as it was after `tries` looks, 20 ms apart)."""
+    for _ in range(tries):
+        task = (await client.get(f"/v1/tasks/{task_id}", headers=auth(key))).json()
+        if task["status"] in ("ready", "failed"):
+            break
+        await asyncio.sleep(0.02)
+    return task
+
+
 async def test_a_task_is_fitted_with_progress_and_reports_its_figures(keys):
     async with running_app(**keys) as (client, engine):
         task, seen = await fitted(client, "alice-key", {"question": QUESTION, "examples": examples(30)})
@@ -246,11 +256,7 @@ async def test_live_decisions_go_first_a_fit_reads_only_while_none_is_in_flight(
                 assert r.status_code == 200, r.text
 
         await asyncio.gather(*(live_client(n) for n in range(3)))
-        for _ in range(500):
-            task = (await client.get(f"/v1/tasks/{task_id}", headers=auth("alice-key"))).json()
-            if task["status"] == "ready":
-                break
-            await asyncio.sleep(0.02)
+        task = await settled(client, "alice-key", task_id)
     assert task["status"] == "ready"
     fit = [(start, end) for ns, start, end in engine.calls if ns.startswith("task-fit:")]
     live = [(start, end) for ns, start, end in engine.calls if not ns.startswith("task-fit:")]
@@ -271,11 +277,7 @@ async def test_a_task_survives_a_restart_and_unfinished_jobs_resume(keys):
         body = {"state": "ticket 3", "questions": {"q": QUESTION}}
         r = await client.post("/v1/systemone", json=body, headers={**auth("alice-key"), "x-openjev-task": task["id"]})
         assert r.headers["x-openjev-calibration"] == f"task:{task['id']}"
-        for _ in range(500):
-            resumed = (await client.get(f"/v1/tasks/{queued.id}", headers=auth("alice-key"))).json()
-            if resumed["status"] == "ready":
-                break
-            await asyncio.sleep(0.02)
+        resumed = await settled(client, "alice-key", queued.id)
         assert resumed["status"] == "ready"
 
 

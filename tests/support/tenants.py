@@ -89,7 +89,9 @@ async def heavy_batches(url: str, key: str, until: float, batches: int = 2, item
                     await asyncio.sleep(0.05)
                     continue
                 async for line in r.aiter_lines():
-                    item = json.loads(line) if line.strip() else {"summary": None}
+                    if not line.strip():
+                        continue
+                    item = json.loads(line)
                     if "answers" in item:
                         tally.answered()
                     elif "summary" not in item:

@@ -1,6 +1,5 @@
 """The one Settings object, made of sections (config/sections.py, config/engines.py,
-config/tasks.py) that each component
-receives alone; every default is defined there, once.
+config/tasks.py) that each component receives alone; every default is defined there, once.
 
 Each field has an `OPENJEV_<NAME>` environment twin and a `--<name>` flag on
 `openjev serve` (the CLI builds its flags from `setting_fields()`). Precedence: flag, then

@@ -78,20 +78,20 @@ def figures(rows: Sequence[Row]) -> Figures:
     for (p, _), hit in zip(rows, hits, strict=True):
         conf = max(p)
         bins[min(ECE_BINS - 1, int(conf * ECE_BINS))].append((conf, hit))
-    ece = math.fsum(abs(math.fsum(c for c, _ in b) - sum(h for _, h in b)) for b in bins if b) / n
-    return Figures(n=n, accuracy=sum(hits) / n, brier=brier, ece=ece, ece_debiased=_debiased(bins, n))
-
-
-def _debiased(bins: Sequence[Sequence[tuple[float, bool]]], n: int) -> float:
-    total = 0.0
-    for b in bins:
-        if not b:
-            continue
-        size = len(b)
-        gap = (math.fsum(c for c, _ in b) - sum(h for _, h in b)) / size
-        noise = math.fsum(c * (1 - c) for c, _ in b) / size**2
-        total += size * math.sqrt(max(0.0, gap * gap - noise))
-    return total / n
+    # per bin: its answers, the gap of its mean confidence to its hit rate, and the variance
+    # that hit rate would have were the confidences right
+    gaps = [
+        (
+            len(b),
+            (math.fsum(c for c, _ in b) - sum(h for _, h in b)) / len(b),
+            math.fsum(c * (1 - c) for c, _ in b) / len(b) ** 2,
+        )
+        for b in bins
+        if b
+    ]
+    ece = math.fsum(size * abs(gap) for size, gap, _ in gaps) / n
+    debiased = math.fsum(size * math.sqrt(max(0.0, gap * gap - noise)) for size, gap, noise in gaps) / n
+    return Figures(n=n, accuracy=sum(hits) / n, brier=brier, ece=ece, ece_debiased=debiased)
 
 
 def threshold(rows: Sequence[Row], target_precision: float) -> Threshold:
