@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,6 +23,7 @@ import httpx
 from openjev.engines.http.server_process import ServerProcess
 from openjev.errors import EngineUnavailable
 from tests.support.net import free_port
+from tests.support.processes import paused
 
 REPO = Path(__file__).resolve().parents[2]
 SGL_JAX_PYTHON = REPO / ".venv-sglang-jax" / "bin" / "python"
@@ -236,6 +238,14 @@ class SglServer:
 
     def stop(self) -> None:
         self.process.stop(grace_s=20.0)
+
+    def paused(self) -> AbstractContextManager[None]:
+        """The server stopped for the block (tests/support/processes.py: paused)."""
+        return paused(self.process.process)
+
+    def logged_since(self, mark: int, text: str) -> bool:
+        """Whether `text` is in the log past its first `mark` characters."""
+        return text in self.log_tail(10**9)[mark:]
 
 
 def start(

@@ -15,9 +15,9 @@ that leaves, a stalled server, a killed one) hit batched calls.
 from __future__ import annotations
 
 import os
-import signal
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
@@ -52,6 +52,7 @@ from openjev.engines.http.vllm import check_server, verify_tokenizer  # noqa: E4
 from openjev.engines.http.vllm_protocol import MAX_IDS_PER_CALL, VLLM, VLLM_BATCHED  # noqa: E402
 from openjev.errors import ModelUnsuitable  # noqa: E402
 from tests.support.limits import limits_of  # noqa: E402
+from tests.support.processes import paused  # noqa: E402
 from tests.support.tickets import QUESTIONS, TEXT  # noqa: E402
 
 STRATEGIES = ("all", "warmup", "staged", "auto")
@@ -369,12 +370,20 @@ def _ask(url: str, n: int, timeout_s: float, paragraphs: int = 4) -> tuple[int, 
 
 @pytest.mark.skipif(bool(os.environ.get("OPENJEV_VLLM_URL")), reason="reads the log of a server it started")
 def test_a_client_that_leaves_has_its_batched_call_aborted_on_the_server(openjev_short, server):
-    """The client gives up 1 s into a request whose one /v1/completions call is still being
-    prefilled: openjev cancels it and aborts every item of the call by id (one
-    /inference/v1/abort_requests naming them all), which the server's log shows."""
+    """The client gives up while its request's one /v1/completions call is on the server:
+    openjev cancels it and aborts every item of the call by id (one
+    /inference/v1/abort_requests naming them all), which the server's log shows. The server
+    is paused from just after the call went out until openjev has noticed, so that the call
+    is in flight when the client leaves on a CPU of any speed."""
     since = len(server.log_tail(10**9))
-    status, _ = _ask(openjev_short.url, 500, timeout_s=1.0, paragraphs=60)  # ~3,500 tokens: seconds of prefill
-    assert status == 0, "answered within 1 s: nothing was in flight"
+    pool = ThreadPoolExecutor(1)
+    leaving = pool.submit(_ask, openjev_short.url, 500, 3.0, 60)  # ~3,500 tokens: seconds of prefill
+    pool.shutdown(wait=False)
+    time.sleep(0.3)  # openjev's call is out (or in the socket of the server paused next)
+    with paused(server.process.process):
+        status, _ = leaving.result()
+        time.sleep(1.5)  # openjev notices the client left (a poll every 0.5 s) and posts the abort
+    assert status == 0, "answered before the client left: nothing was in flight"
     deadline = time.monotonic() + 10
     while log_count(server, "POST /inference/v1/abort_requests", since) < 1:
         assert time.monotonic() < deadline, "no abort logged"
@@ -387,13 +396,9 @@ def test_a_client_that_leaves_has_its_batched_call_aborted_on_the_server(openjev
 
 @pytest.mark.skipif(bool(os.environ.get("OPENJEV_VLLM_URL")), reason="does not stop a server it did not start")
 def test_a_stalled_server_is_answered_504_at_the_deadline_and_recovers(openjev_short, server):
-    group = server.process.process.pid  # started in its own session: pid = process group
-    os.killpg(group, signal.SIGSTOP)  # accepts connections (the kernel does), never answers
-    try:
+    with paused(server.process.process):  # accepts connections (the kernel does), never answers
         status, seconds = _ask(openjev_short.url, 510, timeout_s=120)
         health = httpx.get(openjev_short.url + "/health", timeout=30)
-    finally:
-        os.killpg(group, signal.SIGCONT)
     print(f"stalled: {status} in {seconds:.1f} s; health {health.status_code}")
     assert status == 504 and DEADLINE_S - 0.5 <= seconds <= DEADLINE_S + 5, (status, seconds)
     assert health.status_code == 503
