@@ -12,8 +12,9 @@ cross-validated estimate the fit reports to its caller (GET /v1/tasks/{id}: fit.
     .venv/bin/python evals/task_curve.py --model qwen2.5-coder-1.5b
 
 writes evals/results/tasks-<model>.json and .md, and the pictures docs/tasks-ece-<model>.png
-(ECE, with the noise of its answers taken out, against examples) and docs/tasks-reliability-<model>.png (held-out reliability at the
-most examples the type's questions allow, global fit against the task's).
+(ECE, with the noise of its answers taken out, against examples) and
+docs/tasks-reliability-<model>.png (held-out reliability at the most examples the type's
+questions allow, global fit against the task's).
 """
 
 from __future__ import annotations
@@ -204,6 +205,11 @@ HEADER = (
 )
 
 
+def table_head(first: str) -> list[str]:
+    """A results table's header and rule: the `first` columns (e.g. "| type | options "), then HEADER's."""
+    return [first + HEADER, "|---" * (first.count("|") + HEADER.count(" | ")) + "|---|"]
+
+
 def row_cells(size: int, f: dict[str, float]) -> str:
     """One size's figures as table cells (`curve`'s keys), from `examples` to the debiased bias."""
     return (
@@ -216,8 +222,7 @@ def markdown(results: dict[str, Any], model: str, repeats: int) -> str:
     lines = [
         f"### {model}: per-task fits against the global fit (held-out ECE, {repeats} draws)",
         "",
-        "| type | options " + HEADER,
-        "|---|---|" + "---|" * HEADER.count(" | ") + "---|",
+        *table_head("| type | options "),
     ]
     for qtype, res in results.items():
         for size, f in sorted(res["sizes"].items()):

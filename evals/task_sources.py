@@ -29,7 +29,7 @@ from openjev.evals import readings
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from source_table import items_of
-from task_curve import HEADER, IDS, LABELS, ROOT, curve, ece_picture, example, row_cells
+from task_curve import IDS, LABELS, ROOT, curve, ece_picture, example, row_cells, table_head
 
 SOURCES = ("vader-tweets", "vader-amazon", "vader-movies")
 
@@ -60,8 +60,7 @@ def main() -> int:
     lines = [
         f"### {args.model}: per-task fits on held-out sources (held-out ECE, {args.repeats} draws)",
         "",
-        "| source | task (type, n) " + HEADER,
-        "|---|---|" + "---|" * HEADER.count(" | ") + "---|",
+        *table_head("| source | task (type, n) "),
     ]
     for source in SOURCES:
         for qid, (qtype, examples) in tasks(args.model, source, base, args.cache_dir).items():
