@@ -58,7 +58,7 @@ def flat(scale, n):
 )
 def test_a_stream_that_did_not_drift_rarely_flags(stated, n):
     # the aim: at most 2.5 false alarms per 100 checks (module doc); 1500 windows measure
-    # the rate within about +-0.4 %. A stationary but miscalibrated fit is no drift: its estimate said so
+    # the rate within about +-0.3 %. A stationary but miscalibrated fit is no drift: its estimate said so
     assert ALPHA == 0.03
     assert flag_rate(stated, flat(1.0, n), flat(1.0, n), runs=1500, n=n) <= 0.025
 
@@ -66,10 +66,24 @@ def test_a_stream_that_did_not_drift_rarely_flags(stated, n):
 def test_a_stream_that_drifted_flags():
     # the same stated probabilities, the truth flatter than before (the text got harder):
     # a calibrated fit becomes over-confident
-    assert flag_rate(CALIBRATED, CALIBRATED, flat(0.2, 3), runs=300, seed=1) >= 0.85
-    assert flag_rate(CALIBRATED, CALIBRATED, flat(0.35, 3), runs=300, seed=1) >= 0.6
-    # and a small shift more often than the false-alarm rate
-    assert flag_rate(CALIBRATED, CALIBRATED, flat(0.7, 3), runs=300, seed=2) > 0.08
+    assert flag_rate(CALIBRATED, CALIBRATED, flat(0.2, 3), runs=300, seed=1) >= 0.75
+    assert flag_rate(CALIBRATED, CALIBRATED, flat(0.35, 3), runs=300, seed=1) >= 0.4
+    # and a small shift several times as often as the false-alarm rate (0.7 % here)
+    assert flag_rate(CALIBRATED, CALIBRATED, flat(0.7, 3), runs=300, seed=2) > 0.03
+
+
+def test_a_sharp_change_is_flagged_within_about_ten_answers():
+    # 30 answers as the estimate said, then the readings stop telling the answer: the short
+    # scale flags before the window is mostly new answers
+    flagged_at = []
+    for r in range(40):
+        rng = random.Random(500 + r)
+        est = figures([(o.probs, o.gold) for o in stream(rng, 50, 2, flat(1.0, 2), flat(1.0, 2))])
+        seq = stream(rng, 30, 2, flat(1.0, 2), flat(1.0, 2)) + stream(rng, 20, 2, flat(1.0, 2), flat(-1.0, 2))
+        hits = [k for k in range(31, 51) if drift_report(seq[:k], {"task": est}).flagged]
+        flagged_at.append(hits[0] - 30 if hits else None)
+    soon = [k for k in flagged_at if k is not None and k <= 12]
+    assert len(soon) >= 30
 
 
 def test_a_stream_better_than_its_estimate_does_not_flag():
@@ -102,18 +116,20 @@ def test_the_window_is_shown_per_answering_fit_and_only_estimated_fits_are_teste
     assert [(p.fit, p.window.n) for p in report.parts] == [("global", 15), ("task:a@2", 25)]
     assert report.parts[0].estimate is None and report.parts[1].estimate == est
     assert report.window is not None and report.window.n == 40
-    assert report.test.n == 25 and report.test.estimate_n == 60
+    assert [(t.scale, t.n, t.estimate_n) for t in report.tests] == [(10, 10, 60), (20, 20, 60), (40, 25, 60)]
+    assert report.tests[2].z is None  # 25 tested answers: no verdict at 40
     d = [brier(o.probs, o.gold) - est.brier for o in new]
-    assert report.test.excess_brier == pytest.approx(sum(d) / len(d))
+    assert report.tests[1].excess_brier == pytest.approx(sum(d[-20:]) / 20)
+    assert report.tests[0].critical == pytest.approx(critical_z(ALPHA / 3))
     assert report.describe()["by_fit"][1]["fit"] == "task:a@2"
 
 
 def test_too_few_tested_answers_give_no_verdict():
     rng = random.Random(8)
-    recent = stream(rng, 19, 2, CALIBRATED, Params(0.05, (0.0, 0.0)))
+    recent = stream(rng, 9, 2, CALIBRATED, Params(0.05, (0.0, 0.0)))
     est = figures([(o.probs, o.gold) for o in stream(rng, 50, 2, CALIBRATED, CALIBRATED)])
     report = drift_report(recent, {"task": est})
-    assert report.test.z is None and not report.flagged
+    assert all(t.z is None for t in report.tests) and not report.flagged
     assert drift_report([], {}).window is None
 
 
@@ -122,6 +138,8 @@ def test_bad_input_is_refused():
         drift_report([Outcome((0.5, 0.5), 2, "g")], {})
     with pytest.raises(ValueError, match="window"):
         drift_report([], {}, window=0)
+    with pytest.raises(ValueError, match="scale"):
+        drift_report([], {}, window=20, scales=(10, 40))
     with pytest.raises(ValueError, match="alpha"):
         critical_z(0.0)
     assert critical_z(0.01) == pytest.approx(2.326, abs=1e-3)

@@ -9,21 +9,24 @@ estimate.
 
 "Beyond noise", stated so that it can be tested: per answer i of the window whose fit F(i)
 has an estimate, d_i = Brier_i - Brier_F(i), the answer's Brier less its fit's estimated
-mean Brier. Were the window drawn from the fit's own examples' distribution, the mean of
-d is 0 up to the noise of the window (sd(d) / sqrt(n)) and of the estimate itself (the same
-spread over the m examples it rests on: sd(d) / sqrt(m)). The task is flagged when
+mean Brier. Were the answers drawn from the fit's own examples' distribution, the mean of
+d over n of them is 0 up to the noise of those answers (sd(d) / sqrt(n)) and of the
+estimate itself (the same spread over the m examples it rests on: sd(d) / sqrt(m)). At each
+scale s of `scales` (10, 20 and 40: the last s tested answers; a scale with fewer answers
+gives no verdict) the task is flagged when
 
-    z = mean(d) / (sd(d) * sqrt(1/n + 1/m)) > the normal quantile of 1 - alpha
+    z = mean(d) / (sd(d) * sqrt(1/n + 1/m)) > the normal quantile of 1 - alpha / len(scales)
 
-with n >= `min_answers` (below it there is no verdict), m the fewest examples an
-estimate in the window rests on, and alpha = 0.03 (z > 1.88). The aim is at most 2.5 false
-alarms in 100 checks of a stream that has not drifted. Brier per answer is skewed to the
-right (most answers cost little, a confident miss much), which makes the normal quantile
-conservative: measured by simulation (tests/core/test_outcomes_drift.py, seeded), alpha =
-0.01 flags 0.1 % of such windows and alpha = 0.03 flags 1-2.2 %, whether the fit is
-calibrated or consistently over-confident, on 2, 3 or 5 options. Checks on overlapping
-windows are correlated, so a stream checked after every outcome still sees a lone flag now
-and then: act on a flag that persists, or on the refit's own test (core/outcomes/refit.py).
+with m the fewest examples an estimate among those answers rests on, and alpha = 0.03 over
+the scales together (each at 0.01, z > 2.33; Bonferroni). The short scale sees a sharp
+change within about 10 answers, the long one a mild change that needs 40. The aim is at
+most 2.5 false alarms in 100 checks of a stream that has not drifted. Brier per answer is
+skewed to the right (most answers cost little, a confident miss much), which makes the
+normal quantile conservative: measured by simulation (tests/core/test_outcomes_drift.py,
+seeded), the three scales flag 0.7-1.7 % of such windows, whether the fit is calibrated or
+consistently over-confident, on 2, 3 or 5 options. Checks on overlapping windows are
+correlated, so a stream checked after every outcome still sees a lone flag now and then:
+act on a flag that persists, or on the refit's own test (core/outcomes/refit.py).
 Brier, not log-loss, because the estimate a fit carries is its Brier (`Figures`); Brier is
 bounded, so a few confident misses do not swamp the mean. Answers of a fit without an estimate (the global fit: never checked on the
 caller's text) are shown, not tested.
@@ -39,7 +42,7 @@ from statistics import NormalDist
 from openjev.core.task_figures import Figures, figures
 
 WINDOW = 40
-MIN_ANSWERS = 20
+SCALES = (10, 20, 40)
 ALPHA = 0.03
 _SE_FLOOR = 1e-9
 
@@ -76,10 +79,12 @@ class WindowPart:
 
 @dataclass(frozen=True)
 class DriftTest:
-    """The test of the module doc on the `n` window answers whose fit has an estimate:
-    `excess_brier` is mean(d), `se` its standard error, `z` their ratio, `critical` the z
-    that flags (None where n < `min_answers`: no verdict), `estimate_n` is m."""
+    """The test of the module doc on the last `scale` window answers whose fit has an
+    estimate: `n` of them there were (no verdict, None figures, below `scale`), `excess_brier`
+    is mean(d), `se` its standard error, `z` their ratio, `critical` the z that flags,
+    `estimate_n` is m."""
 
+    scale: int
     n: int
     estimate_n: int
     excess_brier: float | None
@@ -90,6 +95,7 @@ class DriftTest:
 
     def describe(self) -> dict[str, object]:
         return {
+            "scale": self.scale,
             "n": self.n,
             "estimate_n": self.estimate_n,
             "excess_brier": self.excess_brier,
@@ -103,22 +109,22 @@ class DriftTest:
 @dataclass(frozen=True)
 class DriftReport:
     """A task's recent window: its figures over every answer in it (None for no outcomes),
-    per answering fit (in order of first appearance), and the drift test."""
+    per answering fit (in order of first appearance), and the drift tests, one per scale."""
 
     window: Figures | None
     parts: tuple[WindowPart, ...]
-    test: DriftTest
+    tests: tuple[DriftTest, ...]
 
     @property
     def flagged(self) -> bool:
-        return self.test.flagged
+        return any(t.flagged for t in self.tests)
 
     def describe(self) -> dict[str, object]:
         return {
             "flagged": self.flagged,
             "window": self.window.describe() if self.window is not None else None,
             "by_fit": [part.describe() for part in self.parts],
-            "test": self.test.describe(),
+            "tests": [t.describe() for t in self.tests],
         }
 
 
@@ -139,14 +145,17 @@ def drift_report(
     estimates: Mapping[str, Figures],
     *,
     window: int = WINDOW,
-    min_answers: int = MIN_ANSWERS,
+    scales: Sequence[int] = SCALES,
     alpha: float = ALPHA,
 ) -> DriftReport:
     """The report on the last `window` of `outcomes` (oldest first); `estimates` maps a
-    fit's name to its cross-validated figures (module doc). ValueError for a window below 1
-    or an outcome whose gold is not one of its options."""
+    fit's name to its cross-validated figures; the test at each of `scales` (module doc).
+    ValueError for a window below 1, scales outside 2..window, or an outcome whose gold is
+    not one of its options."""
     if window < 1:
         raise ValueError("the window holds at least one outcome")
+    if not scales or any(not 2 <= s <= window for s in scales):
+        raise ValueError("every scale is between 2 answers and the window")
     recent = list(outcomes[-window:])
     if any(not 0 <= o.gold < len(o.probs) for o in recent):
         raise ValueError("every outcome's gold must be one of its options")
@@ -159,21 +168,20 @@ def drift_report(
     )
     whole = figures([(o.probs, o.gold) for o in recent]) if recent else None
     tested = [o for o in recent if o.fit in estimates]
-    return DriftReport(whole, parts, excess_test(tested, estimates, min_answers, alpha))
+    tests = tuple(excess_test(tested[-s:], estimates, s, alpha / len(scales)) for s in scales)
+    return DriftReport(whole, parts, tests)
 
 
-def excess_test(
-    tested: Sequence[Outcome], estimates: Mapping[str, Figures], min_answers: int, alpha: float
-) -> DriftTest:
-    """The module doc's test on `tested` (every one's fit in `estimates`)."""
+def excess_test(tested: Sequence[Outcome], estimates: Mapping[str, Figures], scale: int, alpha: float) -> DriftTest:
+    """The module doc's test on `tested` (every one's fit in `estimates`) at one scale."""
     critical = critical_z(alpha)
     n = len(tested)
     m = min((estimates[o.fit].n for o in tested), default=0)
-    if n < max(2, min_answers) or m < 2:
-        return DriftTest(n, m, None, None, None, critical, False)
+    if n < scale or m < 2:
+        return DriftTest(scale, n, m, None, None, None, critical, False)
     d = [brier(o.probs, o.gold) - estimates[o.fit].brier for o in tested]
     mean = math.fsum(d) / n
     sd = math.sqrt(math.fsum((x - mean) ** 2 for x in d) / (n - 1))
     se = max(sd * math.sqrt(1.0 / n + 1.0 / m), _SE_FLOOR)
     z = mean / se
-    return DriftTest(n, m, mean, se, z, critical, z > critical)
+    return DriftTest(scale, n, m, mean, se, z, critical, z > critical)
