@@ -23,9 +23,9 @@ fit on B's own STREAM outcomes alone, i.e. as good as a task that only ever saw 
     .venv/bin/python evals/outcomes_replay.py --model qwen2.5-coder-1.5b
 
 writes evals/results/outcomes-replay-<model>.md and .json and the pictures
-docs/outcomes-replay-<model>.png and docs/outcomes-drift-<model>.png (with `--policy always`,
-the window refit weighed at every refit rather than only under the flag: the same names
-with `-always` after the model's).
+docs/outcomes-replay-<model>.png and docs/outcomes-drift-<model>.png; with `--policy always`
+(the window refit weighed at every refit rather than only under the flag) the results under
+the same names with `-always` after the model's, and no pictures.
 """
 
 from __future__ import annotations
@@ -412,7 +412,8 @@ def main() -> int:
         pictures(json.loads((ROOT / "evals" / "results" / f"outcomes-replay-{name}.json").read_text()), name)
         return 0
     results = run(args)
-    pictures(results, name)
+    if args.policy == "flagged":  # the docs' pictures are the default loop's
+        pictures(results, name)
     out = ROOT / "evals" / "results"
     (out / f"outcomes-replay-{name}.json").write_text(json.dumps(results, indent=1) + "\n")
     text = markdown(results, name)
