@@ -381,12 +381,7 @@ async def test_what_the_service_calls_at_run_time_is_declared_where_the_graph_se
 
 # Modules that may hold a ContextVar, each with why: none may carry the caller, which is one
 # value made at the door and passed as an argument (core/caller.py, api/identity/caller.py).
-CONTEXT_VARS_ALLOWED: dict[str, str] = {
-    # the HTTP engine's calls take their request's turn at the call slots by the share that
-    # HTTPEngine.run reads from the plan (data set by the caller), not by a caller of the api
-    "src/openjev/engines/http/slots.py": "the plan's share, for the calls of one engine run",
-    "src/openjev/engines/http/coalesce.py": "a shared call runs in its first part's context (slots.py)",
-}
+CONTEXT_VARS_ALLOWED: dict[str, str] = {}
 
 
 def context_vars(path: Path) -> list[int]:

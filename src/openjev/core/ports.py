@@ -4,7 +4,7 @@ never the reverse)."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from contextlib import AbstractAsyncContextManager
+from contextlib import AbstractAsyncContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -80,6 +80,20 @@ class Admission(Protocol):
     def slot(self, caller: Caller) -> AbstractAsyncContextManager[object]: ...
 
     def admit(self, caller: Caller, plans: Sequence[Plan]) -> AbstractAsyncContextManager[object]: ...
+
+
+class AdmitAll(Admission):
+    """The admission of a service given none (one process with no edge: tests, the eval
+    tools): the engine as it is, and every caller's work admitted."""
+
+    def gate(self, engine: Engine) -> Engine:
+        return engine
+
+    def slot(self, caller: Caller) -> AbstractAsyncContextManager[object]:  # noqa: ARG002 - admits anyone
+        return nullcontext()
+
+    def admit(self, caller: Caller, plans: Sequence[Plan]) -> AbstractAsyncContextManager[object]:  # noqa: ARG002
+        return nullcontext()
 
 
 # A text in pieces, each (text, template): a template piece is the chat template's own text

@@ -12,7 +12,6 @@ deadline -> readout (branch log-probs -> option probabilities) -> calibration ->
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import Callable, Mapping
 
@@ -24,7 +23,7 @@ from openjev.core.combine import combine_all
 from openjev.core.compile_size import compiles_inline
 from openjev.core.content_free import ContentFreeReadings
 from openjev.core.distinct import refuse_ties
-from openjev.core.ports import Admission, Engine, PlanResult
+from openjev.core.ports import Admission, AdmitAll, Engine, PlanResult
 from openjev.core.prompts import CompiledRequest, PromptCompiler
 from openjev.core.readouts import Readout, ReadoutContext, ReadoutSpec, question_type
 from openjev.core.readouts.catalog import PARALLEL_FALLBACK, ReadoutCatalog
@@ -63,8 +62,8 @@ class DecisionService:
         self._compiler = compiler
         # The engine is run through the admission's gate (measured); every decision enters
         # the caller's `slot`, then has its plans admitted as one (core/ports.py `Admission`).
-        self._engine = admission.gate(engine) if admission is not None else engine
-        self._admission = admission
+        self._admission = admission if admission is not None else AdmitAll()
+        self._engine = self._admission.gate(engine)
         self._limits = limits
         self._clock = clock
         self._in_flight = 0
@@ -137,8 +136,7 @@ class DecisionService:
         TokensExceeded (budget; the engine is not called), EngineTimeout (deadline), or
         what the engine and the admission raise.
         """
-        admission = self._admission
-        async with admission.slot(caller) if admission is not None else contextlib.nullcontext():
+        async with self._admission.slot(caller):
             if self._in_flight >= self._limits.max_in_flight:
                 raise Overloaded(  # how busy others keep the server is theirs to know: numbers to the log
                     "the server is full; retry after Retry-After",
@@ -205,10 +203,9 @@ class DecisionService:
         """The request's plan, and its content-free twin's beside it, admitted for `caller`
         as one and run, under one deadline."""
         plans = [compiled.plan] + ([twin.plan] if twin is not None else [])
-        admitted = self._admission.admit(caller, plans) if self._admission is not None else contextlib.nullcontext()
         try:
             async with asyncio.timeout(self._limits.engine_timeout_s):
-                async with admitted:
+                async with self._admission.admit(caller, plans):
                     return await self._run_both(compiled, twin)
         except TimeoutError:
             raise EngineTimeout(f"the engine did not answer within {self._limits.engine_timeout_s:g} s") from None
