@@ -197,6 +197,14 @@ class DecisionService:
             calibration=",".join(dict.fromkeys(a for a in applied if a)) or (cal.id if cal is not None else None),
         )
 
+    async def run_admitted(self, compiled: CompiledRequest, *, caller: Caller) -> PlanResult:
+        """`compiled`'s plan alone, admitted for `caller` as a decision's plans are (priced,
+        charged to its account where it has one) and run under the same deadline, outside
+        any decision (no evaluation slot: a task's fit reading an example). Raises what the
+        admission and the engine raise, EngineTimeout at the deadline."""
+        result, _ = await self._run(caller, compiled, None)
+        return result
+
     async def _run(
         self, caller: Caller, compiled: CompiledRequest, twin: CompiledRequest | None
     ) -> tuple[PlanResult, PlanResult | None]:
