@@ -425,6 +425,29 @@ def test_no_context_variable_carries_the_caller():
     assert not stale, f"allowed but holding no ContextVar: {stale}"
 
 
+def calls_without_caller(path: Path, methods: tuple[str, ...] = ("decide", "run_admitted")) -> list[int]:
+    """Lines of `path` that call `.decide(...)` or `.run_admitted(...)` without `caller=`."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in methods:
+            if not any(k.arg == "caller" for k in node.keywords):
+                found.append(node.lineno)
+    return found
+
+
+def test_the_api_names_the_caller_of_every_decision(tmp_path):
+    """The service's caller defaults to the anonymous one (a process with no keys: tests,
+    tools); at the edge every decision names its caller, so none is served uncharged."""
+    (tmp_path / "a.py").write_text("service.decide(request)\nservice.decide(request, caller=c)\n")
+    assert calls_without_caller(tmp_path / "a.py") == [1]  # guards the guard
+    found = [
+        f"{path.relative_to(ROOT)}:{line}"
+        for path in sorted((PACKAGE / "api").rglob("*.py"))
+        for line in calls_without_caller(path)
+    ]
+    assert not found, "a decision without its caller (pass caller=):\n" + "\n".join(found)
+
+
 def name_lists(path: Path, names: set[str]) -> list[int]:
     """Lines of `path` that write a tuple, list or set of three or more of `names`."""
     found = []
