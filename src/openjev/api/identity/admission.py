@@ -6,7 +6,8 @@ all, and the key's requests and reservation, are decided at the door: api/identi
   will run, the request's and its content-free twin's, admitted as one (`admit`,
   `GatedEngine.admit`): priced against the engine's deadline, a server-wide bound on
   distinct tokens in flight (529 beyond, Retry-After from the measured drain rate) and the
-  caller's tokens/min bucket (429 beyond); `charge_refused` charges a refused request's work.
+  caller's tokens/min bucket (429 beyond) (a refused request's work is charged by
+  api/identity/caller.py `charge_refused`).
 - `GatedEngine`, the engine the service runs the admitted plans on: it measures them (the
   drain rate, the engine's calls and failures).
 
@@ -33,29 +34,6 @@ from openjev.core.ports import Admission, Engine, PlanResult
 from openjev.errors import OpenjevError, Overloaded, RateLimited, TokensExceeded
 
 MAX_RETRY_AFTER_S = 60
-
-
-def charge_refused(key_limits: KeyLimits, caller: Caller, exc: TokensExceeded) -> None:
-    """Charge the work a refused request cost (`exc.work_tokens`, tokens encoded before the
-    refusal) to `caller`'s tokens/min bucket, in place of what was reserved at the door;
-    nothing for a caller without a key. From a worker thread (on the loop:
-    `charge_refused_async`)."""
-    account = account_of(caller)
-    if account is None:
-        return
-    refund = account.claim()
-    if exc.work_tokens or refund:
-        key_limits.from_thread(key_limits.charge_tokens(account.entry, exc.work_tokens, refund=refund))
-
-
-async def charge_refused_async(key_limits: KeyLimits, caller: Caller, exc: TokensExceeded) -> None:
-    """`charge_refused` on the event loop."""
-    account = account_of(caller)
-    if account is None:
-        return
-    refund = account.claim()
-    if exc.work_tokens or refund:
-        await key_limits.charge_tokens(account.entry, exc.work_tokens, refund=refund)
 
 
 class DrainRate:

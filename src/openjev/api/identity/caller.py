@@ -2,7 +2,8 @@
 (`caller_for`) and keeps it on the request's scope state; each route takes it from there
 once (`caller_of`) and passes it on as an argument. What the edge charges rides along as
 its `account` (`KeyAccount`: the key, its allowance and the tokens reserved for it at the
-door), read back only here, by the places that charge (`account_of`)."""
+door), read back only here, by the places that charge (`account_of`; a refused request's
+work: `charge_refused`)."""
 
 from __future__ import annotations
 
@@ -10,10 +11,12 @@ from dataclasses import dataclass
 
 from starlette.requests import HTTPConnection
 
+from openjev.api.identity.key_limits import KeyLimits
 from openjev.api.identity.keys import Allowance, KeyEntry
 from openjev.api.identity.reservation import Reservation
 from openjev.core.caller import ANONYMOUS, Caller
 from openjev.core.types import Share
+from openjev.errors import TokensExceeded
 
 SCOPE_KEY = "caller"  # where the door keeps it in the request's scope state
 
@@ -61,3 +64,26 @@ def caller_of(connection: HTTPConnection) -> Caller:
     path it does not guard, or a server without keys)."""
     found = connection.scope.get("state", {}).get(SCOPE_KEY)
     return found if isinstance(found, Caller) else ANONYMOUS
+
+
+def charge_refused(key_limits: KeyLimits, caller: Caller, exc: TokensExceeded) -> None:
+    """Charge the work a refused request cost (`exc.work_tokens`, tokens encoded before the
+    refusal) to `caller`'s tokens/min bucket, in place of what was reserved at the door;
+    nothing for a caller without a key. From a worker thread (on the loop:
+    `charge_refused_async`)."""
+    account = account_of(caller)
+    if account is None:
+        return
+    refund = account.claim()
+    if exc.work_tokens or refund:
+        key_limits.from_thread(key_limits.charge_tokens(account.entry, exc.work_tokens, refund=refund))
+
+
+async def charge_refused_async(key_limits: KeyLimits, caller: Caller, exc: TokensExceeded) -> None:
+    """`charge_refused` on the event loop."""
+    account = account_of(caller)
+    if account is None:
+        return
+    refund = account.claim()
+    if exc.work_tokens or refund:
+        await key_limits.charge_tokens(account.entry, exc.work_tokens, refund=refund)

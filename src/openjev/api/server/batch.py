@@ -40,9 +40,8 @@ from openjev.api.contract.jev import convert, schemas
 from openjev.api.contract.jev.format import JEV
 from openjev.api.contract.overrides import decide_options
 from openjev.api.contract.paths import BATCH
-from openjev.api.identity.admission import charge_refused
 from openjev.api.identity.auth import require_key
-from openjev.api.identity.caller import caller_of, entry_of
+from openjev.api.identity.caller import caller_of, charge_refused, entry_of
 from openjev.api.identity.key_limits import KeyLimits
 from openjev.api.operations.middleware import request_id_of
 from openjev.api.server import pipeline

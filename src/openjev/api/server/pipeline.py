@@ -35,9 +35,8 @@ from openjev.api.contract.format_port import WireFormat
 from openjev.api.contract.overrides import decide_options
 from openjev.api.contract.responses import FastJSONResponse
 from openjev.api.identity import tenancy
-from openjev.api.identity.admission import charge_refused, charge_refused_async
 from openjev.api.identity.auth import require_key
-from openjev.api.identity.caller import caller_of
+from openjev.api.identity.caller import caller_of, charge_refused, charge_refused_async
 from openjev.api.identity.key_limits import KeyLimits
 from openjev.api.operations.middleware import request_id_of
 from openjev.api.server.assembly import Runtime
@@ -64,7 +63,7 @@ def admitted(fmt: WireFormat, body: Any, max_questions: int, caller: Caller) -> 
 @contextmanager
 def charging(key_limits: KeyLimits, caller: Caller) -> Iterator[None]:
     """A request refused for its tokens charges the work it cost to `caller`'s key, so
-    that a refused body cannot be repeated for free (api/identity/admission.py)."""
+    that a refused body cannot be repeated for free (api/identity/caller.py)."""
     try:
         yield
     except TokensExceeded as exc:
