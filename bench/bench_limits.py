@@ -30,9 +30,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import machine  # noqa: E402
 from tests.support.redis_server import RedisServer  # noqa: E402
 
+from openjev.api.identity.caller import caller_for  # noqa: E402
 from openjev.api.identity.fleet_share import FleetShare  # noqa: E402
 from openjev.api.identity.key_limits import KeyLimits  # noqa: E402
-from openjev.api.identity.keys import KeyEntry, current_key, digest_of  # noqa: E402
+from openjev.api.identity.keys import KeyEntry, digest_of  # noqa: E402
 from openjev.api.identity.shared import RedisBuckets, RedisStore  # noqa: E402
 
 BIG = 10**12  # limits nobody reaches: every call is admitted, so each is timed doing its whole work
@@ -53,9 +54,10 @@ async def round_of(limits: KeyLimits, entry: KeyEntry, calls: int, share: FleetS
         "gate": await timed(calls, lambda: limits.take_tokens(entry, 300, refund=250)),
     }
     if share is not None:
+        caller = caller_for(entry, limits.allowance(entry))
 
         async def lease() -> None:
-            async with share():
+            async with share(caller):
                 pass
 
         out["lease_and_release"] = await timed(calls, lease)
@@ -72,7 +74,6 @@ async def main(calls: int, rounds: int) -> dict:
     server.start()
     try:
         entry = KeyEntry("bench", digest_of("bench-key"), requests_per_min=BIG, tokens_per_min=BIG)
-        current_key.set(entry)
         store = RedisStore(server.url, "closed", 0.25, 1)  # closed: a failed call would raise, never be timed
         stores = {
             "memory": (KeyLimits(0, 0), None),

@@ -379,6 +379,75 @@ async def test_what_the_service_calls_at_run_time_is_declared_where_the_graph_se
         assert declares(type(admission), Admission), f"{type(admission).__qualname__} does not declare Admission"
 
 
+# Modules that may hold a ContextVar, each with why: none may carry the caller, which is one
+# value made at the door and passed as an argument (core/caller.py, api/identity/caller.py).
+CONTEXT_VARS_ALLOWED: dict[str, str] = {}
+
+
+def context_vars(path: Path) -> list[int]:
+    """Lines of `path` that import `contextvars` or name a `ContextVar`."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import) and any(a.name == "contextvars" for a in node.names):
+            found.append(node.lineno)
+        elif isinstance(node, ast.ImportFrom) and node.module == "contextvars":
+            found.append(node.lineno)
+        elif isinstance(node, ast.Name | ast.Attribute) and "ContextVar" in (
+            getattr(node, "id", None),
+            getattr(node, "attr", None),
+        ):
+            found.append(node.lineno)
+    return sorted(set(found))
+
+
+def test_the_context_var_finder_finds_one(tmp_path):
+    # Guards the guard: a finder that never finds one would pass the test below.
+    (tmp_path / "a.py").write_text("from contextvars import ContextVar\nwho: ContextVar[str] = ContextVar('who')\n")
+    (tmp_path / "b.py").write_text("import contextvars\nwho = contextvars.ContextVar('who')\n")
+    (tmp_path / "c.py").write_text("def f(caller):\n    return caller\n")
+    assert context_vars(tmp_path / "a.py") == [1, 2]
+    assert context_vars(tmp_path / "b.py") == [1, 2]
+    assert context_vars(tmp_path / "c.py") == []
+
+
+def test_no_context_variable_carries_the_caller():
+    """The caller is explicit: made once at the door, passed as an argument to the service
+    and to everything that charges, isolates or orders work by caller; no module keeps it
+    (or anything else) in a ContextVar, but those allowed above with their reason."""
+    found = [
+        f"{rel}:{line}"
+        for path in sorted(PACKAGE.rglob("*.py"))
+        if (rel := str(path.relative_to(ROOT))) not in CONTEXT_VARS_ALLOWED
+        for line in context_vars(path)
+    ]
+    assert not found, "a ContextVar (pass the caller as an argument, core/caller.py):\n" + "\n".join(found)
+    stale = [rel for rel in CONTEXT_VARS_ALLOWED if not (ROOT / rel).is_file() or not context_vars(ROOT / rel)]
+    assert not stale, f"allowed but holding no ContextVar: {stale}"
+
+
+def calls_without_caller(path: Path, methods: tuple[str, ...] = ("decide", "run_admitted")) -> list[int]:
+    """Lines of `path` that call `.decide(...)` or `.run_admitted(...)` without `caller=`."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in methods:
+            if not any(k.arg == "caller" for k in node.keywords):
+                found.append(node.lineno)
+    return found
+
+
+def test_the_api_names_the_caller_of_every_decision(tmp_path):
+    """The service's caller defaults to the anonymous one (a process with no keys: tests,
+    tools); at the edge every decision names its caller, so none is served uncharged."""
+    (tmp_path / "a.py").write_text("service.decide(request)\nservice.decide(request, caller=c)\n")
+    assert calls_without_caller(tmp_path / "a.py") == [1]  # guards the guard
+    found = [
+        f"{path.relative_to(ROOT)}:{line}"
+        for path in sorted((PACKAGE / "api").rglob("*.py"))
+        for line in calls_without_caller(path)
+    ]
+    assert not found, "a decision without its caller (pass caller=):\n" + "\n".join(found)
+
+
 def name_lists(path: Path, names: set[str]) -> list[int]:
     """Lines of `path` that write a tuple, list or set of three or more of `names`."""
     found = []

@@ -6,14 +6,13 @@ import asyncio
 import pytest
 
 from openjev.core.types import Share
-from openjev.engines.http.slots import FairSlots, calling_share
+from openjev.engines.http.slots import FairSlots
 
 
 async def _call(
     slots: FairSlots, share: Share, tokens: int, order: list[str], release: asyncio.Event, name: str = ""
 ) -> None:
-    calling_share.set(share)
-    async with slots.hold(tokens):
+    async with slots.hold(tokens, share):
         order.append(name or share.tenant)
         await release.wait()
 

@@ -4,10 +4,11 @@ never the reverse)."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from contextlib import AbstractAsyncContextManager
+from contextlib import AbstractAsyncContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from openjev.core.caller import Caller
 from openjev.core.plan import Plan
 from openjev.core.types import Turn
 
@@ -67,14 +68,32 @@ class Engine(Protocol):
 
 
 class Admission(Protocol):
-    """A decorator on the engine port: what admits work before the engine sees it (the
-    edge's, api/identity/admission.py). The service calls `gate(engine)` in the engine's
-    place (it admits each plan, then runs it on `engine`), and enters `admit()` for each
-    decision before it takes one of its evaluation slots."""
+    """What admits a decision's work for its caller before the engine sees it (the edge's,
+    api/identity/admission.py). The service runs its plans on `gate(engine)` (the engine,
+    measured), and for each decision, with the caller it was given: enters `slot(caller)`
+    before it takes one of its evaluation slots, then, once every plan it will run is
+    prepared (the request's and its content-free twin's), `admit(caller, plans)` around
+    running them: the plans priced and charged as one (it raises the refusal)."""
 
     def gate(self, engine: Engine) -> Engine: ...
 
-    def admit(self) -> AbstractAsyncContextManager[object]: ...
+    def slot(self, caller: Caller) -> AbstractAsyncContextManager[object]: ...
+
+    def admit(self, caller: Caller, plans: Sequence[Plan]) -> AbstractAsyncContextManager[object]: ...
+
+
+class AdmitAll(Admission):
+    """The admission of a service given none (one process with no edge: tests, the eval
+    tools): the engine as it is, and every caller's work admitted."""
+
+    def gate(self, engine: Engine) -> Engine:
+        return engine
+
+    def slot(self, caller: Caller) -> AbstractAsyncContextManager[object]:  # noqa: ARG002 - admits anyone
+        return nullcontext()
+
+    def admit(self, caller: Caller, plans: Sequence[Plan]) -> AbstractAsyncContextManager[object]:  # noqa: ARG002
+        return nullcontext()
 
 
 # A text in pieces, each (text, template): a template piece is the chat template's own text

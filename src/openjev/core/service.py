@@ -1,27 +1,29 @@
 """DecisionService: one decision request from core types to core answers.
 
-Order of work, so that nothing invalid or over budget reaches the engine:
-admission (the caller's share, then the in-flight cap) -> compile (off the event loop) -> token budgets -> engine run
-under a deadline (with the content-free twin of the questions whose fit divides one out and
-whose reading is not cached: core/content_free.py) -> readout (branch log-probs -> option
-probabilities) -> calibration -> answers.
+Order of work, so that nothing invalid or over budget reaches the engine, all of it for
+the caller it is given (core/caller.py; never ambient):
+the caller's slot (its share, then the in-flight cap) -> prepare: compile (off the event
+loop) and token budgets, for the request and its content-free twin (the questions whose fit
+divides one out and whose reading is not cached: core/content_free.py) -> admit: every plan
+it will run, admitted for the caller as one (priced, charged) -> run them under one
+deadline -> readout (branch log-probs -> option probabilities) -> calibration -> answers.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import Callable, Mapping
 
 from openjev.core import calibration as calib
 from openjev.core.abstain import AbstainRule
 from openjev.core.answers import answer_of
+from openjev.core.caller import ANONYMOUS, Caller
 from openjev.core.combine import combine_all
 from openjev.core.compile_size import compiles_inline
 from openjev.core.content_free import ContentFreeReadings
 from openjev.core.distinct import refuse_ties
-from openjev.core.ports import Admission, Engine, PlanResult
+from openjev.core.ports import Admission, AdmitAll, Engine, PlanResult
 from openjev.core.prompts import CompiledRequest, PromptCompiler
 from openjev.core.readouts import Readout, ReadoutContext, ReadoutSpec, question_type
 from openjev.core.readouts.catalog import PARALLEL_FALLBACK, ReadoutCatalog
@@ -58,10 +60,10 @@ class DecisionService:
         admission: Admission | None = None,
     ) -> None:
         self._compiler = compiler
-        # The engine is called through the admission's gate; every decision enters its
-        # `admit` before it takes an evaluation slot.
-        self._engine = admission.gate(engine) if admission is not None else engine
-        self._admit = admission.admit if admission is not None else None
+        # The engine is run through the admission's gate (measured); every decision enters
+        # the caller's `slot`, then has its plans admitted as one (core/ports.py `Admission`).
+        self._admission = admission if admission is not None else AdmitAll()
+        self._engine = self._admission.gate(engine)
         self._limits = limits
         self._clock = clock
         self._in_flight = 0
@@ -116,11 +118,13 @@ class DecisionService:
         request: DecisionRequest,
         compiled: CompiledRequest | None = None,
         *,
+        caller: Caller = ANONYMOUS,
         readout: ReadoutSpec | None = None,
         calibrate: bool = True,
         tasks: Mapping[str, TaskCalibration] | None = None,
     ) -> DecisionResult:
-        """Answer every question, in request order, with `readout` (default: the service's)
+        """Answer every question, in request order, for `caller` (whose slot, admission and
+        charge it is), with `readout` (default: the service's)
         and, unless `calibrate` is false, the calibration where it has a fit; `tasks`: by
         question id, a task's fit and abstain rule in their place (api/server/task_binding.py
         checked them against this readout and model; applied even where `calibrate` is
@@ -130,9 +134,9 @@ class DecisionService:
 
         Raises Overloaded (cap reached), Unsupported (a readout this model cannot do),
         TokensExceeded (budget; the engine is not called), EngineTimeout (deadline), or
-        what the engine raises.
+        what the engine and the admission raise.
         """
-        async with self._admit() if self._admit is not None else contextlib.nullcontext():
+        async with self._admission.slot(caller):
             if self._in_flight >= self._limits.max_in_flight:
                 raise Overloaded(  # how busy others keep the server is theirs to know: numbers to the log
                     "the server is full; retry after Retry-After",
@@ -142,7 +146,7 @@ class DecisionService:
             self._in_flight += 1
             try:
                 spec = self.resolve(readout or self.default_readout)
-                return await self._decide(request, compiled, spec, calibrate, tasks or {})
+                return await self._decide(request, compiled, spec, calibrate, tasks or {}, caller)
             finally:
                 self._in_flight -= 1
 
@@ -153,6 +157,7 @@ class DecisionService:
         spec: ReadoutSpec,
         calibrate: bool,
         tasks: Mapping[str, TaskCalibration],
+        caller: Caller,
     ) -> DecisionResult:
         t0 = self._clock()
         readout = self.readout(spec)
@@ -167,7 +172,7 @@ class DecisionService:
         twin = self.content_free.missing(request, spec, wanted)
         twin_compiled = await self.prepare(twin, spec) if twin is not None else None
         t1 = self._clock()
-        result, twin_result = await self._run(compiled, twin_compiled)
+        result, twin_result = await self._run(caller, compiled, twin_compiled)
         t2 = self._clock()
         if twin is not None and twin_compiled is not None and twin_result is not None:
             self.content_free.store(
@@ -192,12 +197,24 @@ class DecisionService:
             calibration=",".join(dict.fromkeys(a for a in applied if a)) or (cal.id if cal is not None else None),
         )
 
+    async def run_admitted(self, compiled: CompiledRequest, *, caller: Caller) -> PlanResult:
+        """`compiled`'s plan alone, admitted for `caller` as a decision's plans are (priced,
+        charged to its account where it has one) and run under the same deadline, outside
+        any decision (no evaluation slot: a task's fit reading an example). Raises what the
+        admission and the engine raise, EngineTimeout at the deadline."""
+        result, _ = await self._run(caller, compiled, None)
+        return result
+
     async def _run(
-        self, compiled: CompiledRequest, twin: CompiledRequest | None
+        self, caller: Caller, compiled: CompiledRequest, twin: CompiledRequest | None
     ) -> tuple[PlanResult, PlanResult | None]:
-        """The request's plan, and its content-free twin's beside it, under one deadline."""
+        """The request's plan, and its content-free twin's beside it, admitted for `caller`
+        as one and run, under one deadline."""
+        plans = [compiled.plan] + ([twin.plan] if twin is not None else [])
         try:
-            return await asyncio.wait_for(self._run_both(compiled, twin), self._limits.engine_timeout_s)
+            async with asyncio.timeout(self._limits.engine_timeout_s):
+                async with self._admission.admit(caller, plans):
+                    return await self._run_both(compiled, twin)
         except TimeoutError:
             raise EngineTimeout(f"the engine did not answer within {self._limits.engine_timeout_s:g} s") from None
 

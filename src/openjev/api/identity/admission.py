@@ -1,16 +1,19 @@
-"""Admission on the engine port: how much work gets in (who gets in at all, and the key's
-requests and reservation, are decided at the door: api/identity/door.py).
+"""Admission of a decision's work, for its caller: how much work gets in (who gets in at
+all, and the key's requests and reservation, are decided at the door: api/identity/door.py).
 
-- On the engine port (`EngineAdmission`, the core's `Admission` port): each key's share of
-  the evaluation slots (`KeyShare`), and the engine wrapped (`GatedEngine`) with a
-  server-wide bound on distinct tokens in flight (529 beyond, Retry-After from the measured
-  drain rate) and the calling key's tokens/min bucket (429 beyond); `charge_refused`
-  charges a refused request's work.
+- `EngineAdmission`, the core's `Admission` port, given the caller by the service: each
+  key's share of the evaluation slots (`slot`, `KeyShare`), then every plan the decision
+  will run, the request's and its content-free twin's, admitted as one (`admit`,
+  `GatedEngine.admit`): priced against the engine's deadline, a server-wide bound on
+  distinct tokens in flight (529 beyond, Retry-After from the measured drain rate) and the
+  caller's tokens/min bucket (429 beyond) (a refused request's work is charged by
+  api/identity/caller.py `charge_refused`).
+- `GatedEngine`, the engine the service runs the admitted plans on: it measures them (the
+  drain rate, the engine's calls and failures).
 
-The gate sits between the DecisionService and the engine, so it sees each plan after the
-compile and the per-request budgets and before any engine work. Fairness between the
-admitted requests stays inside the engine (the in-process scheduler serves them slice by
-slice, round-robin).
+Admission sees the plans after the compile and the per-request budgets and before any
+engine work. Fairness between the admitted requests stays inside the engine (the
+in-process scheduler serves them slice by slice, round-robin).
 """
 
 from __future__ import annotations
@@ -20,36 +23,17 @@ import collections
 import contextlib
 import math
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 
+from openjev.api.identity.caller import account_of, entry_of
 from openjev.api.identity.key_limits import KeyLimits
-from openjev.api.identity.keys import current_key
-from openjev.api.identity.reservation import claim_current
 from openjev.api.operations.metrics import Metrics
+from openjev.core.caller import Caller
 from openjev.core.plan import Plan
 from openjev.core.ports import Admission, Engine, PlanResult
 from openjev.errors import OpenjevError, Overloaded, RateLimited, TokensExceeded
 
 MAX_RETRY_AFTER_S = 60
-
-
-def charge_refused(key_limits: KeyLimits, exc: TokensExceeded) -> None:
-    """Charge the work a refused request cost (`exc.work_tokens`, tokens encoded before the
-    refusal) to the calling key's tokens/min bucket, in place of what was reserved at the
-    door; nothing where no key is in use. From a worker thread (on the loop:
-    `charge_refused_async`)."""
-    entry = current_key.get()
-    refund = claim_current()
-    if entry is not None and (exc.work_tokens or refund):
-        key_limits.from_thread(key_limits.charge_tokens(entry, exc.work_tokens, refund=refund))
-
-
-async def charge_refused_async(key_limits: KeyLimits, exc: TokensExceeded) -> None:
-    """`charge_refused` on the event loop."""
-    entry = current_key.get()
-    refund = claim_current()
-    if entry is not None and (exc.work_tokens or refund):
-        await key_limits.charge_tokens(entry, exc.work_tokens, refund=refund)
 
 
 class DrainRate:
@@ -121,8 +105,8 @@ class KeyShare:
         self._slots: dict[str, asyncio.Semaphore] = {}
 
     @contextlib.asynccontextmanager
-    async def __call__(self) -> AsyncIterator[None]:
-        entry = current_key.get()
+    async def __call__(self, caller: Caller) -> AsyncIterator[None]:
+        entry = entry_of(caller)
         if entry is None or self.share <= 0:
             yield
             return
@@ -175,31 +159,30 @@ class GatedEngine(Engine):
             return self._retry_after_s
         return max(1, min(MAX_RETRY_AFTER_S, math.ceil(excess_tokens / rate)))
 
-    def refuse_past_deadline(self, plan: Plan) -> None:
-        """TokensExceeded (422) where the plan alone could not finish before the engine's
-        deadline at the cost the engine measured on its own forwards (`estimate_s`, the
-        in-process engine's, attention's growth with the length included): refused before
-        any engine work rather than computed until a 504. (An engine over HTTP offers no
-        estimate: its per-request latency would make a tokens/s rate of small requests
-        refuse large ones a GPU serves in seconds.) A 4xx, not a 529: the
-        server is not busy, this request is too large for it by itself (retrying cannot
-        help); made smaller (a shorter state, fewer questions or rotations) it is served.
-        Nothing is refused before a first measurement."""
+    def refuse_past_deadline(self, plans: Sequence[Plan]) -> None:
+        """TokensExceeded (422) where the plans together (a request and its content-free twin)
+        could not finish before the engine's deadline at the cost the engine measured on its
+        own forwards (`estimate_s`; None over HTTP, where per-request latency would refuse
+        what a GPU serves in seconds): refused before any work rather than computed until a
+        504. A 4xx, not a 529: the request is too large for this server by itself (retrying
+        cannot help; smaller, it is served). Nothing is refused before a first measurement."""
         if not self.deadline_s:
             return
-        seconds = self.inner.estimate_s(plan)
+        estimates = [self.inner.estimate_s(plan) for plan in plans]
+        seconds = None if any(e is None for e in estimates) else sum(e for e in estimates if e is not None)
         if seconds is not None and seconds > self.deadline_s:
+            tokens = sum(plan.unique_tokens for plan in plans)
             raise TokensExceeded(
-                f"the request's {plan.unique_tokens} distinct tokens would take about {seconds:.0f} s of engine "
+                f"the request's {tokens} distinct tokens would take about {seconds:.0f} s of engine "
                 f"work on this server by themselves, past its {self.deadline_s:g} s deadline: refused before any "
                 "work; send a shorter state, fewer questions or fewer rotations"
             )
 
-    async def run(self, plan: Plan) -> PlanResult:
-        n = plan.unique_tokens
-        self.refuse_past_deadline(plan)
-        # Alone, any request within --max-request-tokens is admitted: a bound below one
-        # request's size must not refuse it forever.
+    def refuse_past_queue(self, n: int) -> None:
+        """Overloaded (529) where `n` more distinct tokens would pass the bound on tokens in
+        flight, or could not be reached within max_wait_s at the measured rate. Alone, any
+        request within --max-request-tokens is admitted: a bound below one request's size
+        must not refuse it forever."""
         if self.max_tokens and self.in_flight_tokens and self.in_flight_tokens + n > self.max_tokens:
             excess = self.in_flight_tokens + n - self.max_tokens
             raise Overloaded(  # other keys' load is not this caller's to see: numbers to the log
@@ -218,20 +201,32 @@ class GatedEngine(Engine):
                 retry_after_s=self.retry_after(excess),
                 detail=f"{self.in_flight_tokens} tokens in flight would take {self.in_flight_tokens / rate:.0f} s",
             )
-        entry = current_key.get()
+
+    @contextlib.asynccontextmanager
+    async def admit(self, caller: Caller, plans: Sequence[Plan]) -> AsyncIterator[None]:
+        """`plans`, every plan of one decision, admitted as one for `caller`: priced together
+        (the deadline, the queue), their distinct tokens taken from the caller's bucket in
+        one step (the door's reservation handed back in it), and held in flight until exit."""
+        n = sum(plan.unique_tokens for plan in plans)
+        self.refuse_past_deadline(plans)
+        self.refuse_past_queue(n)
+        account = account_of(caller)
         self.in_flight_tokens += n  # held while the key's bucket is asked, so no one else passes on it
-        if entry is not None:  # after the server-wide check: a 529 costs the key nothing
-            try:  # the door's reservation handed back in the same step as the request's own tokens
-                await self._keys.take_tokens(entry, n, refund=claim_current())
-            except BaseException:
-                self.in_flight_tokens -= n
-                raise
+        try:
+            if account is not None:  # after the server-wide check: a 529 costs the key nothing
+                await self._keys.take_tokens(account.entry, n, refund=account.claim())
+            yield
+        finally:
+            self.in_flight_tokens -= n
+
+    async def run(self, plan: Plan) -> PlanResult:
+        """`plan` on the engine (admitted already: `admit`), measured."""
         self.rate.started()
         self._metrics.engine_calls.inc()
         served = 0
         try:
             result = await self.inner.run(plan)
-            served = n
+            served = plan.unique_tokens
         except OpenjevError as e:
             self._metrics.engine_failures.labels(e.error_type).inc()
             raise
@@ -241,7 +236,6 @@ class GatedEngine(Engine):
             self._metrics.engine_failures.labels("unknown").inc()
             raise
         finally:
-            self.in_flight_tokens -= n
             self.rate.finished(served)
         return result
 
@@ -260,9 +254,10 @@ class GatedEngine(Engine):
 
 
 class EngineAdmission(Admission):
-    """The edge's admission as the core's `Admission` port (a decorator on the engine port):
-    `gate` wraps the engine in the `GatedEngine` that `make_gate` builds (kept as `gated`, for
-    /metrics), `admit` is the calling key's share of the evaluation slots (`share`)."""
+    """The edge's admission as the core's `Admission` port: `gate` wraps the engine in the
+    `GatedEngine` that `make_gate` builds (kept as `gated`, for /metrics); `slot` is the
+    caller's share of the evaluation slots (`share`); `admit` admits a decision's plans for
+    the caller as one (`GatedEngine.admit`)."""
 
     def __init__(self, make_gate: Callable[[Engine], GatedEngine], share: KeyShare) -> None:
         self._make_gate = make_gate
@@ -273,5 +268,10 @@ class EngineAdmission(Admission):
         self.gated = self._make_gate(engine)
         return self.gated
 
-    def admit(self) -> contextlib.AbstractAsyncContextManager[None]:
-        return self.share()
+    def slot(self, caller: Caller) -> contextlib.AbstractAsyncContextManager[None]:
+        return self.share(caller)
+
+    def admit(self, caller: Caller, plans: Sequence[Plan]) -> contextlib.AbstractAsyncContextManager[None]:
+        if self.gated is None:
+            raise RuntimeError("admit before gate: the service gates its engine when it is built")
+        return self.gated.admit(caller, plans)

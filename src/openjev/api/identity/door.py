@@ -14,10 +14,11 @@ from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from openjev.api.contract.paths import DECISION_ROUTES
+from openjev.api.identity.caller import SCOPE_KEY, caller_for
 from openjev.api.identity.key_limits import KeyLimits
-from openjev.api.identity.keys import KeyEntry, KeyRing, current_key
+from openjev.api.identity.keys import KeyEntry, KeyRing
 from openjev.api.identity.proxies import TrustedProxies
-from openjev.api.identity.reservation import admit, current_reservation
+from openjev.api.identity.reservation import admit
 from openjev.errors import AuthenticationError, RateLimited, RequestError
 
 # The API docs: behind the API's key with --docs auth, their static assets too (the largest
@@ -37,8 +38,9 @@ def _loopback(scope: Scope, proxies: TrustedProxies) -> bool:
 class AdmissionMiddleware:
     """At the door, before the body is read or parsed: the caller's key where the path needs
     one (an unauthenticated request is a 401 whatever it sends) and, on a decision route,
-    one of its requests/min (429 beyond). The key is the request's from then on
-    (`current_key`, and its name in the request's state for the log and the metrics)."""
+    one of its requests/min (429 beyond). The request's caller is made here, once
+    (`core.caller.Caller`, in the scope's state: api/identity/caller.py `caller_of`), with
+    the key's name beside it for the log and the metrics."""
 
     def __init__(
         self,
@@ -71,8 +73,8 @@ class AdmissionMiddleware:
         state = scope.setdefault("state", {})
         state["key_name"] = entry.name if entry else None
         # The entry is the request's before its limits are checked, so that what answers a 429
-        # at the door (outside this middleware, where the ContextVar is unset) still knows whose
-        # limits to show (api/server/conventions.py).
+        # at the door (outside this middleware) still knows whose limits to show
+        # (api/server/conventions.py).
         state["key_entry"] = entry
         held = None
         if entry is not None and scope["path"] in DECISION_ROUTES:
@@ -82,15 +84,13 @@ class AdmissionMiddleware:
             held = await admit(self.key_limits, entry, headers.get("content-length"), encoded)
         if scope["path"] == "/health":  # open to all; how busy the server is only for a key's holder
             state["sees_load"] = not self.keys.enabled or self._bearer(scope) is not None
-        token, reserved = current_key.set(entry), current_reservation.set(held)
+        state[SCOPE_KEY] = caller_for(entry, self.key_limits.allowance(entry), held)
         try:
             async with self._in_progress(entry):
                 await self.app(scope, receive, send)
         finally:
             if held is not None:
                 await held.release()
-            current_reservation.reset(reserved)
-            current_key.reset(token)
 
     @contextlib.asynccontextmanager
     async def _in_progress(self, entry: KeyEntry | None) -> AsyncIterator[None]:

@@ -15,8 +15,9 @@ import uuid
 from collections.abc import AsyncIterator
 
 from openjev.api.identity.admission import KeyShare
-from openjev.api.identity.keys import current_key
+from openjev.api.identity.caller import entry_of
 from openjev.api.identity.shared import RedisStore
+from openjev.core.caller import Caller
 from openjev.errors import RateLimited
 
 FIRST_POLL_S = 0.005  # a refused lease is tried again after this, doubling up to MAX_POLL_S
@@ -34,8 +35,8 @@ class FleetShare(KeyShare):
         self._own = KeyShare(share, max_wait_s, retry_after_s)  # mode open
 
     @contextlib.asynccontextmanager
-    async def __call__(self) -> AsyncIterator[None]:
-        entry = current_key.get()
+    async def __call__(self, caller: Caller) -> AsyncIterator[None]:
+        entry = entry_of(caller)
         if entry is None or self.share <= 0:
             yield
             return
@@ -45,7 +46,7 @@ class FleetShare(KeyShare):
         if held is None:  # the store is away: the mode's bound instead
             if self.store.health.mode == "closed":
                 raise self.store.health.unavailable()
-            async with (self._local if self.store.health.mode == "local" else self._own)():
+            async with (self._local if self.store.health.mode == "local" else self._own)(caller):
                 yield
             return
         try:

@@ -42,7 +42,7 @@ class KeyLimits:
     def _bucket(self, entry: KeyEntry, kind: str) -> BucketId | None:
         """The key's bucket of `kind`; None where the key has no such limit."""
         per_min = self.allowance(entry).by_kind().get(kind, 0)
-        return BucketId(entry.name, kind, per_min) if per_min else None
+        return BucketId(entry.tenant, kind, per_min) if per_min else None
 
     def from_thread(self, work: Coroutine[Any, Any, None]) -> None:
         """Run `work` (a charge or a refund) from a worker thread on the loop the store is
@@ -137,7 +137,7 @@ class KeyLimits:
         bucket is full again). Read only: nothing is taken (OpenAI's x-ratelimit-* headers)."""
         out: dict[str, tuple[int, int, float]] = {}
         for kind, per_min in self.allowance(entry).by_kind().items():
-            level = await self.buckets.level(BucketId(entry.name, kind, per_min))
+            level = await self.buckets.level(BucketId(entry.tenant, kind, per_min))
             if level is None:
                 out[kind] = (per_min, per_min, 0.0)
                 continue

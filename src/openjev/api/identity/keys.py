@@ -1,7 +1,7 @@
 """Named API keys and their per-key limits.
 
-Keys come from `--api-key` (named key1, key2, ... in the order given) and from
-`--api-keys-file`, one key per line:
+Keys come from `--api-key` (named key1, key2, ... in the order given, for logs and metric
+labels only) and from `--api-keys-file`, one key per line:
 
     # comment; also after a space at the end of a line
     alice:s3cret-key-of-alice
@@ -16,7 +16,10 @@ Each key also has its share of the engine while several keys have work waiting
 (engines/fair_share.py): `weight=N` (1 to MAX_WEIGHT, default 1) gives it N times a
 weight-1 key's.
 
-Only names ever reach logs and metric labels. A key is matched by comparing SHA-256
+What is stored per key (tasks) is stored under its `tenant`, which never follows a position:
+a named key's name (rotating its secret keeps its data; renamed, it starts empty and its
+data stays with the old name), and for a key given without a name (`--api-key`) a digest
+of its secret. Only names ever reach logs and metric labels. A key is matched by comparing SHA-256
 digests with hmac.compare_digest against every entry (no early exit), so neither the time
 nor the matching entry reveals how much of a guess was right. The file is re-read on
 SIGHUP; a file that cannot be read or parsed (missing, not UTF-8, malformed) keeps the
@@ -32,7 +35,6 @@ import hmac
 import logging
 import re
 from collections.abc import Iterable
-from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -57,12 +59,13 @@ class KeyEntry:
     cache_group: str | None = None  # keys of one group share a prefix-cache namespace
     cache_namespace: str = ""  # the namespace's salt (`salt` below), set by the KeyRing
     weight: int = 1  # its share of the engine against other keys' (engines/fair_share.py)
+    unnamed: bool = False  # given without a name (--api-key): its name is its position
 
-
-# The key of the request being served: set by the admission middleware at the door, read
-# by the token gate (admission), the cache namespace (tenancy) and the batch (contextvars
-# follow the request into the tasks it starts).
-current_key: ContextVar[KeyEntry | None] = ContextVar("openjev_key", default=None)
+    @property
+    def tenant(self) -> str:
+        """The key's stable id, under which its data is kept: its name, or for an unnamed key
+        `key-` and 16 hex digits of its secret's SHA-256 (never its position)."""
+        return f"key-{self.digest.hex()[:16]}" if self.unnamed else self.name
 
 
 def digest_of(key: str) -> bytes:
@@ -172,7 +175,7 @@ def _check_whole(text: str, path: str, *, had_file_keys: bool) -> None:
 
 
 def flag_entries(keys: Iterable[str]) -> list[KeyEntry]:
-    return [KeyEntry(f"key{i}", digest_of(k)) for i, k in enumerate(keys, 1)]
+    return [KeyEntry(f"key{i}", digest_of(k), unnamed=True) for i, k in enumerate(keys, 1)]
 
 
 def namespace_id(name: str, cache_group: str | None) -> str:
@@ -195,13 +198,13 @@ def with_namespaces(entries: Iterable[KeyEntry]) -> tuple[KeyEntry, ...]:
     entries = tuple(entries)
     members: dict[str, list[bytes]] = {}
     for e in entries:
-        members.setdefault(namespace_id(e.name, e.cache_group), []).append(e.digest)
+        members.setdefault(namespace_id(e.tenant, e.cache_group), []).append(e.digest)
     salts = {ns: salt(ns, digests) for ns, digests in members.items()}
     if entries:
         log.info(
             "%d API keys in %d prefix-cache namespaces (keys share one only by cache_group)", len(entries), len(salts)
         )
-    return tuple(dataclasses.replace(e, cache_namespace=salts[namespace_id(e.name, e.cache_group)]) for e in entries)
+    return tuple(dataclasses.replace(e, cache_namespace=salts[namespace_id(e.tenant, e.cache_group)]) for e in entries)
 
 
 class KeyRing:

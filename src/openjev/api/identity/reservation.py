@@ -14,7 +14,6 @@ cost is what one of them does.
 from __future__ import annotations
 
 import threading
-from contextvars import ContextVar
 from dataclasses import dataclass, field
 
 from openjev.api.identity.key_limits import KeyLimits
@@ -47,11 +46,6 @@ class Reservation:
             await self.limits.refund_tokens(self.entry, tokens)
 
 
-# The request's reservation: set by the admission middleware at the door, released by the
-# gate before it takes the request's tokens, by a refusal's charge, and at the request's end.
-current_reservation: ContextVar[Reservation | None] = ContextVar("openjev_reservation", default=None)
-
-
 def reserved_tokens(content_length: str | None, encoded: bool, per_min: int) -> int:
     """What the door reserves for a body: its declared bytes over BYTES_PER_TOKEN, or a
     whole minute's budget where its size is unknown (no Content-Length, or compressed)."""
@@ -68,10 +62,3 @@ async def admit(limits: KeyLimits, entry: KeyEntry, content_length: str | None, 
     tokens = reserved_tokens(content_length, encoded, per_min) if per_min else 0
     await limits.admit(entry, reserve=tokens)
     return Reservation(limits, entry, tokens) if tokens else None
-
-
-def claim_current() -> int:
-    """The request's reservation, claimed (once) to be handed back with the step that replaces
-    it (the gate's take of its tokens, a refusal's charge); 0 where there is none."""
-    found = current_reservation.get()
-    return 0 if found is None else found.claim()

@@ -6,8 +6,9 @@ With API keys configured each key gets its own namespace; keys that name the sam
 `cache_group` in the keys file share one (api/identity/keys.py). Without keys (one tenant)
 everything shares the empty namespace, as before.
 
-The namespace travels as data: the route puts it on the DecisionRequest, the compiler on
-the Plan, and each engine honours it its own way (the in-process prefix cache keys its
+The namespace travels as data: the door makes it part of the request's caller
+(api/identity/caller.py), the route puts it on the DecisionRequest (`Caller.scope`,
+core/caller.py), the compiler on the Plan, and each engine honours it its own way (the in-process prefix cache keys its
 entries by it; SGLang gets it as `extra_key`, vLLM as `cache_salt`). It is an HMAC, not
 a name: a backend shared with other clients cannot guess it (vLLM asks for exactly that).
 """
@@ -18,18 +19,7 @@ import base64
 import dataclasses
 import hashlib
 
-from openjev.api.identity.keys import current_key
-from openjev.core.types import DecisionRequest, Share
-
-
-def scoped(request: DecisionRequest) -> DecisionRequest:
-    """`request` in the calling key's cache namespace and served from the key's share of the
-    engine (engines/fair_share.py); without keys nothing changes."""
-    entry = current_key.get()
-    if entry is None:
-        return request
-    share = Share(entry.name, entry.weight)
-    return dataclasses.replace(request, cache_namespace=entry.cache_namespace or request.cache_namespace, share=share)
+from openjev.core.types import DecisionRequest
 
 
 def partitioned(request: DecisionRequest, partition: str) -> DecisionRequest:

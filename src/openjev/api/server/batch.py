@@ -40,16 +40,15 @@ from openjev.api.contract.jev import convert, schemas
 from openjev.api.contract.jev.format import JEV
 from openjev.api.contract.overrides import decide_options
 from openjev.api.contract.paths import BATCH
-from openjev.api.identity import tenancy
-from openjev.api.identity.admission import charge_refused
 from openjev.api.identity.auth import require_key
+from openjev.api.identity.caller import caller_of, charge_refused, entry_of
 from openjev.api.identity.key_limits import KeyLimits
-from openjev.api.identity.keys import current_key
 from openjev.api.operations.middleware import request_id_of
 from openjev.api.server import pipeline
 from openjev.api.server.batch_items import Item, collect, error_line, ndjson, run
 from openjev.api.server.pipeline import unless_disconnected
 from openjev.config import LimitSettings, QualitySettings
+from openjev.core.caller import Caller
 from openjev.core.readouts import ReadoutSpec
 from openjev.core.service import DecisionService
 from openjev.core.task_apply import TaskCalibration
@@ -125,14 +124,15 @@ def install(
         count = _count(body, limits)
         spec, calibrate = decide_options(request.headers, quality)  # one readout for every item
         ops = request.app.state.ops
-        entry = current_key.get()
+        caller = caller_of(request)
+        entry = entry_of(caller)
         if entry is not None and count > 1:  # the request itself took one at the door
             await ops.key_limits.take_batch_items(entry, count - 1)
         service, card = ready()
         t0 = time.perf_counter()
-        bind = pipeline.task_binder(request, spec, service, card.fingerprint, quality)  # x-openjev-task
+        bind = pipeline.task_binder(request, caller, spec, service, card.fingerprint, quality)  # x-openjev-task
         items = await _prepared(
-            request, body, limits, service, card.name, spec or service.default_readout, (calibrate, bind)
+            request, caller, body, limits, service, card.name, spec or service.default_readout, (calibrate, bind)
         )
         slots = max(1, limits.max_in_flight // 2)
         state = request.state
@@ -154,6 +154,7 @@ def install(
 
 async def _prepared(
     request: Request,
+    caller: Caller,
     body: BatchRequest,
     limits: LimitSettings,
     service: DecisionService,
@@ -178,7 +179,7 @@ async def _prepared(
                 spec,
                 calibration,
                 request_id_of(request.scope),
-                (request.app.state.ops.key_limits, gone),
+                (request.app.state.ops.key_limits, caller, gone),
             ),
         )
     finally:
@@ -214,8 +215,10 @@ def _shared_questions(body: BatchRequest, limits: LimitSettings) -> tuple[tuple[
         return exc
 
 
-def _request_of(raw: Any, body: BatchRequest, shared: Any, limits: LimitSettings) -> tuple[DecisionRequest, str]:
-    """One item as a core request and the model it asks for."""
+def _request_of(
+    raw: Any, body: BatchRequest, shared: Any, limits: LimitSettings, caller: Caller
+) -> tuple[DecisionRequest, str]:
+    """One item as a core request, in `caller`'s namespace, and the model it asks for."""
     if body.requests is None:  # the states form
         if isinstance(shared, OpenjevError):
             raise shared
@@ -223,10 +226,10 @@ def _request_of(raw: Any, body: BatchRequest, shared: Any, limits: LimitSettings
             state = schemas.StateItem.model_validate({"state": raw}).state
         except ValidationError as e:
             raise ItemInvalid(_validation_message(e)) from None
-        return tenancy.scoped(DecisionRequest(state=convert.state_of(state), questions=shared)), body.model
+        return caller.scope(DecisionRequest(state=convert.state_of(state), questions=shared)), body.model
     try:
         parsed = schemas.SystemOneRequest.model_validate(raw)
-        return pipeline.admitted(JEV, parsed, limits.max_questions), parsed.model
+        return pipeline.admitted(JEV, parsed, limits.max_questions, caller), parsed.model
     except ValidationError as e:
         raise ItemInvalid(_validation_message(e)) from None
     except RequestValidationError as e:  # the format's own count check
@@ -241,13 +244,13 @@ def _prepare_all(
     spec: ReadoutSpec,
     calibration: tuple[bool, Binder],
     request_id: str | None,
-    charge: tuple[KeyLimits, threading.Event],
+    charge: tuple[KeyLimits, Caller, threading.Event],
 ) -> list[Item]:
     """Every item validated, converted and prepared, in a worker thread (see batch()). The
     work of every item counts toward --max-batch-tokens, a refused item's too (the tokens
-    it read before its refusal), and is charged to the key once the batch is refused;
-    the loop stops once `gone` is set (the client left)."""
-    key_limits, gone = charge
+    it read before its refusal), and is charged to the caller's key once the batch is
+    refused; the loop stops once `gone` is set (the client left)."""
+    key_limits, caller, gone = charge
     calibrate, bind = calibration
     states_form = body.requests is None
     shared = _shared_questions(body, limits) if states_form else None
@@ -257,12 +260,12 @@ def _prepare_all(
     for index, raw in enumerate(body.requests if body.requests is not None else body.states or ()):
         if gone.is_set():
             raise ClientDisconnected("the client went away while the batch was prepared")
-        item = Item(index, readout=spec, calibrate=calibrate, request_id=request_id)
+        item = Item(index, caller, readout=spec, calibrate=calibrate, request_id=request_id)
         t0 = time.perf_counter()
         work = 0
         try:
-            with pipeline.charging(key_limits):
-                item.request, model = _request_of(raw, body, shared, limits)  # in the key's namespace
+            with pipeline.charging(key_limits, caller):
+                item.request, model = _request_of(raw, body, shared, limits, caller)  # in the key's namespace
                 item.model = common.resolve_model(model, served)
                 named = raw.get("x_task") if isinstance(raw, dict) and body.requests is not None else None
                 item.tasks = bind(item.request, named)  # the tasks' fits, checked before any compile
@@ -277,17 +280,19 @@ def _prepare_all(
         items.append(item)
         total += work
         if work and total > limits.max_batch_tokens:
-            _refuse_batch(total, charged, index, limits, key_limits)
+            _refuse_batch(total, charged, index, limits, (key_limits, caller))
     return items
 
 
-def _refuse_batch(total: int, charged: int, index: int, limits: LimitSettings, key_limits: KeyLimits) -> None:
+def _refuse_batch(
+    total: int, charged: int, index: int, limits: LimitSettings, charge: tuple[KeyLimits, Caller]
+) -> None:
     """TokensExceeded for a batch whose items' work passed --max-batch-tokens by item
-    `index`, its work charged to the key (less the refused items', charged already)."""
+    `index`, its work charged to the caller's key (less the refused items', charged already)."""
     over = TokensExceeded(
         f"the batch takes more than {total} distinct tokens by item {index}, its items' added up "
         f"(limit {limits.max_batch_tokens} per batch)"
     )
     over.work_tokens = total - charged
-    charge_refused(key_limits, over)
+    charge_refused(*charge, over)
     raise over

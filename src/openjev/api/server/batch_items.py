@@ -17,6 +17,7 @@ from typing import Any
 import anyio
 
 from openjev.api.contract.jev import convert
+from openjev.core.caller import ANONYMOUS, Caller
 from openjev.core.prompts import CompiledRequest
 from openjev.core.readouts import ReadoutSpec
 from openjev.core.service import DecisionService
@@ -30,6 +31,7 @@ log = logging.getLogger("openjev.api.server.batch")  # the batch route's log, wh
 @dataclass
 class Item:
     index: int
+    caller: Caller = ANONYMOUS  # the batch's caller: each item is decided and charged for it
     request: DecisionRequest | None = None
     model: str | None = None
     compiled: CompiledRequest | None = None
@@ -88,7 +90,12 @@ async def _decide(item: Item, service: DecisionService, gate: asyncio.Semaphore,
         try:
             request, model = item.prepared()
             result = await service.decide(
-                request, item.compiled, readout=item.readout, calibrate=item.calibrate, tasks=item.tasks
+                request,
+                item.compiled,
+                caller=item.caller,
+                readout=item.readout,
+                calibrate=item.calibrate,
+                tasks=item.tasks,
             )
             item.result = result
             timings = {**result.timings_ms, "prepare": item.prepare_ms}  # prepared up front, not in decide

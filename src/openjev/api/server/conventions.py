@@ -68,7 +68,7 @@ class ConventionsMiddleware:
                     headers[fmt.id_header] = rid
                 if fmt.rate_limit_headers:
                     # The key admission named (scope state, set before its limits are checked):
-                    # a 429 at the door is answered out here, where current_key is unset.
+                    # a 429 at the door is answered out here, before the caller is made.
                     entry = scope.get("state", {}).get("key_entry")
                     for name, value in (await rate_limit_headers(self.key_limits, entry)).items():
                         headers[name] = value

@@ -6,10 +6,11 @@ only its parser, converter, renderers, paths and docs.
    loop for a large body);
 2. `admitted`: the question count, the conversion to the core's request (in a worker thread
    for a large body: `convert_off_loop`), the caller's cache namespace and the format's
-   partition in it;
+   partition in it (the caller, made at the door, is taken from the request once:
+   api/identity/caller.py `caller_of`, and passed on as an argument from there);
 3. the readout headers (api/contract/overrides.py), the runtime's service, the model asked for;
-4. the decision, watched for the client leaving (`unless_disconnected`), the work of a
-   refused request charged to the caller's key (`charging`);
+4. the decision for the caller, watched for the client leaving (`unless_disconnected`), the
+   work of a refused request charged to the caller's key (`charging`);
 5. the result on `request.state` (the access log and the metrics read it there,
    api/operations/access.py), rendered by the format with the readout headers.
 
@@ -34,13 +35,14 @@ from openjev.api.contract.format_port import WireFormat
 from openjev.api.contract.overrides import decide_options
 from openjev.api.contract.responses import FastJSONResponse
 from openjev.api.identity import tenancy
-from openjev.api.identity.admission import charge_refused, charge_refused_async
 from openjev.api.identity.auth import require_key
+from openjev.api.identity.caller import caller_of, charge_refused, charge_refused_async
 from openjev.api.identity.key_limits import KeyLimits
 from openjev.api.operations.middleware import request_id_of
 from openjev.api.server.assembly import Runtime
 from openjev.api.server.task_binding import TASK_HEADER, fits_of, named_task
 from openjev.config import LimitSettings, QualitySettings
+from openjev.core.caller import Caller
 from openjev.core.readouts import ReadoutSpec
 from openjev.core.service import DecisionService
 from openjev.core.task_apply import TaskCalibration
@@ -52,39 +54,41 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
-def admitted(fmt: WireFormat, body: Any, max_questions: int) -> DecisionRequest:
+def admitted(fmt: WireFormat, body: Any, max_questions: int, caller: Caller) -> DecisionRequest:
     """Step 2 of the module doc (the model aside), on the calling thread (a worker thread for
-    a large body): the core request, in the caller's cache namespace and its partition."""
-    return tenancy.partitioned(tenancy.scoped(fmt.convert(body, max_questions)), fmt.partition(body))
+    a large body): the core request, in `caller`'s cache namespace and its partition."""
+    return tenancy.partitioned(caller.scope(fmt.convert(body, max_questions)), fmt.partition(body))
 
 
 @contextmanager
-def charging(key_limits: KeyLimits) -> Iterator[None]:
-    """A request refused for its tokens charges the work it cost to the caller's key, so
-    that a refused body cannot be repeated for free (api/identity/admission.py)."""
+def charging(key_limits: KeyLimits, caller: Caller) -> Iterator[None]:
+    """A request refused for its tokens charges the work it cost to `caller`'s key, so
+    that a refused body cannot be repeated for free (api/identity/caller.py)."""
     try:
         yield
     except TokensExceeded as exc:
-        charge_refused(key_limits, exc)
+        charge_refused(key_limits, caller, exc)
         raise
 
 
 @asynccontextmanager
-async def charged(key_limits: KeyLimits) -> AsyncIterator[None]:
+async def charged(key_limits: KeyLimits, caller: Caller) -> AsyncIterator[None]:
     """`charging` on the event loop: the charge is in the store before the refusal is answered."""
     try:
         yield
     except TokensExceeded as exc:
-        await charge_refused_async(key_limits, exc)
+        await charge_refused_async(key_limits, caller, exc)
         raise
 
 
-async def convert_off_loop(request: Request, fmt: WireFormat, body: Any, max_questions: int) -> DecisionRequest:
+async def convert_off_loop(
+    request: Request, fmt: WireFormat, body: Any, max_questions: int, caller: Caller
+) -> DecisionRequest:
     """`admitted`, in a worker thread where the body is large (a state of 66,000 chat turns
     takes tens of milliseconds to convert: not on the event loop)."""
     if len(await request.body()) <= strict_json.THREAD_FROM_BYTES:
-        return admitted(fmt, body, max_questions)
-    return await asyncio.to_thread(admitted, fmt, body, max_questions)
+        return admitted(fmt, body, max_questions, caller)
+    return await asyncio.to_thread(admitted, fmt, body, max_questions, caller)
 
 
 async def unless_disconnected(request: Request, work: Awaitable[T]) -> T:
@@ -105,20 +109,22 @@ async def unless_disconnected(request: Request, work: Awaitable[T]) -> T:
 
 def task_binder(
     request: Request,
+    caller: Caller,
     spec: ReadoutSpec | None,
     service: DecisionService,
     fingerprint: str,
     quality: QualitySettings,
 ) -> Callable[[DecisionRequest, str | None], Mapping[str, TaskCalibration]]:
     """For a decision request of this HTTP request and the task its body names (if any): by
-    question id, the task fit that answers it (api/server/task_binding.py; `x-openjev-task`,
-    the body's, or the question's wording)."""
+    question id, the task fit of `caller`'s tenant that answers it
+    (api/server/task_binding.py; `x-openjev-task`, the body's, or the question's wording)."""
     jobs = request.app.state.tasks
     lookup = jobs.lookup if jobs is not None else None
     header = request.headers.get(TASK_HEADER)
     model = (fingerprint, quality.temperature, service.abstain)
     resolved = service.resolve(spec or service.default_readout)
-    return lambda decision, named: fits_of(lookup, named_task(header, named), decision, resolved, model)
+    tenant = caller.tenant
+    return lambda decision, named: fits_of(lookup, tenant, named_task(header, named), decision, resolved, model)
 
 
 async def decide(
@@ -126,16 +132,17 @@ async def decide(
 ) -> Response:
     """One decision request on `fmt`, through every step of the module doc."""
     key_limits = request.app.state.ops.key_limits
-    decision = await convert_off_loop(request, fmt, body, max_questions)
+    caller = caller_of(request)
+    decision = await convert_off_loop(request, fmt, body, max_questions, caller)
     spec, calibrate = decide_options(request.headers, quality)
     service, card = runtime.ready()
     model = common.resolve_model(fmt.model_of(body), card.name)
     audit = fmt.audit(body)
     if audit:
         log.info(fmt.name + " request", extra={"fields": {"request_id": request_id_of(request.scope), **audit}})
-    async with charged(key_limits):
-        tasks = task_binder(request, spec, service, card.fingerprint, quality)(decision, fmt.task_of(body))
-        work = service.decide(decision, readout=spec, calibrate=calibrate, tasks=tasks)
+    async with charged(key_limits, caller):
+        tasks = task_binder(request, caller, spec, service, card.fingerprint, quality)(decision, fmt.task_of(body))
+        work = service.decide(decision, caller=caller, readout=spec, calibrate=calibrate, tasks=tasks)
         result = await unless_disconnected(request, work)
     request.state.result = result  # for the access log and metrics (api/operations/access.py)
     return FastJSONResponse(fmt.render(body, result, model), headers=common.result_headers(result))

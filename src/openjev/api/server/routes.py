@@ -14,7 +14,7 @@ from openjev.api.contract.formats import FORMATS
 from openjev.api.contract.jev import schemas
 from openjev.api.contract.jev.format import JEV
 from openjev.api.identity.auth import require_key
-from openjev.api.identity.keys import current_key
+from openjev.api.identity.caller import caller_of, entry_of
 from openjev.api.operations import disclosure
 from openjev.api.server import batch, pipeline, playground, task_routes
 from openjev.api.server.assembly import Runtime
@@ -85,7 +85,7 @@ def install_limits(app: FastAPI, settings: Settings, runtime: Runtime) -> None:
         responses={**documented.CONNECTION_ERRORS, **documented.UNAUTHORIZED, **documented.RATE_LIMITED},
     )
     async def limits(request: Request) -> dict[str, Any]:
-        return limits_body(settings, current_key.get(), runtime.service, request.app.state.ops.store_state())
+        return limits_body(settings, entry_of(caller_of(request)), runtime.service, request.app.state.ops.store_state())
 
 
 def install_health(app: FastAPI, runtime: Runtime) -> None:

@@ -19,7 +19,6 @@ from collections.abc import Mapping
 from typing import Any
 
 from openjev.api.contract.task_schemas import TASK_ID_PATTERN
-from openjev.api.identity.keys import current_key
 from openjev.api.server.task_store import TaskRecord, TaskStore
 from openjev.core.abstain import AbstainRule
 from openjev.core.calibration import TypeFit
@@ -31,12 +30,6 @@ from openjev.errors import Conflict, InvalidInput, NotFound
 
 TASK_HEADER = "x-openjev-task"
 _ID = re.compile(TASK_ID_PATTERN)
-
-
-def owner() -> str:
-    """The calling key's name ("" where the server has no keys: one tenant)."""
-    entry = current_key.get()
-    return entry.name if entry is not None else ""
 
 
 def checked_id(task_id: str) -> str:
@@ -120,6 +113,7 @@ class ReadyIndex:
 
 
 def task_fits(
+    tenant: str,
     header: str | None,
     request: DecisionRequest,
     spec: ReadoutSpec,
@@ -127,10 +121,11 @@ def task_fits(
     index: ReadyIndex,
     model: tuple[str, float, AbstainRule],
 ) -> Mapping[str, TaskCalibration]:
-    """By question id, the task fit that answers it (module doc). `spec`: the readout as the
-    service resolves it; `model`: (weights fingerprint, base temperature, the server's abstain floors)."""
+    """By question id, the task fit of `tenant` (the caller's, core/caller.py) that answers
+    it (module doc). `spec`: the readout as the service resolves it; `model`: (weights
+    fingerprint, base temperature, the server's abstain floors)."""
     fingerprint, temperature, floors = model
-    who = owner()
+    who = tenant
     if header is None:
         out = {}
         for qid, question in request.questions:
@@ -158,6 +153,7 @@ def task_fits(
 
 def fits_of(
     lookup: tuple[TaskStore, ReadyIndex] | None,
+    tenant: str,
     header: str | None,
     request: DecisionRequest,
     spec: ReadoutSpec,
@@ -169,4 +165,4 @@ def fits_of(
         if header is not None:
             raise NotFound("this server keeps no tasks (--tasks-db off)")
         return {}
-    return task_fits(header, request, spec, lookup[0], lookup[1], model)
+    return task_fits(tenant, header, request, spec, lookup[0], lookup[1], model)

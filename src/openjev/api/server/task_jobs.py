@@ -4,7 +4,10 @@
 The job's engine work was priced and charged to the key before it was queued
 (api/server/task_routes.py). Jobs run one at a time, and each reading waits until no
 live decision is in flight: a fit takes the engine only when live traffic leaves it idle,
-the lowest priority there is. Progress (examples read of the total) is written after each
+the lowest priority there is. Each reading is then engine work like a decision's: admitted
+through the service's admission for the task's owner (`fit_caller`; its tokens counted in
+flight, an example past the engine's deadline refused before any work), and where the
+admission answers that the server is busy (529) the reading waits and tries again. Progress (examples read of the total) is written after each
 reading. Cancelling (DELETE, or more examples) stops the job at its next await; whatever it
 then writes is refused by the store, which keeps a fit only for the task and examples it
 was started on.
@@ -26,17 +29,20 @@ from openjev.api.server.task_binding import ReadyIndex, binding
 from openjev.api.server.task_store import TaskRecord, TaskStore, open_store
 from openjev.config import Settings
 from openjev.core import calibration as calib
-from openjev.core.ports import Engine
+from openjev.core.caller import Caller
+from openjev.core.ports import PlanResult
+from openjev.core.prompts import CompiledRequest
 from openjev.core.readouts import Readout, ReadoutSpec, question_type
 from openjev.core.service import DecisionService
 from openjev.core.task_apply import wording_of
 from openjev.core.task_fit import Example, fit_task
-from openjev.core.types import ChoiceQuestion, DecisionRequest, NoulQuestion, Question, State
-from openjev.errors import EngineTimeout, InvalidInput, OpenjevError
+from openjev.core.types import ChoiceQuestion, DecisionRequest, NoulQuestion, Question, Share, State
+from openjev.errors import EngineTimeout, InvalidInput, OpenjevError, Overloaded
 
 log = logging.getLogger(__name__)
 
 IDLE_POLL_S = 0.05  # how often a waiting job looks whether live traffic left the engine idle
+MAX_BUSY_WAIT_S = 5.0  # the longest a reading the admission refused (529) waits before it tries again
 
 
 def question_of(raw: dict[str, Any]) -> Question:
@@ -63,6 +69,12 @@ def gold_of(question: Question, answer: bool | str | int, where: str) -> int:
 
 def example_request(question: Question, state: Any, namespace: str) -> DecisionRequest:
     return DecisionRequest(state=_state(state), questions=(("task", question),), cache_namespace=namespace)
+
+
+def fit_caller(owner: str) -> Caller:
+    """Whom a task's fit reads for: its owner's tenant, in a cache namespace of the fit's own
+    and the owner's share of the engine. No account: the fit was charged when it was queued."""
+    return Caller(tenant=owner, cache_namespace=f"task-fit:{owner}", share=Share(owner))
 
 
 def _state(value: Any) -> State:
@@ -168,7 +180,7 @@ class TaskJobs:
         question = question_of(record.question)
         spec = read_spec(service, question)
         base = base_fit(service, spec, question_type(question))
-        examples = await self._read(record, service, loaded.engine, question, spec, base)
+        examples = await self._read(record, service, question, spec, base)
         fitted = await asyncio.to_thread(fit_task, examples, base, record.target_precision)
         applied = fitted.type_fit(base)
         bound = binding(loaded.card.fingerprint, self._temperature, spec, question_type(question), wording_of(question))
@@ -190,7 +202,6 @@ class TaskJobs:
         self,
         record: TaskRecord,
         service: DecisionService,
-        engine: Engine,
         question: Question,
         spec: ReadoutSpec,
         base: calib.TypeFit | None,
@@ -200,19 +211,30 @@ class TaskJobs:
         bodies = await asyncio.to_thread(self.store.examples, record.id)
         examples = []
         await asyncio.to_thread(self.store.progress, record.id, record.generation, "fitting", 0, len(bodies))
+        caller = fit_caller(record.owner)
         for n, body in enumerate(bodies):
-            request = example_request(question, body["state"], f"task-fit:{record.owner}")
+            request = caller.scope(example_request(question, body["state"], ""))
             compiled = await asyncio.to_thread(service.prepare_now, request, readout)
-            while service.in_flight > 0:  # live decisions first: the engine is theirs while they run
-                await asyncio.sleep(IDLE_POLL_S)
-            try:
-                result = await asyncio.wait_for(engine.run(compiled.plan), self._timeout)
-            except TimeoutError:
-                raise EngineTimeout(f"the engine did not read example {n} within {self._timeout:g} s") from None
+            result = await self._read_one(service, compiled, caller, n)
             logs = logs_of(readout, question, [b.logprobs for b in result.branches], base)
             examples.append(Example(logs, gold_of(question, body["answer"], f"example {n}")))
             await asyncio.to_thread(self.store.progress, record.id, record.generation, "fitting", n + 1, len(bodies))
         return examples
+
+    async def _read_one(
+        self, service: DecisionService, compiled: CompiledRequest, caller: Caller, n: int
+    ) -> PlanResult:
+        """Example `n` read once no live decision is in flight, admitted for `caller`; while
+        the admission says the server is busy, it waits its Retry-After and tries again."""
+        while True:
+            while service.in_flight > 0:  # live decisions first: the engine is theirs while they run
+                await asyncio.sleep(IDLE_POLL_S)
+            try:
+                return await service.run_admitted(compiled, caller=caller)
+            except Overloaded as busy:
+                await asyncio.sleep(min(float(busy.headers.get("Retry-After", 1)), MAX_BUSY_WAIT_S))
+            except EngineTimeout:
+                raise EngineTimeout(f"the engine did not read example {n} within {self._timeout:g} s") from None
 
 
 def open_jobs(settings: Settings, runtime: Runtime) -> TaskJobs | None:

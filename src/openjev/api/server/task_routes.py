@@ -21,10 +21,10 @@ from fastapi.responses import Response
 from openjev.api.contract import documented, paths
 from openjev.api.contract.task_schemas import TaskCreate, TaskCreated, TaskExample, TaskExamples, TaskList, TaskView
 from openjev.api.identity.auth import require_key
+from openjev.api.identity.caller import caller_of, entry_of
 from openjev.api.identity.key_limits import KeyLimits
-from openjev.api.identity.keys import current_key
 from openjev.api.server.assembly import Runtime
-from openjev.api.server.task_binding import checked_id, owner
+from openjev.api.server.task_binding import checked_id
 from openjev.api.server.task_jobs import TaskJobs, example_request, gold_of, question_of, read_spec
 from openjev.api.server.task_store import TaskRecord
 from openjev.config import TaskSettings
@@ -75,7 +75,7 @@ async def _charge(
 ) -> None:
     """Price the fit and take it from the key's budget (429 before any engine work)."""
     key_limits: KeyLimits = request.app.state.ops.key_limits
-    entry = current_key.get()
+    entry = entry_of(caller_of(request))
     if entry is not None:  # one of its requests/min, refused (429) while its tokens are in debt
         await key_limits.admit(entry)
     service, _ = runtime.ready()
@@ -117,7 +117,7 @@ def _install_create(app: FastAPI, tasks: TaskSettings, runtime: Runtime, jobs: T
         await _charge(request, runtime, question, examples, tasks.max_example_tokens)
         precision = body.target_precision or tasks.task_target_precision
         record = await asyncio.to_thread(
-            store.create, owner(), raw, wording_of(question), examples, precision, body.caller_id
+            store.create, caller_of(request).tenant, raw, wording_of(question), examples, precision, body.caller_id
         )
         jobs.start(record)
         return {"id": record.id, "status": record.status}
@@ -128,12 +128,12 @@ def _install_reads(app: FastAPI, jobs: TaskJobs) -> None:
     common = _common()
 
     @app.get(paths.TASKS, response_model=TaskList, summary="This key's tasks", **common)
-    async def listing() -> dict[str, Any]:
-        return {"tasks": [view(r) for r in await asyncio.to_thread(store.owned, owner())]}
+    async def listing(request: Request) -> dict[str, Any]:
+        return {"tasks": [view(r) for r in await asyncio.to_thread(store.owned, caller_of(request).tenant)]}
 
     @app.get(paths.TASKS + "/{task_id}", response_model=TaskView, summary="A task: status, progress, fit", **common)
-    async def read(task_id: str) -> dict[str, Any]:
-        record = await asyncio.to_thread(store.get, owner(), checked_id(task_id))
+    async def read(task_id: str, request: Request) -> dict[str, Any]:
+        record = await asyncio.to_thread(store.get, caller_of(request).tenant, checked_id(task_id))
         if record is None:
             raise NotFound("this key has no such task")
         return view(record)
@@ -151,7 +151,8 @@ def _install_changes(app: FastAPI, tasks: TaskSettings, runtime: Runtime, jobs: 
         **common,
     )
     async def add(task_id: str, body: TaskExamples, request: Request) -> dict[str, Any]:
-        record = await asyncio.to_thread(store.get, owner(), checked_id(task_id))
+        tenant = caller_of(request).tenant
+        record = await asyncio.to_thread(store.get, tenant, checked_id(task_id))
         if record is None:
             raise NotFound("this key has no such task")
         if record.examples + len(body.examples) > tasks.max_task_examples:
@@ -162,15 +163,15 @@ def _install_changes(app: FastAPI, tasks: TaskSettings, runtime: Runtime, jobs: 
         await _charge(request, runtime, question, every + examples, tasks.max_example_tokens)
         jobs.cancel(record.id)
         jobs.index.drop(record.owner, record.id)
-        updated = await asyncio.to_thread(store.add_examples, owner(), record.id, examples)
+        updated = await asyncio.to_thread(store.add_examples, tenant, record.id, examples)
         if updated is None:
             raise NotFound("this key has no such task")
         jobs.start(updated)
         return view(updated)
 
     @app.delete(paths.TASKS + "/{task_id}", status_code=204, summary="Delete a task (also while it fits)", **common)
-    async def delete(task_id: str) -> Response:
-        who = owner()
+    async def delete(task_id: str, request: Request) -> Response:
+        who = caller_of(request).tenant
         if not await asyncio.to_thread(store.delete, who, checked_id(task_id)):
             raise NotFound("this key has no such task")
         jobs.cancel(task_id)

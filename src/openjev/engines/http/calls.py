@@ -11,6 +11,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from openjev.core.types import NO_KEY, Share
 from openjev.engines.http.protocol import HTTPProtocol, Item, Reply, computed
 from openjev.engines.http.sender import Sender
 from openjev.engines.http.submission import CallCosts
@@ -32,39 +33,45 @@ class Calls:
             f"({self.max_prompt_tokens} prompt tokens; raise its {self.protocol.context_flag})"
         )
 
-    async def generate(self, input_ids: Sequence[int], label_ids: Sequence[int], salt: str = "") -> Reply:
+    async def generate(
+        self, input_ids: Sequence[int], label_ids: Sequence[int], salt: str = "", share: Share = NO_KEY
+    ) -> Reply:
         """(label log-probs, prompt tokens, cached tokens) of one branch, in the cache
-        namespace `salt` (Plan.cache_namespace)."""
+        namespace `salt` (Plan.cache_namespace), its calls in `share`'s turn (Plan.share)."""
         if self.max_prompt_tokens is not None and len(input_ids) > self.max_prompt_tokens:
             raise self.too_long(len(input_ids))
         per_call = self.protocol.max_ids_per_call
         if per_call is None or len(label_ids) <= per_call:
-            return await self.one(input_ids, label_ids, salt)
+            return await self.one(input_ids, label_ids, salt, share)
         values: list[float] = []
         prompt: int | None = 0
         cached: int | None = 0
         # More labels than one call takes: the next call finds this call's prompt in the cache.
         for start in range(0, len(label_ids), per_call):
-            v, p, c = await self.one(input_ids, label_ids[start : start + per_call], salt)
+            v, p, c = await self.one(input_ids, label_ids[start : start + per_call], salt, share)
             values.extend(v)
             prompt = None if prompt is None or p is None else prompt + p
             cached = None if cached is None or c is None else cached + c
         return tuple(values), prompt, cached
 
-    async def one(self, input_ids: Sequence[int], label_ids: Sequence[int], salt: str = "") -> Reply:
+    async def one(
+        self, input_ids: Sequence[int], label_ids: Sequence[int], salt: str = "", share: Share = NO_KEY
+    ) -> Reply:
         """One branch in one call, its reply validated."""
         rid = uuid.uuid4().hex
         body, aborts = self.protocol.request_body(rid, input_ids, label_ids, salt), [self.protocol.abort_body(rid)]
         ticket, t0 = self.costs.begin(), time.perf_counter()
         replies: list[Reply] = []
         try:
-            payload = await self.sender.post(self.protocol.generate_path, body, aborts, len(input_ids))
+            payload = await self.sender.post(self.protocol.generate_path, body, aborts, len(input_ids), share)
             replies.append(self.protocol.parse_reply(payload, label_ids))
         finally:
             self.costs.end(ticket, computed(replies), time.perf_counter() - t0)
         return replies[0]
 
-    async def batch(self, items: Sequence[tuple[Sequence[int], Sequence[int]]], salt: str) -> list[Reply]:
+    async def batch(
+        self, items: Sequence[tuple[Sequence[int], Sequence[int]]], salt: str, share: Share = NO_KEY
+    ) -> list[Reply]:
         """Many branches in one call (protocol.batch_body), one Reply each, in order."""
         parse = self.protocol.parse_batch_reply
         if parse is None:
@@ -74,9 +81,11 @@ class Calls:
         def read(payload: object) -> tuple[list[Reply], list[Reply]]:
             return (replies := parse(payload, rids, [lb for _, lb in items])), replies
 
-        return await self._batched(rids, items, salt, read)
+        return await self._batched(rids, items, (salt, share), read)
 
-    async def shared(self, parts: Sequence[tuple[Sequence[str], Sequence[Item]]], salt: str) -> list:
+    async def shared(
+        self, parts: Sequence[tuple[Sequence[str], Sequence[Item]]], salt: str, share: Share = NO_KEY
+    ) -> list:
         """One batched call carrying several requests' parts (coalesce.py): per part, its
         replies or the EngineError that fails it; raises what fails the call as a whole."""
         parse = self.protocol.parse_batch_parts
@@ -90,15 +99,19 @@ class Calls:
             whole = not any(isinstance(g, BaseException) for g in got)  # else the cost is not known
             return got, [r for g in got for r in g] if whole else []
 
-        return await self._batched(rids, items, salt, read)
+        return await self._batched(rids, items, (salt, share), read)
 
     def abort(self, rids: Sequence[str]) -> None:
         """Abort these items of a shared call on the server (their requests left)."""
         self.sender.abort([self.protocol.abort_body(r) for r in rids])
 
-    async def _batched(self, rids: Sequence[str], items: Sequence[Item], salt: str, read: Callable) -> Any:
-        """One batch_body call of `items` (named by `rids`), aborted whole where cancelled;
-        `read(reply)` gives (the result, the replies the cost model learns from)."""
+    async def _batched(
+        self, rids: Sequence[str], items: Sequence[Item], whose: tuple[str, Share], read: Callable
+    ) -> Any:
+        """One batch_body call of `items` (named by `rids`) in `whose` (the cache namespace's
+        salt, the share whose turn it takes), aborted whole where cancelled; `read(reply)`
+        gives (the result, the replies the cost model learns from)."""
+        salt, share = whose
         p = self.protocol
         if p.batch_body is None:
             raise ValueError(f"the {p.name} protocol has no batched calls")
@@ -107,7 +120,7 @@ class Calls:
         learned: list[Reply] = []
         try:
             body, tokens = p.batch_body(rids, items, salt), sum(len(ids) for ids, _ in items)
-            payload = await self.sender.post(p.batch_path or p.generate_path, body, aborts, tokens)
+            payload = await self.sender.post(p.batch_path or p.generate_path, body, aborts, tokens, share)
             result, learned = read(payload)
         finally:
             self.costs.end(ticket, computed(learned), time.perf_counter() - t0)

@@ -21,25 +21,25 @@ it with that error.
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import uuid
 from collections import deque
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from openjev.core.types import NO_KEY, Share
 from openjev.engines.http.protocol import Item, Reply
 
-# (parts: each one's rids and items, the cache namespace's salt) -> per part, its replies or
-# the error that fails it
-SharedCall = Callable[[Sequence[tuple[Sequence[str], Sequence[Item]]], str], Coroutine[Any, Any, list]]
+# (parts: each one's rids and items, the cache namespace's salt, the share whose turn the
+# call takes at the slots) -> per part, its replies or the error that fails it
+SharedCall = Callable[[Sequence[tuple[Sequence[str], Sequence[Item]]], str, Share], Coroutine[Any, Any, list]]
 
 
 @dataclass(eq=False)
 class _Part:
     items: list[Item]
     future: asyncio.Future
-    context: contextvars.Context = field(default_factory=contextvars.copy_context)  # its request's
+    share: Share = NO_KEY  # its request's (Plan.share)
     rids: list[str] = field(default_factory=list)
     call: _Call | None = None
 
@@ -70,10 +70,11 @@ class Coalescer:
         self.calls = 0  # shared calls sent
         self.parts = 0  # parts sent in them
 
-    async def submit(self, items: Sequence[Item], salt: str) -> list[Reply]:
-        """The replies to `items` (one per item, in order), sent in a call shared with other
-        requests' parts of the same namespace `salt`; raises what fails this part."""
-        part = _Part(list(items), asyncio.get_running_loop().create_future())
+    async def submit(self, items: Sequence[Item], salt: str, share: Share = NO_KEY) -> list[Reply]:
+        """The replies to `items` (one per item, in order) of a request served from `share`,
+        sent in a call shared with other requests' parts of the same namespace `salt`; raises
+        what fails this part."""
+        part = _Part(list(items), asyncio.get_running_loop().create_future(), share)
         self._waiting.setdefault(salt, deque()).append(part)
         self._flush()
         try:
@@ -108,14 +109,14 @@ class Coalescer:
         self._in_flight += 1
         self.calls += 1
         self.parts += len(call.parts)
-        # in its first part's request's context: the call takes that key's turn at the slots
-        call.task = asyncio.get_running_loop().create_task(self._run(call, salt), context=call.parts[0].context)
+        call.task = asyncio.get_running_loop().create_task(self._run(call, salt))
         self._tasks.add(call.task)
         call.task.add_done_callback(self._tasks.discard)
 
     async def _run(self, call: _Call, salt: str) -> None:
         try:
-            got = await self._call([(p.rids, p.items) for p in call.parts], salt)
+            # the call takes its first part's request's turn at the slots (slots.py)
+            got = await self._call([(p.rids, p.items) for p in call.parts], salt, call.parts[0].share)
         except asyncio.CancelledError:
             return  # every part had left (_leave): nobody waits for an answer
         except Exception as e:  # noqa: BLE001 - the call failed as a whole: each part gets its error

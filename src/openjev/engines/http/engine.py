@@ -30,7 +30,6 @@ from openjev.engines.http.coalesce import Coalescer
 from openjev.engines.http.planning import CallPlanner
 from openjev.engines.http.protocol import HTTPProtocol, Reply
 from openjev.engines.http.sender import Sender
-from openjev.engines.http.slots import calling_share
 from openjev.engines.http.submission import RecentPrefixes, execute, first_error, together
 
 if TYPE_CHECKING:
@@ -106,18 +105,18 @@ class HTTPEngine(Engine):
         if self.max_prompt_tokens is not None and longest > self.max_prompt_tokens:
             raise self.calls.too_long(longest)  # before any call: no branch of a refused plan is computed
         strategy = self.planner.strategy_of(plan)
-        calling_share.set(plan.share)  # its calls' key at the slots (slots.py)
         self.strategies_used[strategy] = self.strategies_used.get(strategy, 0) + 1
         tally = _Tally(len(plan.branches))
-        salt = plan.cache_namespace
+        salt, share = plan.cache_namespace, plan.share  # its calls' namespace and turn at the slots (slots.py)
 
         async def batch(indices: Sequence[int], shared: bool) -> None:
             items = [(plan.branches[i].input_ids, plan.branches[i].label_ids) for i in indices]
             if len(items) == 1 and not shared:
-                tally.add(indices, [await self.calls.generate(*items[0], salt)])
+                tally.add(indices, [await self.calls.generate(*items[0], salt, share)])
                 return
             coalescer = self.coalescer if shared else None
-            tally.add(indices, await (coalescer.submit(items, salt) if coalescer else self.calls.batch(items, salt)))
+            call = coalescer.submit(items, salt, share) if coalescer else self.calls.batch(items, salt, share)
+            tally.add(indices, await call)
 
         async def branches(indices: Sequence[int]) -> None:
             groups = self.planner.groups(plan, indices)
@@ -126,7 +125,7 @@ class HTTPEngine(Engine):
 
         async def prefix(tokens: Sequence[int]) -> None:
             # Any label id will do: the point is a selected-logprob request (sglang#34719).
-            tally.add((), [await self.calls.generate(tokens, plan.branches[0].label_ids[:1], salt)])
+            tally.add((), [await self.calls.generate(tokens, plan.branches[0].label_ids[:1], salt, share)])
 
         try:
             await execute(strategy, plan, branches, prefix, stage_min_tokens=self.planner.stage_min_tokens)

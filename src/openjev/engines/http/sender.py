@@ -17,6 +17,7 @@ from collections.abc import Sequence
 import httpx
 import orjson
 
+from openjev.core.types import NO_KEY, Share
 from openjev.engines.http.protocol import HTTPProtocol, json_of
 from openjev.engines.http.slots import FairSlots
 from openjev.errors import EngineError, EngineTimeout, EngineUnavailable
@@ -90,13 +91,15 @@ class Sender:
             return "the engine server cannot be reached"
         return None if r.status_code == 200 else f"the engine server's health check answered {r.status_code}"
 
-    async def post(self, path: str, body: dict, aborts: Sequence[dict], tokens: int = 1) -> object:
-        """One call of `tokens` prompt tokens: capped by the server-wide slots (waiting calls go
-        in the keys' fair order, slots.py), aborted server-side (the `aborts` bodies, which
+    async def post(
+        self, path: str, body: dict, aborts: Sequence[dict], tokens: int = 1, share: Share = NO_KEY
+    ) -> object:
+        """One call of `tokens` prompt tokens of the request served from `share`: capped by the
+        server-wide slots (waiting calls go in the keys' fair order, slots.py), aborted server-side (the `aborts` bodies, which
         name every item in it) when cancelled or timed out, overload and outage mapped to
         retryable errors; the reply's JSON."""
         client, slots = self._http()
-        async with slots.hold(tokens):
+        async with slots.hold(tokens, share):
             self.calls += 1
             self.calls_in_flight += 1
             try:

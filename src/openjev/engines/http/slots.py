@@ -2,9 +2,9 @@
 calls wait for a slot, the next goes in the keys' fair order (engines/fair_share.py's
 `FairTurns`, by the call's tokens and its key's weight); with one key waiting, arrival order.
 
-The key is that of the request the call belongs to: `calling_share`, which `HTTPEngine.run`
-sets from the plan for the tasks the request's calls run in (a shared call of the coalescer
-runs in the context of its first part's request). What the engine server does with the calls
+The key is that of the request the call belongs to: its plan's `share`, which
+`HTTPEngine.run` passes with each call (a shared call of the coalescer takes its first
+part's). What the engine server does with the calls
 it has been sent (SGLang's and vLLM's own schedulers batch whatever is in flight) is beyond
 this order: it acts only where calls queue here, past `--max-engine-calls`.
 """
@@ -14,13 +14,10 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from contextvars import ContextVar
 from dataclasses import dataclass
 
 from openjev.core.types import NO_KEY, Share
 from openjev.engines.fair_share import FairTurns, Want
-
-calling_share: ContextVar[Share] = ContextVar("openjev_calling_share", default=NO_KEY)
 
 
 @dataclass(eq=False)
@@ -30,7 +27,7 @@ class _Waiter:
 
 
 class FairSlots:
-    """`n` slots, taken with `async with slots.hold(tokens):`."""
+    """`n` slots, taken with `async with slots.hold(tokens, share):`."""
 
     def __init__(self, n: int) -> None:
         if n < 1:
@@ -49,12 +46,12 @@ class FairSlots:
         return len(self._waiting)
 
     @asynccontextmanager
-    async def hold(self, tokens: int) -> AsyncIterator[None]:
-        """A slot for one call of `tokens` tokens of the calling request's key."""
+    async def hold(self, tokens: int, share: Share = NO_KEY) -> AsyncIterator[None]:
+        """A slot for one call of `tokens` tokens of the request served from `share`."""
         if self._free > 0 and not self._waiting:
             self._free -= 1
         else:
-            waiter = _Waiter(Want(calling_share.get(), tokens), asyncio.get_running_loop().create_future())
+            waiter = _Waiter(Want(share, tokens), asyncio.get_running_loop().create_future())
             self._waiting.append(waiter)
             try:
                 await waiter.granted
