@@ -28,11 +28,13 @@ def require_redis() -> str:
 
 
 class RedisServer:
-    """One redis-server process with no persistence; `kill` ends it at once (SIGKILL, as a
-    crash), `start` brings it back on the same port, empty."""
+    """One redis-server process, with no persistence unless given `append_only` (a folder for
+    its append-only file, fsynced every second); `kill` ends it at once (SIGKILL, as a crash),
+    `start` brings it back on the same port: empty, or what its file kept."""
 
-    def __init__(self, binary: str) -> None:
+    def __init__(self, binary: str, append_only: str | None = None) -> None:
         self.binary = binary
+        self.append_only = append_only
         self.port = free_port()
         self.process: subprocess.Popen[bytes] | None = None
 
@@ -41,7 +43,11 @@ class RedisServer:
         return f"redis://127.0.0.1:{self.port}/0"
 
     def start(self) -> None:
-        args = [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+        args = [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", ""]
+        if self.append_only is None:
+            args += ["--appendonly", "no"]
+        else:
+            args += ["--appendonly", "yes", "--appendfsync", "everysec", "--dir", self.append_only]
         self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:

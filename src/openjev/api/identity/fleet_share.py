@@ -1,10 +1,12 @@
 """Each key's in-flight share held across the fleet (`FleetShare`): a key's evaluations in
 flight on every replica together stay within its share, as `KeyShare`
-(api/identity/admission.py) holds them on one. Each evaluation holds a lease in Redis (a
-member of the key's sorted set, scored by its expiry), so a replica that dies mid-request
-frees its slots when their leases run out, never later than `lease_s`. While the store does
-not answer: the mode's (api/identity/shared.py): closed 503, local the share / replicas
-here, open this replica's own share."""
+(api/identity/admission.py) holds them on one. Each evaluation holds a lease in Redis
+(api/identity/leases.py: a member of the key's sorted set, scored by its expiry), so a
+replica that dies mid-request frees its slots when their leases run out, never later than
+`lease_s`; a lease whose acquire or release did not answer (a stalled Redis, a slow network)
+is released once Redis answers again, so a stall leaves no slot taken behind it. While the
+store does not answer: the mode's (api/identity/shared.py): closed 503, local the share /
+replicas here, open this replica's own share."""
 
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ from collections.abc import AsyncIterator
 
 from openjev.api.identity.admission import KeyShare
 from openjev.api.identity.caller import entry_of
+from openjev.api.identity.leases import Leases
 from openjev.api.identity.shared import RedisStore
 from openjev.core.caller import Caller
 from openjev.errors import RateLimited
@@ -31,6 +34,7 @@ class FleetShare(KeyShare):
         super().__init__(share, max_wait_s, retry_after_s)
         self.store = store
         self.lease_s = lease_s
+        self.leases = Leases(store, share, lease_s)
         self._local = KeyShare(max(1, share // store.replicas), max_wait_s, retry_after_s)  # mode local
         self._own = KeyShare(share, max_wait_s, retry_after_s)  # mode open
 
@@ -52,8 +56,7 @@ class FleetShare(KeyShare):
         try:
             yield
         finally:  # released even when the request is cancelled (client gone, deadline)
-            release = asyncio.ensure_future(self.store.call(lambda: self.store.client.zrem(leases, member)))
-            await asyncio.shield(release)
+            await asyncio.shield(asyncio.ensure_future(self.leases.release(leases, member)))
 
     async def _lease(self, name: str, leases: str, member: str) -> bool | None:
         """True once a lease is held; None where the store does not answer; RateLimited
@@ -61,10 +64,8 @@ class FleetShare(KeyShare):
         deadline = time.monotonic() + self.max_wait_s
         delay = FIRST_POLL_S
         while True:
-            ok, got = await self.store.call(
-                lambda: self.store.lease(keys=[leases], args=[self.share, member, self.lease_s])
-            )
-            if not ok:
+            got = await self.leases.acquire(leases, member)
+            if got is None:
                 return None
             if got:
                 return True

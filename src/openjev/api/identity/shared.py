@@ -96,18 +96,6 @@ return 1
 """
 )
 _LEVEL = _COMMON + "local level = refilled(KEYS[1], tonumber(ARGV[1]))\nreturn level and tostring(level) or false\n"
-# KEYS: the key's leases (members scored by their expiry); ARGV: share, member, lease seconds
-_LEASE = """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
-if redis.call('ZCARD', KEYS[1]) < tonumber(ARGV[1]) then
-  redis.call('ZADD', KEYS[1], now + tonumber(ARGV[3]), ARGV[2])
-  redis.call('PEXPIRE', KEYS[1], math.ceil(tonumber(ARGV[3]) * 1000) + 1000)
-  return 1
-end
-return 0
-"""
 
 
 class StoreHealth:
@@ -120,6 +108,7 @@ class StoreHealth:
         self.switches = 0
         self._clock = clock
         self._retry_at = 0.0
+        self.on_recovery: list[Callable[[], None]] = []  # called on the loop as the store answers again
 
     def usable(self) -> bool:
         """Whether a call should try the store now: always while up; while down, one call a
@@ -149,6 +138,8 @@ class StoreHealth:
             self.up = True
             self.switches += 1
             log.warning("shared limits store %s answers again: limits shared by the fleet", self.where)
+            for recovered in self.on_recovery:
+                recovered()
 
     def describe(self) -> dict[str, Any]:
         """For /v1/limits and /health: the backend, its mode and whether it answers."""
@@ -182,7 +173,6 @@ class RedisStore:
         self.take = self.client.register_script(_TAKE)
         self.charge = self.client.register_script(_CHARGE)
         self.level = self.client.register_script(_LEVEL)
-        self.lease = self.client.register_script(_LEASE)
 
     async def call(self, make: Callable[[], Awaitable[T]]) -> tuple[bool, T | None]:
         """(True, the answer), or (False, None) where the store is down or did not answer in time."""
