@@ -42,11 +42,15 @@ setup: $(STAMP)
 # that `make test` uses, with nothing more to install.
 MODEL ?= qwen2.5-coder-1.5b
 
-serve: setup
 ifeq ($(MODEL),embedded)
+serve: setup
 	$(VENV)/bin/openjev serve
 else
-	bash scripts/setup_default_model.sh $(MODEL)
+# `setup` runs inside the script, beside the llama-cpp-python build (the first run's longest step);
+# named through SETUP_CMD so that `make -n serve` prints the script's line and runs nothing.
+SETUP_CMD = $(MAKE) --no-print-directory setup
+serve:
+	SETUP="$(SETUP_CMD)" PYTHON="$(PYTHON)" bash scripts/setup_default_model.sh $(MODEL)
 	$(VENV)/bin/openjev serve --engine llamacpp --model $(MODEL)
 endif
 

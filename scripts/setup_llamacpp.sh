@@ -4,12 +4,14 @@
 #
 #     scripts/setup_llamacpp.sh                      # into .venv (PY=other/python to choose)
 #     LLAMACPP_TARGET=dir scripts/setup_llamacpp.sh  # into a plain folder, for PYTHONPATH
+#     scripts/setup_llamacpp.sh wheel                # only the cached wheel (built when absent)
 #
 # llama-cpp-python ships an sdist only: it is built once into a wheel (about 8 minutes on 2
 # cores) kept in $OPENJEV_WHEEL_CACHE (default ~/.cache/openjev/wheels), outside the clone,
 # under a name keyed by the sdist's hash, the Python version and this CPU's flags (the build
 # uses the CPU's own instructions: AVX-512 here). Later runs, from any clone, install that
-# wheel in seconds. Why this binding and not the prebuilt ik-llama-cpp-python: docs/engines.md.
+# wheel in seconds. Binaries are refused for llama-cpp-python alone (its sdist, hash-pinned):
+# its build dependencies (scikit-build-core) come as wheels, not built from source too. Why this binding and not the prebuilt ik-llama-cpp-python: docs/engines.md.
 # Only what the engine loads is built: the multimodal library (mtmd/llava) is left out.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -35,10 +37,10 @@ flock 9
 if ! ls "$DIR"/llama_cpp_python-"$VERSION"-*.whl >/dev/null 2>&1; then
     tmp=$(mktemp -d)
     echo "llama-cpp-python==$VERSION --hash=sha256:$SDIST_SHA" > "$tmp/req.txt"
-    step download "$PY" -m pip download --quiet --disable-pip-version-check --no-deps --no-binary :all: \
+    step download "$PY" -m pip download --quiet --disable-pip-version-check --no-deps --no-binary llama-cpp-python \
         --require-hashes -r "$tmp/req.txt" -d "$tmp/sdist"
     # CMAKE_BUILD_PARALLEL_LEVEL: every core (the default build runs one compiler at a time)
-    echo "[$TAG] building llama-cpp-python $VERSION from source (about 6 minutes on 2 cores, once per machine)"
+    echo "[$TAG] building llama-cpp-python $VERSION from source (about 4 minutes on 2 cores, once per machine)"
     # pip -v for the build's own "[n/m]" or "[ nn%]" lines, shown as a line per tenth done; the
     # whole output is kept and shown only if the build fails.
     if ! step build bash -c 'env CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)" CMAKE_ARGS="$1" "$2" -m pip wheel -v \
@@ -53,6 +55,11 @@ if ! ls "$DIR"/llama_cpp_python-"$VERSION"-*.whl >/dev/null 2>&1; then
     rm -rf "$tmp"
 fi
 WHEEL=$(ls "$DIR"/llama_cpp_python-"$VERSION"-*.whl)
+if [ "${1:-}" = wheel ]; then
+    echo "[$TAG] wheel    $WHEEL"
+    total
+    exit 0
+fi
 
 if [ -n "${LLAMACPP_TARGET:-}" ]; then
     STAMP=$LLAMACPP_TARGET/.llamacpp-installed
