@@ -67,6 +67,7 @@ quality-model-small: setup
 # Lint, format and types (config in pyproject.toml), then the tests. .pre-commit-config.yaml
 # runs the same three checks before each commit (`pre-commit install`, optional).
 LINT_PATHS := src tests bench evals scripts
+TEST_MINUTES := 15
 lint: setup
 	$(VENV)/bin/ruff check $(LINT_PATHS)
 	$(VENV)/bin/ruff format --check $(LINT_PATHS)
@@ -77,8 +78,11 @@ fmt: setup
 	$(VENV)/bin/ruff check --fix $(LINT_PATHS)
 	$(VENV)/bin/ruff format $(LINT_PATHS)
 
+# pytest shows its progress (a dot per test, the percentage done per line); --durations the
+# slowest tests at the end, beside the total time.
 test: setup lint
-	$(PY) -m pytest
+	@echo "make test: the whole suite, about $(TEST_MINUTES) minutes on 2 cores (real model, live servers); progress below"
+	$(PY) -m pytest --durations=15
 
 # The documentation site (mkdocs.yml, pages in docs/), built offline into build/site. --strict:
 # a broken link, anchor or page, or a page missing from the nav, fails the build.

@@ -13,6 +13,7 @@ import time
 
 import pytest
 
+from tests.support import processes
 from tests.support.net import free_port
 
 
@@ -42,7 +43,7 @@ class RedisServer:
 
     def start(self) -> None:
         args = [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
-        self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.process = processes.spawn(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
             try:
