@@ -82,6 +82,7 @@ def test_a_run_ended_early_leaves_no_server(tmp_path, sig):
         text=True,
         start_new_session=True,  # its own group: the signal reaches pytest alone, as Ctrl-C would not the server
     )
+    server = None
     try:
         server = _server_of(run)
         assert _left(server), "the server's group should be running before the signal"
@@ -97,3 +98,5 @@ def test_a_run_ended_early_leaves_no_server(tmp_path, sig):
         if run.poll() is None:
             os.killpg(run.pid, signal.SIGKILL)
             run.wait()
+        if server is not None and _left(server):  # what a failure found: not left to the machine
+            os.killpg(server, signal.SIGKILL)
