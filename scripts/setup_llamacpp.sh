@@ -11,7 +11,8 @@
 # under a name keyed by the sdist's hash, the Python version and this CPU's flags (the build
 # uses the CPU's own instructions: AVX-512 here). Later runs, from any clone, install that
 # wheel in seconds. Binaries are refused for llama-cpp-python alone (its sdist, hash-pinned):
-# its build dependencies (scikit-build-core) come as wheels, not built from source too. Why this binding and not the prebuilt ik-llama-cpp-python: docs/engines.md.
+# its build dependencies (scikit-build-core) come as wheels, not built from source too. Why
+# this binding and not the prebuilt ik-llama-cpp-python: docs/engines.md.
 # Only what the engine loads is built: the multimodal library (mtmd/llava) and llama.cpp's
 # `common` library are left out.
 set -euo pipefail

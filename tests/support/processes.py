@@ -69,7 +69,12 @@ def track(process: subprocess.Popen) -> None:
 
 def stop(process: subprocess.Popen, grace_s: float = 20.0) -> None:
     """SIGTERM to the process's group (continued, were it paused), SIGKILL to what is left after
-    `grace_s`; the leader reaped."""
+    `grace_s`; the leader reaped. Nothing is signalled once the leader has exited and been
+    reaped (its pid may be another process's by then)."""
+    with _lock:
+        _live.pop(process.pid, None)
+    if process.poll() is not None:
+        return
     _signal_group(process, signal.SIGTERM)
     try:
         process.wait(grace_s)
@@ -77,8 +82,6 @@ def stop(process: subprocess.Popen, grace_s: float = 20.0) -> None:
         pass
     _signal_group(process, signal.SIGKILL)
     process.wait()
-    with _lock:
-        _live.pop(process.pid, None)
 
 
 def stop_all(grace_s: float = 5.0) -> None:
