@@ -1,9 +1,10 @@
 """A test run that ends early leaves no server behind (tests/support/processes.py).
 
-A real pytest, on a test whose module fixture starts a real `openjev serve`, is ended while
-the fixture waits for the server to be healthy (the longest wait of a server test): by
-SIGINT (Ctrl-C), SIGTERM, or SIGKILL (nothing of pytest runs then: the kernel's parent-death
-signal ends the server). Afterwards no process of the server's group is left."""
+A real pytest runs a test whose module fixture starts a real `openjev serve`, and is ended
+either while the fixture still waits for the server to be healthy (the longest wait of a
+server test) or while the test runs beside the healthy server: by SIGINT (Ctrl-C), SIGTERM,
+or SIGKILL (nothing of pytest runs then: the kernel's parent-death signal ends the server).
+Afterwards no process of the server's group is left."""
 
 from __future__ import annotations
 
@@ -19,6 +20,9 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 INNER = """
+import pathlib
+import time
+
 import pytest
 
 from tests.integration.conftest import start_server, stop_server
@@ -26,13 +30,15 @@ from tests.integration.conftest import start_server, stop_server
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    started = start_server(tmp_path_factory.mktemp("server"))
+    tmp = tmp_path_factory.mktemp("server")
+    started = start_server(tmp, "--tasks-db", str(tmp / "tasks.sqlite3"))
     yield started
     stop_server(started)
 
 
 def test_with_a_server(server):
-    pass
+    pathlib.Path(MARKER).write_text(str(server.process.pid))
+    time.sleep(600)
 """
 
 
@@ -70,9 +76,19 @@ def _left(group: int) -> list[str]:
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="reads /proc")
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL], ids=lambda s: s.name)
-def test_a_run_ended_early_leaves_no_server(tmp_path, sig):
-    (tmp_path / "test_inner.py").write_text(INNER)
+@pytest.mark.parametrize(
+    ("sig", "when"),
+    [
+        (signal.SIGINT, "starting"),
+        (signal.SIGINT, "serving"),
+        (signal.SIGTERM, "serving"),
+        (signal.SIGKILL, "serving"),
+    ],
+    ids=lambda v: v.name if isinstance(v, signal.Signals) else v,
+)
+def test_a_run_ended_early_leaves_no_server(tmp_path, sig, when):
+    marker = tmp_path / "serving"
+    (tmp_path / "test_inner.py").write_text(f"MARKER = {str(marker)!r}\n" + INNER)
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--rootdir", str(tmp_path)]
     run = subprocess.Popen(
         [*cmd, str(tmp_path / "test_inner.py")],
@@ -85,6 +101,11 @@ def test_a_run_ended_early_leaves_no_server(tmp_path, sig):
     server = None
     try:
         server = _server_of(run)
+        if when == "serving":
+            deadline = time.monotonic() + 300
+            while not marker.exists():
+                assert run.poll() is None and time.monotonic() < deadline, run.communicate()[0][-3000:]
+                time.sleep(0.1)
         assert _left(server), "the server's group should be running before the signal"
         os.kill(run.pid, sig)
         out = run.communicate(timeout=120)[0]
