@@ -67,7 +67,6 @@ quality-model-small: setup
 # Lint, format and types (config in pyproject.toml), then the tests. .pre-commit-config.yaml
 # runs the same three checks before each commit (`pre-commit install`, optional).
 LINT_PATHS := src tests bench evals scripts
-TEST_MINUTES := 15
 lint: setup
 	$(VENV)/bin/ruff check $(LINT_PATHS)
 	$(VENV)/bin/ruff format --check $(LINT_PATHS)
@@ -79,7 +78,8 @@ fmt: setup
 	$(VENV)/bin/ruff format $(LINT_PATHS)
 
 # pytest shows its progress (a dot per test, the percentage done per line); --durations the
-# slowest tests at the end, beside the total time.
+# slowest tests at the end, beside the total time. TEST_MINUTES: measured (docs/quickstart.md).
+TEST_MINUTES := 15
 test: setup lint
 	@echo "make test: the whole suite, about $(TEST_MINUTES) minutes on 2 cores (real model, live servers); progress below"
 	$(PY) -m pytest --durations=15
@@ -149,7 +149,7 @@ test-vllm: setup
 	OPENJEV_VLLM=1 $(PY) -m pytest tests/vllm
 
 # The llama.cpp engine on the embedded GGUF and on the default model (what `make serve` serves), for
-# real: llama-cpp-python into .venv, from a wheel built once (about 7 minutes on 2 cores) and cached
+# real: llama-cpp-python into .venv, from a wheel built once (a few minutes on 2 cores) and cached
 # outside the clone, and the default model's GGUF in the cache (scripts/setup_default_model.sh).
 test-llamacpp: setup
 	bash scripts/setup_default_model.sh
