@@ -79,7 +79,7 @@ fmt: setup
 
 # pytest shows its progress (a dot per test, the percentage done per line); --durations the
 # slowest tests at the end, beside the total time. TEST_MINUTES: measured (docs/quickstart.md).
-TEST_MINUTES := 15
+TEST_MINUTES := 13
 test: setup lint
 	@echo "make test: the whole suite, about $(TEST_MINUTES) minutes on 2 cores (real model, live servers); progress below"
 	$(PY) -m pytest --durations=15

@@ -43,6 +43,7 @@ def test_a_file_changed_with_its_mtime_set_back_is_read_again(tmp_path, monkeypa
     set the ctime back, so an edited file is hashed again."""
     monkeypatch.setattr(source, "_RACY_NS", 0)  # remember even a file written just now
     cache = str(tmp_path / "cache")
+    (tmp_path / "cache" / "gguf").mkdir(parents=True)
     path = _gguf(tmp_path / "model.gguf")
     digest = content_digest(path, cache)
     memo = json.loads((tmp_path / "cache" / "gguf" / "digests.json").read_text())
@@ -60,6 +61,7 @@ def test_a_file_changed_with_its_mtime_set_back_is_read_again(tmp_path, monkeypa
 def test_a_remembered_digest_is_not_read_again(tmp_path, monkeypatch):
     monkeypatch.setattr(source, "_RACY_NS", 0)
     cache = str(tmp_path / "cache")
+    (tmp_path / "cache" / "gguf").mkdir(parents=True)
     path = _gguf(tmp_path / "model.gguf")
     digest = content_digest(path, cache)
 
@@ -72,8 +74,16 @@ def test_a_remembered_digest_is_not_read_again(tmp_path, monkeypatch):
 
 def test_a_file_written_just_now_is_not_remembered(tmp_path):
     cache = tmp_path / "cache"
+    (cache / "gguf").mkdir(parents=True)
     content_digest(_gguf(tmp_path / "model.gguf"), str(cache))
     assert not (cache / "gguf" / "digests.json").exists()
+
+
+def test_reading_a_digest_creates_no_cache_folder(tmp_path, monkeypatch):
+    """A server refused before it loads anything (a busy port) leaves no cache behind."""
+    monkeypatch.setattr(source, "_RACY_NS", 0)
+    content_digest(_gguf(tmp_path / "model.gguf"), str(tmp_path / "cache"))
+    assert not (tmp_path / "cache").exists()
 
 
 def test_another_converter_gets_another_folder(tmp_path, monkeypatch):

@@ -205,8 +205,8 @@ def content_digest(path: Path, cache_dir: str) -> str:
     (gguf/digests.json) under the copy's resolved path, device, inode, size, mtime and ctime,
     and read again whenever any of them differs (a write changes the ctime, which no tool sets
     back; a file changed in the last two seconds is not remembered, as a change within the
-    clock's tick would keep its stamp). A cache that cannot be written costs a read of the file
-    on the next start."""
+    clock's tick would keep its stamp). A cache that cannot be written, or has no gguf/ folder
+    yet, costs a read of the file on the next start."""
     st = path.stat()
     stamp = f"{path.resolve()}|{st.st_dev}|{st.st_ino}|{st.st_size}|{st.st_mtime_ns}|{st.st_ctime_ns}"
     memo_path = Path(cache_dir).expanduser() / "gguf" / _DIGESTS
@@ -228,10 +228,10 @@ def content_digest(path: Path, cache_dir: str) -> str:
 
 def _remember(memo_path: Path, entries: dict[str, str]) -> None:
     """A whole file or none: written beside, renamed into place (the last writer wins; an
-    entry another process added meanwhile is read again from its file next time)."""
+    entry another process added meanwhile is read again from its file next time). Only into a
+    cache folder that is there: reading a digest creates nothing (the first conversion does)."""
     tmp = None
     try:
-        memo_path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=_DIGESTS + ".", dir=memo_path.parent)
         with os.fdopen(fd, "w") as fh:
             json.dump(entries, fh)
