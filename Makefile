@@ -42,11 +42,15 @@ setup: $(STAMP)
 # that `make test` uses, with nothing more to install.
 MODEL ?= qwen2.5-coder-1.5b
 
-serve: setup
 ifeq ($(MODEL),embedded)
+serve: setup
 	$(VENV)/bin/openjev serve
 else
-	bash scripts/setup_default_model.sh $(MODEL)
+# `setup` runs inside the script, beside the llama-cpp-python build (the first run's longest step);
+# named through SETUP_CMD so that `make -n serve` prints the script's line and runs nothing.
+SETUP_CMD = $(MAKE) --no-print-directory setup
+serve:
+	SETUP="$(SETUP_CMD)" PYTHON="$(PYTHON)" bash scripts/setup_default_model.sh $(MODEL)
 	$(VENV)/bin/openjev serve --engine llamacpp --model $(MODEL)
 endif
 
@@ -73,8 +77,12 @@ fmt: setup
 	$(VENV)/bin/ruff check --fix $(LINT_PATHS)
 	$(VENV)/bin/ruff format $(LINT_PATHS)
 
+# pytest shows its progress (a dot per test, the percentage done per line); --durations the
+# slowest tests at the end, beside the total time. TEST_MINUTES: measured (docs/quickstart.md).
+TEST_MINUTES := 13
 test: setup lint
-	$(PY) -m pytest
+	@echo "make test: the whole suite, about $(TEST_MINUTES) minutes on 2 cores (real model, live servers); progress below"
+	$(PY) -m pytest --durations=15
 
 # The documentation site (mkdocs.yml, pages in docs/), built offline into build/site. --strict:
 # a broken link, anchor or page, or a page missing from the nav, fails the build.
@@ -141,7 +149,7 @@ test-vllm: setup
 	OPENJEV_VLLM=1 $(PY) -m pytest tests/vllm
 
 # The llama.cpp engine on the embedded GGUF and on the default model (what `make serve` serves), for
-# real: llama-cpp-python into .venv, from a wheel built once (about 7 minutes on 2 cores) and cached
+# real: llama-cpp-python into .venv, from a wheel built once (a few minutes on 2 cores) and cached
 # outside the clone, and the default model's GGUF in the cache (scripts/setup_default_model.sh).
 test-llamacpp: setup
 	bash scripts/setup_default_model.sh

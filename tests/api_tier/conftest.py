@@ -20,6 +20,7 @@ import httpx
 import pytest
 
 from tests.integration.conftest import LiveServer, start_server, stop_server
+from tests.support import processes
 from tests.support.net import free_port
 
 KEYS = """\
@@ -52,7 +53,7 @@ def _engine_server(folder: str, log_dir: Path, delay_s: float):
     port = free_port()
     log = open(log_dir / "engine.log", "w")
     args = ["--model-path", folder, "--port", str(port), "--delay-s", str(delay_s)]
-    proc = subprocess.Popen(
+    proc = processes.spawn(
         [sys.executable, "-m", "tests.support.fake_sglang_server", *args], stdout=log, stderr=subprocess.STDOUT
     )
     url = f"http://127.0.0.1:{port}"

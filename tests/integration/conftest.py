@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -13,6 +12,7 @@ import httpx
 import pytest
 
 from openjev.config import load_settings
+from tests.support import processes
 from tests.support.net import free_port
 
 
@@ -53,41 +53,46 @@ def start_server(
     float32 unless `env` says otherwise: these tests compare answers across requests to 1e-3,
     and bfloat16 (what `auto` picks on CPUs with native support) rounds differently when
     batching or the prefix cache change the computation (about 1e-2; tests/integration/
-    test_bf16_parity.py holds bfloat16 to its own tolerance)."""
+    test_bf16_parity.py holds bfloat16 to its own tolerance).
+
+    The server runs in a process group of its own and is stopped with the test run however
+    that ends (tests/support/processes.py); a test stops it earlier with stop_server."""
     env = {"OPENJEV_DTYPE": "float32", **(env or {})}
     port = free_port()
     log_path = str(tmp_path / f"server-{port}.log")
     cmd = [sys.executable, "-m", "openjev", "serve", "--port", str(port), *args]
     if key:
         cmd += ["--api-key", key]
-    proc = subprocess.Popen(
-        cmd, stdout=open(log_path, "w"), stderr=subprocess.STDOUT, env={**os.environ, **env}, start_new_session=True
-    )
+    with open(log_path, "w") as log:  # the child keeps its own descriptor
+        proc = processes.spawn(cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **env})
     server = LiveServer(f"http://127.0.0.1:{port}", key, proc, log_path)
-    if wait:
-        deadline = time.monotonic() + 180
-        while time.monotonic() < deadline:
-            if proc.poll() is not None:
-                raise RuntimeError(f"server exited {proc.returncode}:\n{open(log_path).read()[-3000:]}")
-            try:
-                if httpx.get(server.url + "/health", timeout=2).status_code == 200:
-                    return server
-            except httpx.TransportError:
-                pass
-            time.sleep(0.2)
+    if not wait:
+        return server
+    try:
+        _wait_healthy(server)
+    except BaseException:  # not healthy, or the run interrupted while waiting: nothing left behind
         stop_server(server)
-        raise RuntimeError(f"server not healthy in time:\n{open(log_path).read()[-3000:]}")
+        raise
     return server
 
 
-def stop_server(server: LiveServer) -> None:
-    if server.process.poll() is None:
-        os.killpg(server.process.pid, signal.SIGTERM)
+def _wait_healthy(server: LiveServer) -> None:
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        if server.process.poll() is not None:
+            raise RuntimeError(f"server exited {server.process.returncode}:\n{open(server.log_path).read()[-3000:]}")
         try:
-            server.process.wait(20)
-        except subprocess.TimeoutExpired:
-            os.killpg(server.process.pid, signal.SIGKILL)
-            server.process.wait()
+            if httpx.get(server.url + "/health", timeout=2).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.2)
+    raise RuntimeError(f"server not healthy in time:\n{open(server.log_path).read()[-3000:]}")
+
+
+def stop_server(server: LiveServer) -> None:
+    """SIGTERM to the server's process group (it drains), SIGKILL after 20 s."""
+    processes.stop(server.process, grace_s=20)
 
 
 @pytest.fixture(scope="module")

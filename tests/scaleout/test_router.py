@@ -24,6 +24,7 @@ import httpx
 import pytest
 
 from tests.integration.conftest import start_server, stop_server
+from tests.support import processes
 from tests.support.net import free_port
 
 pytestmark = [
@@ -53,13 +54,7 @@ class Router:
         return self.log_path.read_text(errors="replace")
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGTERM)
-            try:
-                self.process.wait(15)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait()
+        processes.stop(self.process, grace_s=15)
 
 
 def wait_idle(worker, timeout_s: float = 600) -> None:
@@ -123,7 +118,8 @@ def start_router(workers: list[str], log_path: Path) -> Router:
         "--retry-max-backoff-ms",
         "5000",
     ]
-    proc = subprocess.Popen(cmd, stdout=open(log_path, "w"), stderr=subprocess.STDOUT, start_new_session=True)
+    with open(log_path, "w") as log:
+        proc = processes.spawn(cmd, stdout=log, stderr=subprocess.STDOUT)
     router = Router(f"http://127.0.0.1:{port}", proc, log_path)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:

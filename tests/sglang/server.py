@@ -23,7 +23,7 @@ import httpx
 from openjev.engines.http.server_process import ServerProcess
 from openjev.errors import EngineUnavailable
 from tests.support.net import free_port
-from tests.support.processes import paused
+from tests.support.processes import paused, track
 
 REPO = Path(__file__).resolve().parents[2]
 SGL_JAX_PYTHON = REPO / ".venv-sglang-jax" / "bin" / "python"
@@ -290,6 +290,8 @@ def start(
         cwd=str(log_path.parent),
     )
     process.start()
+    assert process.process is not None
+    track(process.process)  # stopped with the test run, however it ends
     server = SglServer(process.url, process, log_path, kind)
     try:
         process.wait_healthy(timeout_s)

@@ -13,6 +13,7 @@ import time
 
 import pytest
 
+from tests.support import processes
 from tests.support.net import free_port
 
 
@@ -48,7 +49,7 @@ class RedisServer:
             args += ["--appendonly", "no"]
         else:
             args += ["--appendonly", "yes", "--appendfsync", "everysec", "--dir", self.append_only]
-        self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.process = processes.spawn(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
             try:

@@ -19,6 +19,7 @@ from openjev.engines.http.server_process import ServerProcess
 from openjev.engines.http.vllm import child_args
 from openjev.errors import EngineUnavailable
 from tests.support.net import free_port
+from tests.support.processes import track
 
 REPO = Path(__file__).resolve().parents[2]
 VLLM_PYTHON = REPO / ".venv-vllm" / "bin" / "python"
@@ -83,6 +84,8 @@ def start(
         cwd=str(log_path.parent),
     )
     process.start()
+    assert process.process is not None
+    track(process.process)  # stopped with the test run, however it ends
     server = VLLMServer(process.url, process, log_path)
     try:
         process.wait_healthy(timeout_s)

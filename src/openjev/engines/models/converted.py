@@ -2,23 +2,27 @@
 
 GGUF files are dequantised by transformers (through `gguf`), which takes ~20 s for the
 embedded model on a laptop CPU; the converted weights are cached as safetensors under the
-cache folder (source.gguf_cache_folder), keyed by the file's identity, so later starts load
-in well under a second. The conversion records every file's size and SHA-256 (in
-`.openjev-complete`); each load checks them, and a cache that differs (truncated, edited,
-from an older openjev) is converted again, never served as it is. Nothing here touches the
-network.
+cache folder (source.gguf_cache_folder), keyed by the file's content and the converter, so
+later starts load in well under a second, and every copy of the file on the machine (each
+clone's .venv) shares one conversion. The conversion records the GGUF's SHA-256, the
+converter, and every file's size and SHA-256 (in `.openjev-complete`); each load checks them,
+and a cache that differs (truncated, edited, from an older openjev) is converted again, never
+served as it is. One process converts a folder at a time (a lock file beside it), and a
+folder appears whole or not at all (renamed into place). Nothing here touches the network.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import fcntl
 import hashlib
 import json
 import logging
 import os
 import shutil
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from openjev.config import ServedSettings
@@ -27,6 +31,8 @@ from openjev.engines.models.source import (
     ModelSource,
     check_cache_dir,
     check_writable,
+    content_digest,
+    converter_id,
     gguf_cache_folder,
     resolve_source,
 )
@@ -59,7 +65,8 @@ def load_model_and_tokenizer(source: ModelSource, *, cache_dir: str, dtype, devi
     cached = gguf_cache_folder(source, cache_dir)
     problem = None
     if (cached / COMPLETE).exists():
-        problem = sizes_problem(cached)  # instant: a truncated file is never handed to the loader
+        # instant: a truncated file is never handed to the loader
+        problem = sizes_problem(cached) or source_problem(cached, source, cache_dir)
         if problem is None:
             with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="openjev-cache-check") as pool:
                 checking = pool.submit(hashes_problem, cached)
@@ -75,7 +82,7 @@ def load_model_and_tokenizer(source: ModelSource, *, cache_dir: str, dtype, devi
             del loaded
         log.warning("converted-weights cache %s is not what was converted (%s): converting again", cached, problem)
     try:
-        folder = _convert_gguf(source, cached)
+        folder, _ = _convert_once(source, cached, cache_dir)
     except OSError as e:
         why = f"is damaged ({problem}) and" if problem else "is not there and"
         raise ConfigError(
@@ -90,9 +97,46 @@ def ensure_converted(source: ModelSource, cache_dir: str) -> tuple[Path, bool]:
     (`openjev model install`); a cache whose record's sizes match is kept (each load checks
     its hashes)."""
     cached = gguf_cache_folder(source, cache_dir)
-    if (cached / COMPLETE).exists() and sizes_problem(cached) is None:
+    if (cached / COMPLETE).exists() and (sizes_problem(cached) or source_problem(cached, source, cache_dir)) is None:
         return cached, False
-    return _convert_gguf(source, cached), True
+    return _convert_once(source, cached, cache_dir)
+
+
+@contextmanager
+def locked(target: Path) -> Iterator[None]:
+    """`target` written by one process at a time (two clones' servers, or two tests, starting
+    at once): an exclusive lock on a file beside it, held for the block."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with open(target.with_name(target.name + ".lock"), "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def _convert_once(source: ModelSource, target: Path, cache_dir: str) -> tuple[Path, bool]:
+    """(folder, whether converted now), under the folder's lock: the conversion another
+    process completed while this one waited (checked whole), or a conversion now."""
+    with locked(target):
+        if (target / COMPLETE).exists() and (
+            cache_problem(target) or source_problem(target, source, cache_dir)
+        ) is None:
+            return target, False
+        return _convert_gguf(source, target), True
+
+
+def source_problem(folder: Path, source: ModelSource, cache_dir: str) -> str | None:
+    """Why `folder`'s record does not name this GGUF's content and this converter, or None."""
+    try:
+        record = json.loads((folder / COMPLETE).read_text())
+    except (OSError, ValueError):
+        return "its record cannot be read"
+    if not isinstance(record, dict) or record.get("converter") != converter_id():
+        return "it was converted by another converter, or an older openjev"
+    if record.get("source_sha256") != content_digest(source.folder / (source.gguf_file or ""), cache_dir):
+        return "it was converted from another file"
+    return None
 
 
 def _load_folder(folder: Path, dtype, device: str):
@@ -125,7 +169,8 @@ def _convert_gguf(source: ModelSource, target: Path) -> Path:
     def fill(tmp: Path) -> dict[str, str]:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
-        return {"source": str(source.folder / gguf_file)}
+        # the GGUF's bytes as read now: a file changed since it was keyed is found at load
+        return {"source": str(source.folder / gguf_file), "source_sha256": _sha256(source.folder / gguf_file)}
 
     write_complete(target, fill)
     return target
@@ -138,7 +183,7 @@ def write_complete(target: Path, fill: Callable[[Path], dict[str, str]]) -> None
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=target.name + ".", dir=target.parent))
     try:
-        record = fill(tmp)
+        record = {"converter": converter_id(), **fill(tmp)}
         (tmp / COMPLETE).write_text(json.dumps({**record, "files": files_record(tmp)}, indent=1))
         if target.exists():  # an incomplete or damaged earlier copy
             shutil.rmtree(target)

