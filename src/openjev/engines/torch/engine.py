@@ -21,12 +21,12 @@ import torch
 from openjev.config import InProcessSettings, ServedSettings
 from openjev.core.plan import Plan
 from openjev.core.ports import Engine, PlanResult
+from openjev.engines.cost_model import CostModel, attended
 from openjev.engines.loaded import LoadedEngine, ModelCard
 from openjev.engines.models.converted import load_model_and_tokenizer
 from openjev.engines.models.source import resolve_source, source_fingerprint
 from openjev.engines.models.tokenizer import HFChatTokenizer
 from openjev.engines.prefix_cache import PrefixCache, cache_stats
-from openjev.engines.torch.cost_model import CostModel, attended
 from openjev.engines.torch.dtype import pick_dtype
 from openjev.engines.torch.kv import KVChain, Row, ragged_forward
 from openjev.engines.torch.scheduler import Scheduler, SchedulerLimits

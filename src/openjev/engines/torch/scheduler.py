@@ -30,10 +30,10 @@ from typing import Any, Protocol
 
 from openjev.core.plan import Plan
 from openjev.core.ports import BranchResult, PlanResult
+from openjev.engines.cost_model import CostModel, attended
 from openjev.engines.fair_share import QUANTUM, FairRounds, Want
 from openjev.engines.memory import release_free_memory
 from openjev.engines.prefix_cache import PrefixCache
-from openjev.engines.torch.cost_model import CostModel, attended
 from openjev.engines.torch.jobs import Job, JobState
 from openjev.engines.torch.joins import PrefixJoins
 from openjev.engines.torch.kv import Chunk, KVChain, Row, padded_cost
