@@ -22,6 +22,7 @@ import math
 import time
 from collections.abc import AsyncIterator, Callable
 
+from openjev.api.identity.fair_queue import FairQueue
 from openjev.api.identity.key_limits import KeyLimits
 from openjev.api.identity.keys import current_key
 from openjev.api.identity.reservation import claim_current
@@ -162,6 +163,7 @@ class GatedEngine(Engine):
         self.max_tokens = max_tokens_in_flight
         self.max_wait_s = max_wait_s
         self.in_flight_tokens = 0
+        self.queue = FairQueue()  # the same tokens by key, for the wait a new request faces
         self.rate = DrainRate(clock=clock)
         self._keys = key_limits
         self._metrics = metrics
@@ -195,6 +197,21 @@ class GatedEngine(Engine):
                 "work; send a shorter state, fewer questions or fewer rotations"
             )
 
+    def refuse_late(self, plan: Plan) -> None:
+        """Overloaded (529, retryable) where the engine, at its measured rate, could not reach
+        the end of `plan` within max_wait_s. The engines serve keys in their fair order, so
+        what is ahead of it is its key's own work and, of every other key's, as much as that
+        key's share while this one runs (api/identity/fair_queue.py)."""
+        n = plan.unique_tokens
+        rate = self.rate.per_second()
+        ahead = self.queue.ahead(plan.share, n)
+        if rate and self.max_wait_s and self.in_flight_tokens and ahead / rate > self.max_wait_s:
+            raise Overloaded(
+                "the queue is too long to serve this in time; retry after Retry-After",
+                retry_after_s=self.retry_after(ahead - int(rate * self.max_wait_s)),
+                detail=f"{ahead - n} tokens in flight ahead of it would take {(ahead - n) / rate:.0f} s",
+            )
+
     async def run(self, plan: Plan) -> PlanResult:
         n = plan.unique_tokens
         self.refuse_past_deadline(plan)
@@ -210,21 +227,16 @@ class GatedEngine(Engine):
         # What is admitted must finish before its deadline: refuse (529, retryable) what the
         # engine, at its measured rate, could not reach within max_wait_s, rather than
         # admit it into a queue that ends in a 504.
-        rate = self.rate.per_second()
-        if rate and self.max_wait_s and self.in_flight_tokens and (self.in_flight_tokens + n) / rate > self.max_wait_s:
-            excess = self.in_flight_tokens + n - int(rate * self.max_wait_s)
-            raise Overloaded(
-                "the queue is too long to serve this in time; retry after Retry-After",
-                retry_after_s=self.retry_after(excess),
-                detail=f"{self.in_flight_tokens} tokens in flight would take {self.in_flight_tokens / rate:.0f} s",
-            )
+        self.refuse_late(plan)
         entry = current_key.get()
         self.in_flight_tokens += n  # held while the key's bucket is asked, so no one else passes on it
+        self.queue.add(plan.share, n)
         if entry is not None:  # after the server-wide check: a 529 costs the key nothing
             try:  # the door's reservation handed back in the same step as the request's own tokens
                 await self._keys.take_tokens(entry, n, refund=claim_current())
             except BaseException:
                 self.in_flight_tokens -= n
+                self.queue.add(plan.share, -n)
                 raise
         self.rate.started()
         self._metrics.engine_calls.inc()
@@ -242,6 +254,7 @@ class GatedEngine(Engine):
             raise
         finally:
             self.in_flight_tokens -= n
+            self.queue.add(plan.share, -n)
             self.rate.finished(served)
         return result
 

@@ -11,6 +11,7 @@ cancelled request's remaining work is dropped at the next round.
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import logging
 import time
@@ -157,7 +158,9 @@ class TransformersEngine(Engine):
         return seconds
 
     async def close(self) -> None:
-        self.scheduler.stop()
+        """Stops every request at the scheduler's next forward (each gets EngineError); the
+        wait for the thread is off the event loop."""
+        await asyncio.to_thread(self.scheduler.stop)
 
     def stats(self) -> dict[str, float]:
         """For metrics, read without locking (plain numbers written by the worker thread; a

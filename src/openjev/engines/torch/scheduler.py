@@ -192,6 +192,8 @@ class Scheduler:
         if len(self._jobs) > 1:
             self._jobs.append(self._jobs.pop(0))
         for group in self._partition(picked):
+            if self._stopped:  # shutting down: the loop fails every job next
+                return
             self._forward(group)
 
     def _row(self, job: Job, take: int) -> Row:
