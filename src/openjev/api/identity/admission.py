@@ -179,9 +179,9 @@ class GatedEngine(Engine):
 
     def refuse_past_deadline(self, plan: Plan) -> None:
         """TokensExceeded (422) where the plan alone could not finish before the engine's
-        deadline at the cost the engine measured on its own forwards (`estimate_s`, the
-        in-process engine's, attention's growth with the length included): refused before
-        any engine work rather than computed until a 504. (An engine over HTTP offers no
+        deadline at the cost the engine measured on its own forwards (`estimate_s`: the
+        in-process engines', transformers and llama.cpp, attention's growth with the length
+        included): refused before any engine work rather than computed until a 504. (An engine over HTTP offers no
         estimate: its per-request latency would make a tokens/s rate of small requests
         refuse large ones a GPU serves in seconds.) A 4xx, not a 529: the
         server is not busy, this request is too large for it by itself (retrying cannot
