@@ -4,7 +4,6 @@ whose decode calls take a fixed time per call. The real binding and model: tests
 
 import asyncio
 import dataclasses
-import time
 
 import pytest
 
@@ -103,11 +102,11 @@ def test_decode_calls_are_sized_in_time_from_the_measured_cost():
         assert engine.executor.step_tokens(0) == MIN_STEP  # nothing measured: the smallest step
         engine.warm_up(tokens=100)  # 0.01 s for 100 tokens: 0.05 s is about 500 tokens
         before = engine.executor.step_tokens(0)
-        assert 300 <= before <= 512
+        assert 2 * MIN_STEP < before <= 512  # (a loaded machine's sleeps run long: not exactly 500)
         fake.decode_s = 0.1  # the machine got slower: the calls measure it, steps shrink
         plan = _long(1200)
         _check(plan, asyncio.run(engine.run(plan)))
-        assert engine.executor.step_tokens(0) < before and engine.executor.step_tokens(1000) < 300
+        assert engine.executor.step_tokens(0) < before and engine.executor.step_tokens(1000) < before / 2
     finally:
         asyncio.run(engine.close())
 
@@ -124,20 +123,20 @@ def test_another_keys_small_request_goes_between_two_steps_of_a_long_one():
         heavy = asyncio.create_task(engine.run(long))
         while fake.decodes < 3:
             await asyncio.sleep(0.005)
-        t0 = time.perf_counter()
+        before = fake.decodes
         light = await engine.run(small)
-        waited = time.perf_counter() - t0
+        calls = fake.decodes - before
         assert not heavy.done()  # the light one did not wait for the whole long one
-        return light, await heavy, waited
+        return light, await heavy, calls
 
     try:
-        light, heavy, waited = asyncio.run(scenario())
+        light, heavy, calls = asyncio.run(scenario())
     finally:
         asyncio.run(engine.close())
     _check(small, light)
     _check(long, heavy)
     assert fake.saves == 1 and engine.switches == 1
-    assert waited < 0.3  # a step of the long one and its own two (1000 tokens take 0.3 s alone)
+    assert calls <= 4  # the long one's call under way (and one more at most), then its own two; not 30
     assert heavy.computed_tokens == 1000 and not fake.cells
 
 
@@ -177,15 +176,14 @@ def test_close_stops_a_long_request_at_its_next_decode_call():
         heavy = asyncio.create_task(engine.run(_long(3000)))  # 94 calls: about 2 s
         while fake.decodes < 2:
             await asyncio.sleep(0.005)
-        t0 = time.perf_counter()
+        before = fake.decodes
         await engine.close()
-        stopped = time.perf_counter() - t0
         with pytest.raises(EngineError, match="shut down"):
             await heavy
-        return stopped
+        return fake.decodes - before
 
-    stopped = asyncio.run(scenario())
-    assert stopped < 0.2 and fake.decodes < 10 and fake.closed
+    after = asyncio.run(scenario())
+    assert after <= 1 and fake.closed  # the call under way, of 94
 
 
 def _job(share: Share, *, started: bool = False):
@@ -222,8 +220,8 @@ def test_a_request_that_took_the_context_keeps_it_for_the_hold():
 
 
 def test_a_light_key_waits_at_most_one_step_of_a_long_request_on_a_slow_machine():
-    """Steps of the long request, as many as its cost measured allows in the slice, each
-    decode 0.1 s: the light key's request starts within about one call of its arrival."""
+    """Steps of the long request, as many tokens as its measured cost allows in the slice
+    (each decode 0.1 s: 64 tokens): the light key's request starts after the call under way."""
     fake = SimulatedLlamaCpp(n_batch=512, n_ctx_train=4096)
     engine = LlamaCppEngine(fake, prefix_cache_bytes=0, slice_s=0.1)
     fake.decode_s = 0.1
@@ -233,14 +231,14 @@ def test_a_light_key_waits_at_most_one_step_of_a_long_request_on_a_slow_machine(
         heavy = asyncio.create_task(engine.run(_long(800)))
         while fake.decodes < 3:
             await asyncio.sleep(0.005)
-        t0 = time.perf_counter()
+        before = fake.decodes
         await engine.run(_long(60, LIGHT, first=5000))
-        light_s = time.perf_counter() - t0
+        calls = fake.decodes - before
         await heavy
-        return light_s
+        return calls
 
     try:
-        light_s = asyncio.run(scenario())
+        calls = asyncio.run(scenario())
     finally:
         asyncio.run(engine.close())
-    assert light_s < 0.45  # the call under way, its own call (or two), not the long one's 10 calls left
+    assert calls <= 3  # the call under way, its own one; not the long one's 9 calls left
