@@ -74,6 +74,15 @@ class LlamaCppEngine(Engine):
     def cost(self) -> CostModel:
         return self.executor.cost
 
+    @property
+    def decodes(self) -> int:
+        """Decode calls made (the warm-up's not counted)."""
+        return self.executor.decodes
+
+    @property
+    def computed_tokens(self) -> int:
+        return self.executor.computed_tokens
+
     # ---- any thread
 
     async def run(self, plan: Plan) -> PlanResult:
