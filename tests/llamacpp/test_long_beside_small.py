@@ -49,7 +49,9 @@ def _post(server, key: str, body: dict, timeout: float = 300) -> tuple[int, floa
 def _start(tmp_path, *args: str):
     from tests.integration.conftest import start_server
 
-    return start_server(tmp_path, "--engine", "llamacpp", "--api-key", HEAVY, "--api-key", VICTIM, *args)
+    return start_server(
+        tmp_path, "--engine", "llamacpp", "--tasks-db", "off", "--api-key", HEAVY, "--api-key", VICTIM, *args
+    )
 
 
 def _beside(server, words: int) -> tuple[tuple[int, float, str], list[tuple[int, float, str]]]:

@@ -46,6 +46,7 @@ log = logging.getLogger(__name__)
 # The warm-up decode at load: short (a 1.5B model computes about 60 tokens/s on 2 cores), from
 # no context, so attention is a small share of it.
 WARMUP_TOKENS = 64
+PAGE_IN_TOKENS = 8  # the untimed first call's
 WARMUP_FIRST_ID = 1000  # ordinary tokens, past the special ones most vocabularies open with
 SLICE_S = 0.5  # the in-process settings' default --slice-ms
 
@@ -101,18 +102,21 @@ class LlamaCppEngine(Engine):
     def warm_up(self, tokens: int = WARMUP_TOKENS) -> float:
         """One decode of `tokens` tokens from an empty context, timed into the cost model, so
         that the first request is priced (the load calls it before the worker has work);
-        its seconds. A first call runs slower than later ones: it over-prices, and the
-        requests' own calls correct it."""
+        its seconds. A short untimed call goes first: llama.cpp's very first call pays for
+        the weights' pages and its buffers, which no request pays again."""
         b = self.backend
         tokens = min(tokens, b.n_batch)
         items = [Item((WARMUP_FIRST_ID + i) % b.n_vocab, i, (ROOT_SEQ,)) for i in range(tokens)]
         items[-1] = Item(items[-1].token, items[-1].pos, items[-1].seqs, (0,))
-        t0 = time.perf_counter()  # before any request is posted: the worker is idle
-        try:
+        try:  # before any request is posted: the worker is idle
+            # untimed: the first call reads the mapped weights from disk and sizes its buffers
+            b.decode(items[:PAGE_IN_TOKENS], [])
+            b.clear()
+            t0 = time.perf_counter()
             b.decode(items, [(0,)])
+            seconds = time.perf_counter() - t0
         finally:
             b.clear()
-        seconds = time.perf_counter() - t0
         self.cost.observe(tokens, attended(0, tokens), seconds)
         return seconds
 
