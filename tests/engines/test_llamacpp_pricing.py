@@ -102,7 +102,7 @@ def test_decode_calls_are_sized_in_time_from_the_measured_cost():
         assert engine.executor.step_tokens(0) == MIN_STEP  # nothing measured: the smallest step
         engine.warm_up(tokens=100)  # 0.01 s for 100 tokens: 0.05 s is about 500 tokens
         before = engine.executor.step_tokens(0)
-        assert 2 * MIN_STEP < before <= 512  # (a loaded machine's sleeps run long: not exactly 500)
+        assert MIN_STEP < before <= 512  # about 500 (a loaded machine's sleeps run long)
         fake.decode_s = 0.1  # the machine got slower: the calls measure it, steps shrink
         plan = _long(1200)
         _check(plan, asyncio.run(engine.run(plan)))
