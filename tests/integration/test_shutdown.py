@@ -1,8 +1,6 @@
-"""SIGTERM stops computing: a real `openjev serve` on the embedded model, with a long decision
-on the engine and task creates being priced (compiled in worker threads) when SIGTERM comes,
-exits within seconds of its drain timeout. Nothing computes after "Finished server process":
-the engine stops at its next forward, queued worker-thread work is dropped, and running
-worker threads (their requests gone) are not waited for (api/server/drain.py)."""
+"""SIGTERM stops computing: a real `openjev serve` on the embedded model, a long decision on the
+engine when SIGTERM comes, exits within seconds of its drain timeout (the engine stops at its
+next forward; work left in worker threads is not waited for, api/server/drain.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +8,6 @@ import os
 import signal
 import threading
 import time
-import uuid
 
 import httpx
 import pytest
@@ -19,48 +16,31 @@ from tests.integration.conftest import start_server, stop_server
 
 pytestmark = pytest.mark.model
 
-CREATES = 12  # more than the worker threads (CPUs + 4, at most 32 on a small machine): some queued
-
-
-def _create(url: str, k: int, out: list) -> None:
-    """A task of 1,000 examples (about 1.4 MB): its create compiles every one before it answers."""
-    tag = uuid.uuid4().hex[:6]
-    words = " ".join(f"w{j}" for j in range(300))
-    examples = [{"state": f"{tag} {k} {i} {words}", "answer": bool(i % 2)} for i in range(1000)]
-    body = {"question": {"type": "noul", "instructions": "Long?"}, "examples": examples}
-    try:
-        out.append(httpx.post(url + "/v1/tasks", json=body, timeout=300).status_code)
-    except httpx.HTTPError as e:
-        out.append(type(e).__name__)
-
 
 def _decide(url: str, out: list) -> None:
-    body = {"state": " ".join(f"w{i}" for i in range(2500)), "questions": {"q": {"type": "noul", "instructions": "?"}}}
+    body = {"state": " ".join(f"w{i}" for i in range(6000)), "questions": {"q": {"type": "noul", "instructions": "?"}}}
     try:
-        out.append(httpx.post(url + "/v1/systemone", json=body, timeout=300).status_code)
+        out.append(httpx.post(url + "/v1/systemone", json=body, timeout=600).status_code)
     except httpx.HTTPError as e:
         out.append(type(e).__name__)
 
 
-def test_sigterm_exits_within_seconds_while_work_is_in_worker_threads(tmp_path):
-    server = start_server(tmp_path, "--drain-timeout-s", "1", "--tasks-db", str(tmp_path / "tasks.db"))
+def test_sigterm_during_a_long_decision_exits_within_seconds(tmp_path):
+    # a deadline long enough that the decision is admitted on a slow CPU (it is priced)
+    server = start_server(tmp_path, "--drain-timeout-s", "1", "--engine-timeout-s", "900", "--tasks-db", "off")
     try:
         out: list = []
-        threads = [threading.Thread(target=_create, args=(server.url, k, out)) for k in range(CREATES)]
-        threads.append(threading.Thread(target=_decide, args=(server.url, out)))
-        for t in threads:
-            t.start()
-        time.sleep(3)  # bodies in, compiles under way in the worker threads and queued behind them
+        thread = threading.Thread(target=_decide, args=(server.url, out))
+        thread.start()
+        time.sleep(3)  # its forwards under way
         t0 = time.monotonic()
         os.kill(server.process.pid, signal.SIGTERM)
         server.process.wait(60)
         exited = time.monotonic() - t0
-        for t in threads:
-            t.join(60)
+        thread.join(60)
         log = open(server.log_path).read()
     finally:
         stop_server(server)
     assert server.process.returncode == 0, log[-2000:]
-    # the drain's second and uvicorn's graceful 5 s for the task routes, then out at once
-    assert exited < 10, (exited, log[-2000:])
-    assert "Finished server process" in log
+    assert out and out[0] in (200, 503), (out, log[-2000:])  # answered in time, or cut by the drain timeout
+    assert exited < 6, (exited, log[-2000:])  # the drain's second, then the engine's next forward
