@@ -8,6 +8,7 @@ import os
 import signal
 import threading
 import time
+import uuid
 
 import httpx
 import pytest
@@ -18,7 +19,8 @@ pytestmark = pytest.mark.model
 
 
 def _decide(url: str, out: list) -> None:
-    body = {"state": " ".join(f"w{i}" for i in range(6000)), "questions": {"q": {"type": "noul", "instructions": "?"}}}
+    state = uuid.uuid4().hex + " " + "word " * 6000  # about 6,000 tokens, none cached
+    body = {"state": state, "questions": {"q": {"type": "noul", "instructions": "Is it?"}}}
     try:
         out.append(httpx.post(url + "/v1/systemone", json=body, timeout=600).status_code)
     except httpx.HTTPError as e:

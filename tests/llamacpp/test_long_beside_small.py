@@ -30,10 +30,10 @@ SMALL_WITHIN_S = 10.0  # the small decisions' bound beside the long one (the iss
 
 
 def _long(words: int) -> dict:
-    """One yes/no question of `words` distinct words (a few thousand tokens: no cache helps)."""
-    tag = uuid.uuid4().hex[:6]
-    text = " ".join(f"{tag}{i}" for i in range(words))
-    return {"state": "hi", "questions": {"q": {"type": "noul", "instructions": f"{text} Is it?"}}}
+    """One yes/no question of about `words` tokens (a word a token), its start unique: no
+    cache helps."""
+    text = uuid.uuid4().hex + " " + "word " * words
+    return {"state": "hi", "questions": {"q": {"type": "noul", "instructions": f"{text}Is it?"}}}
 
 
 def _small() -> dict:
