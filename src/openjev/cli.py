@@ -159,10 +159,31 @@ def serve(settings: Settings, argv: Sequence[str] = ()) -> int:
     server = DrainingServer(config, ops.drain, on_hangup=ops.keys.reload)
     logging.getLogger("openjev").info("listening on http://%s:%d", *listener.getsockname()[:2])
     server.run(sockets=[listener])
+    code = 0
     if failed:
         print(f"openjev: cannot serve: {failed[0]}", file=sys.stderr)
-        return 1
-    return 0
+        code = 1
+    _exit_now_if_threads_compute(code)
+    return code
+
+
+def _exit_now_if_threads_compute(code: int) -> None:
+    """Exit with `code` at once where worker threads still compute for requests the shutdown
+    cancelled (a compile, a task's fit): the interpreter would otherwise wait for each to end."""
+    from openjev.api.server.drain import leftover_threads
+
+    left = leftover_threads()
+    if not left:
+        return
+    logging.getLogger("openjev").info(
+        "exiting without %d worker thread(s) still computing for cancelled work: %s",
+        len(left),
+        ", ".join(t.name for t in left),
+    )
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def _listening(settings: Settings) -> socket.socket:

@@ -1,7 +1,7 @@
 """Deadline pricing by what a request will compute (issue 48, items 1 and 2), on every
 decision route and for a batch item: the padding shapes of the issue are refused with a
 4xx before any engine work, priced as the in-process engine prices them (its cost model,
-engines/torch/cost_model.py, at the rates measured on the embedded model: 1.0 ms per token,
+engines/cost_model.py, at the rates measured on the embedded model: 1.0 ms per token,
 attention 6.3e-7 s per token of context), both once measured and fresh from the warm-up
 forward alone. In-process with the FakeEngine and FakeTokenizer (one token per " 7")."""
 
@@ -12,12 +12,12 @@ from typing import Any
 import pytest
 
 from openjev.core.plan import Plan
-from openjev.engines.torch.cost_model import CostModel, attended
+from openjev.engines.cost_model import CostModel, attended
 from tests.api.conftest import running_app
 from tests.api.test_every_route import EVERY, IDS, Route
 from tests.support.fakes import FakeEngine
 
-A, B = 1.0e-3, 6.3e-7  # the embedded model on a 2-core AMD EPYC (engines/torch/cost_model.py)
+A, B = 1.0e-3, 6.3e-7  # the embedded model on a 2-core AMD EPYC (engines/cost_model.py)
 HIDDEN = 576
 
 

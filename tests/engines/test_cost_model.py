@@ -1,4 +1,4 @@
-"""The in-process engine's cost model (engines/torch/cost_model.py): fitted on forwards' own
+"""The in-process engine's cost model (engines/cost_model.py): fitted on forwards' own
 timings, it prices a long state with attention's growth, so the admission gate can refuse
 what would pass the deadline (issue 28, item 8)."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from openjev.core.plan import Branch, Plan
-from openjev.engines.torch.cost_model import CostModel, attended
+from openjev.engines.cost_model import CostModel, attended
 
 A, B = 1.0e-3, 6.3e-7  # the embedded model on a 2-core CPU: 1 ms/token, +21 ms at 32k context
 

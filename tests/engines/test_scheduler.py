@@ -349,3 +349,27 @@ def test_a_key_of_weight_two_gets_twice_the_tokens_of_a_weight_one_key_while_bot
     both = [(a, b) for a, b in runner.by_key if a and b][:8]  # rounds in which both keys still waited
     a, b = sum(x for x, _ in both), sum(y for _, y in both)
     assert len(both) >= 4 and a == 2 * b, runner.by_key
+
+
+def test_stopping_ends_a_round_at_its_next_forward():
+    """A round of three forwards (slices of unlike lengths do not share one): stopped during
+    the first, the scheduler runs none of the others (here 2.4 s of work)."""
+    runner = FakeRunner(0.004)
+    limits = SchedulerLimits(batch_tokens=2048, attention_budget=1 << 30, window_s=0.05, slice_s=10.0)
+    scheduler = Scheduler(runner, PrefixCache(0), limits)
+
+    async def go() -> float:
+        tasks = [asyncio.create_task(scheduler.run(_plan(n, first=1000 * k))) for k, n in enumerate((20, 100, 600))]
+        while not runner.forwards:  # the 20-token forward done, the 100-token one under way
+            await asyncio.sleep(0.005)
+        t0 = time.monotonic()
+        await asyncio.to_thread(scheduler.stop)
+        stopped = time.monotonic() - t0
+        for task in tasks[:2]:  # answered by the forwards that ran (the second under way at the stop)
+            assert isinstance(await task, PlanResult)
+        with pytest.raises(EngineError, match="shut down"):
+            await tasks[2]
+        return stopped
+
+    stopped = asyncio.run(go())
+    assert stopped < 1.0 and len(runner.forwards) == 2, (stopped, runner.forwards)

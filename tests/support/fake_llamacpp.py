@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -43,10 +44,24 @@ class SavedCells:
         return len(self.cells) * self.bytes_per_cell
 
 
+@dataclass(frozen=True)
+class SavedContext:
+    """save_all's state: every cell with its sequences."""
+
+    cells: tuple[tuple[int, int, frozenset[int]], ...]
+    bytes_per_cell: int
+
+    def __len__(self) -> int:
+        return max(1, len(self.cells)) * self.bytes_per_cell
+
+
 class SimulatedLlamaCpp:
     def __init__(self, *, n_ctx=4096, n_ctx_train=2048, n_seq_max=8, n_batch=64, bytes_per_cell=10) -> None:
         self.n_ctx, self.n_ctx_train, self.n_seq_max = n_ctx, n_ctx_train, n_seq_max
         self.n_batch, self.n_vocab, self.bytes_per_cell = n_batch, 1000, bytes_per_cell
+        self.n_embd = 1024  # a small model's hidden size (the cost model's attention prior)
+        self.saves = 0  # save_all calls (a request set aside)
+        self.decode_s = 0.0  # seconds each decode sleeps (a model's cost, for the pricing tests)
         self.cells: list[Cell] = []
         self.decoded_tokens = 0
         self.decodes = 0
@@ -89,6 +104,8 @@ class SimulatedLlamaCpp:
                 k += 1
         self.decoded_tokens += len(items)
         self.decodes += 1
+        if self.decode_s:
+            time.sleep(self.decode_s)
         return out
 
     def seq_cp(self, src, dst, p0, p1):
@@ -112,6 +129,16 @@ class SimulatedLlamaCpp:
             return False
         self.cells.extend(Cell(pos, token, {seq}) for pos, token in state.cells)
         self.restores += 1
+        return True
+
+    def save_all(self):
+        self.saves += 1
+        return SavedContext(tuple((c.pos, c.token, frozenset(c.seqs)) for c in self.cells), self.bytes_per_cell)
+
+    def restore_all(self, state):
+        if self.refuse_restore:
+            return False
+        self.cells = [Cell(pos, token, set(seqs)) for pos, token, seqs in state.cells]
         return True
 
     def clear(self):

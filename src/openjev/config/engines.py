@@ -45,7 +45,8 @@ class InProcessSettings:
     prefix_cache_bytes: int = opt(1 << 30, "in-process engine: memory for prefix KV kept across requests (0: off)")
     slice_ms: float = opt(
         500.0,
-        "in-process engine: target time of one slice of a long prefill (cancellation and arrivals act between slices)",
+        "in-process engines (transformers, llama.cpp): target time of one slice of a long prefill (cancellation and "
+        "arrivals act between slices)",
     )
     fair_quantum: int = opt(
         128,

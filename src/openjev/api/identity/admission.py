@@ -26,11 +26,13 @@ import time
 from collections.abc import AsyncIterator, Callable, Sequence
 
 from openjev.api.identity.caller import account_of, entry_of
+from openjev.api.identity.fair_queue import FairQueue
 from openjev.api.identity.key_limits import KeyLimits
 from openjev.api.operations.metrics import Metrics
 from openjev.core.caller import Caller
 from openjev.core.plan import Plan
 from openjev.core.ports import Admission, Engine, PlanResult
+from openjev.core.types import Share
 from openjev.errors import OpenjevError, Overloaded, RateLimited, TokensExceeded
 
 MAX_RETRY_AFTER_S = 60
@@ -146,6 +148,7 @@ class GatedEngine(Engine):
         self.max_tokens = max_tokens_in_flight
         self.max_wait_s = max_wait_s
         self.in_flight_tokens = 0
+        self.queue = FairQueue()  # the same tokens by key, for the wait a new request faces
         self.rate = DrainRate(clock=clock)
         self._keys = key_limits
         self._metrics = metrics
@@ -178,11 +181,13 @@ class GatedEngine(Engine):
                 "work; send a shorter state, fewer questions or fewer rotations"
             )
 
-    def refuse_past_queue(self, n: int) -> None:
+    def refuse_past_queue(self, share: Share, n: int) -> None:
         """Overloaded (529) where `n` more distinct tokens would pass the bound on tokens in
-        flight, or could not be reached within max_wait_s at the measured rate. Alone, any
-        request within --max-request-tokens is admitted: a bound below one request's size
-        must not refuse it forever."""
+        flight, or could not be reached within max_wait_s at the measured rate. The engines
+        serve keys in their fair order, so what is ahead of them is `share`'s own work and, of
+        every other key's, as much as that key's share while this one runs
+        (api/identity/fair_queue.py). Alone, any request within --max-request-tokens is
+        admitted: a bound below one request's size must not refuse it forever."""
         if self.max_tokens and self.in_flight_tokens and self.in_flight_tokens + n > self.max_tokens:
             excess = self.in_flight_tokens + n - self.max_tokens
             raise Overloaded(  # other keys' load is not this caller's to see: numbers to the log
@@ -194,12 +199,12 @@ class GatedEngine(Engine):
         # engine, at its measured rate, could not reach within max_wait_s, rather than
         # admit it into a queue that ends in a 504.
         rate = self.rate.per_second()
-        if rate and self.max_wait_s and self.in_flight_tokens and (self.in_flight_tokens + n) / rate > self.max_wait_s:
-            excess = self.in_flight_tokens + n - int(rate * self.max_wait_s)
+        ahead = self.queue.ahead(share, n)
+        if rate and self.max_wait_s and self.in_flight_tokens and ahead / rate > self.max_wait_s:
             raise Overloaded(
                 "the queue is too long to serve this in time; retry after Retry-After",
-                retry_after_s=self.retry_after(excess),
-                detail=f"{self.in_flight_tokens} tokens in flight would take {self.in_flight_tokens / rate:.0f} s",
+                retry_after_s=self.retry_after(ahead - int(rate * self.max_wait_s)),
+                detail=f"{ahead - n} tokens in flight ahead of it would take {(ahead - n) / rate:.0f} s",
             )
 
     @contextlib.asynccontextmanager
@@ -209,15 +214,17 @@ class GatedEngine(Engine):
         one step (the door's reservation handed back in it), and held in flight until exit."""
         n = sum(plan.unique_tokens for plan in plans)
         self.refuse_past_deadline(plans)
-        self.refuse_past_queue(n)
+        self.refuse_past_queue(caller.share, n)
         account = account_of(caller)
         self.in_flight_tokens += n  # held while the key's bucket is asked, so no one else passes on it
+        self.queue.add(caller.share, n)
         try:
             if account is not None:  # after the server-wide check: a 529 costs the key nothing
                 await self._keys.take_tokens(account.entry, n, refund=account.claim())
             yield
         finally:
             self.in_flight_tokens -= n
+            self.queue.add(caller.share, -n)
 
     async def run(self, plan: Plan) -> PlanResult:
         """`plan` on the engine (admitted already: `admit`), measured."""

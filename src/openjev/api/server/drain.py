@@ -7,13 +7,20 @@ Whatever still runs then is answered 503 (JSON, with its request id) and cancell
 then does uvicorn shut down (lifespan: the engine and any SGLang child stop) and the
 process exits 0: a drain is the normal end of a server's life, not a crash. A second
 SIGTERM, or SIGINT, shuts down at once as before.
+
+Work that a cancelled request left in a worker thread (a compile, a task's fit) is not
+waited for: the loop's default executor (`StoppingExecutor`) neither waits nor runs queued
+work at shutdown, and `openjev serve` exits without joining such threads (cli.py,
+`leftover_threads`), so nothing computes after "Finished server process".
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import signal
+import threading
 import time
 from collections.abc import Callable
 
@@ -84,6 +91,32 @@ class Drain:
         then()
 
 
+class StoppingExecutor(concurrent.futures.ThreadPoolExecutor):
+    """asyncio's default executor (`asyncio.to_thread`), except at shutdown: the work queued
+    is cancelled and the work running is not waited for (its request is gone)."""
+
+    def __init__(self) -> None:
+        super().__init__(thread_name_prefix="openjev-worker")
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:  # noqa: ARG002 - never waits
+        super().shutdown(wait=False, cancel_futures=True)
+
+
+# How long idle worker threads get to end after the server stopped (they end at once).
+LEFTOVER_GRACE_S = 1.0
+
+
+def leftover_threads(grace_s: float = LEFTOVER_GRACE_S) -> list[threading.Thread]:
+    """Threads still running `grace_s` after the server stopped that the interpreter would
+    wait for at exit (worker threads computing for requests that are gone); the caller exits
+    without them."""
+    deadline = time.monotonic() + grace_s
+    left = [t for t in threading.enumerate() if t is not threading.main_thread() and not t.daemon]
+    for t in left:
+        t.join(max(0.0, deadline - time.monotonic()))
+    return [t for t in left if t.is_alive()]
+
+
 class DrainingServer(uvicorn.Server):
     """uvicorn's server with SIGTERM meaning 'drain, then exit 0'."""
 
@@ -95,6 +128,7 @@ class DrainingServer(uvicorn.Server):
 
     async def serve(self, sockets=None) -> None:
         self._loop = asyncio.get_running_loop()
+        self._loop.set_default_executor(StoppingExecutor())
         if self._on_hangup is not None:
             # The loop's own handler: the signal only wakes the loop, and the reload runs
             # as an ordinary callback on it (where nothing it raises can end the process).

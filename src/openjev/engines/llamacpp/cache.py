@@ -51,6 +51,12 @@ class StateCache:
         self._entries.move_to_end(best_key)
         return best, self._entries[best_key]
 
+    def peek(self, tokens: Sequence[int], namespace: str = "") -> int:
+        """How many leading `tokens` an entry of `namespace` holds, read from any thread (a
+        snapshot of the keys; no LRU move, no lookup counted)."""
+        keys = list(self._entries)  # one C-level copy: the worker thread may insert meanwhile
+        return longest_match(keys, tuple(tokens), namespace)[1]
+
     def covers(self, tokens: Sequence[int], namespace: str = "") -> bool:
         """Whether an entry already holds `tokens` (then saving them again is wasted work)."""
         tokens = tuple(tokens)

@@ -2,17 +2,22 @@
 
 A plan's trie is one llama.cpp batch (layout.py): every distinct token computed
 once, in every branch's KV sequence below it, at its true position, with logits only where
-a branch ends; the batch goes in decode calls of at most `n_batch` tokens. The roots of
+a branch ends; the batch goes in decode calls sized in time (steps.py). The roots of
 recent requests are saved outside the context as KV states (cache.py), bounded by bytes
 and namespaced by Plan.cache_namespace; a later root that starts the same way restores the
 shared positions and computes only the rest. The context holds one request's cells at a
 time, so attention (which llama.cpp runs over every cell in use) sees only the request's.
 
-All llama.cpp work runs on one worker thread, one request at a time (a 2-core CPU is
-saturated by one decode; llama.cpp parallelises inside it): in arrival order, or where
-several keys wait, the least served key's first (engines/fair_share.py). A cancelled
-request (the service's deadline, a client gone) stops at the next decode call: its queued
-work is dropped and the sequences it used are cleared.
+All llama.cpp work runs on one worker thread (a 2-core CPU is saturated by one decode;
+llama.cpp parallelises inside it), one decode call at a time. Before each call the keys'
+fair order picks whose request goes on (turns.py): a request of another key that should go
+first takes the context, the running one's cells saved aside whole (llama.cpp's state of
+every sequence) and restored when its turn comes back, so a long prefill delays another
+key's small request by about one step. Every call is timed into a cost model
+(engines/cost_model.py, shared with the in-process engine), measured once at load
+(`warm_up`), which prices plans before admission (`estimate_s`). A cancelled request (the
+service's deadline, a client gone) stops at its next decode call; `close` stops every
+request at its next one.
 """
 
 from __future__ import annotations
@@ -22,15 +27,15 @@ import collections
 import logging
 import threading
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
 
 from openjev.core.plan import Plan
-from openjev.core.ports import BranchResult, Engine, PlanResult
-from openjev.engines.fair_share import FairTurns, Want
+from openjev.core.ports import Engine, PlanResult
+from openjev.engines.cost_model import CostModel, attended
 from openjev.engines.llamacpp.cache import StateCache
-from openjev.engines.llamacpp.layout import Layout, layout, leaves
+from openjev.engines.llamacpp.layout import Item
 from openjev.engines.llamacpp.lib import Backend
+from openjev.engines.llamacpp.steps import ROOT_SEQ, Cancelled, Executor, Job
+from openjev.engines.llamacpp.turns import Turns
 from openjev.engines.memory import release_free_memory
 from openjev.engines.prefix_cache import cache_stats
 from openjev.engines.worker_inbox import deliverer, post_and_wait
@@ -38,26 +43,12 @@ from openjev.errors import EngineError, OpenjevError, TokensExceeded
 
 log = logging.getLogger(__name__)
 
-
-@dataclass
-class _Job:
-    plan: Plan
-    deliver: Callable[[PlanResult | BaseException], None]
-    cancelled: threading.Event = field(default_factory=threading.Event)
-    t_submit: float = field(default_factory=time.perf_counter)
-    want: Want = field(init=False)  # its key and distinct tokens, for the fair order
-
-    def __post_init__(self) -> None:
-        self.want = Want(self.plan.share, self.plan.unique_tokens)
-
-
-# The request's root sequence (the cached positions restored into it, saved from it after);
-# its leaves take the sequences after it.
-ROOT_SEQ = 0
-
-
-class _Cancelled(Exception):
-    """The job's request went away: nothing is delivered."""
+# The warm-up decode at load: short (a 1.5B model computes about 60 tokens/s on 2 cores), from
+# no context, so attention is a small share of it.
+WARMUP_TOKENS = 64
+PAGE_IN_TOKENS = 8  # the untimed first call's
+WARMUP_FIRST_ID = 1000  # ordinary tokens, past the special ones most vocabularies open with
+SLICE_S = 0.5  # the in-process settings' default --slice-ms
 
 
 class LlamaCppEngine(Engine):
@@ -67,17 +58,31 @@ class LlamaCppEngine(Engine):
 
     parallel_layouts = False
 
-    def __init__(self, backend: Backend, *, prefix_cache_bytes: int) -> None:
+    def __init__(self, backend: Backend, *, prefix_cache_bytes: int, slice_s: float = SLICE_S) -> None:
         self.backend = backend
         self.cache = StateCache(prefix_cache_bytes)
-        self._inbox: collections.deque[_Job] = collections.deque()
+        self.executor = Executor(backend, self.cache, CostModel(hidden_size=backend.n_embd), slice_s)
+        self._inbox: collections.deque[Job] = collections.deque()
         self._wake = threading.Condition()
         self._stopped = False
-        self._turns = FairTurns()  # whose request runs next when several keys wait
-        self.decodes = 0
-        self.computed_tokens = 0
+        self._turns = Turns()  # whose request goes on before each decode call
+        self._saved: list[Job] = []  # started requests set aside, their context saved (worker thread only)
+        self.switches = 0
         self._thread = threading.Thread(target=self._loop, name="openjev-llamacpp", daemon=True)
         self._thread.start()
+
+    @property
+    def cost(self) -> CostModel:
+        return self.executor.cost
+
+    @property
+    def decodes(self) -> int:
+        """Decode calls made (the warm-up's not counted)."""
+        return self.executor.decodes
+
+    @property
+    def computed_tokens(self) -> int:
+        return self.executor.computed_tokens
 
     # ---- any thread
 
@@ -85,9 +90,35 @@ class LlamaCppEngine(Engine):
         self._check_fits(plan)
         loop = asyncio.get_running_loop()
         future: asyncio.Future[PlanResult] = loop.create_future()
-        job = _Job(plan, deliverer(loop, future))
+        job = Job(plan, deliverer(loop, future))
         # a cancelled request: the worker stops at its next decode call
         return await post_and_wait(self._wake, self._inbox, lambda: self._stopped, job, future, job.cancelled.set)
+
+    def estimate_s(self, plan: Plan) -> float | None:
+        """Seconds `plan` would take alone, at the cost measured on this engine's decode calls
+        (what its namespace's cache holds subtracted); None before anything was measured."""
+        return self.cost.estimate_s(plan, self.executor.cached_for(plan))
+
+    def warm_up(self, tokens: int = WARMUP_TOKENS) -> float:
+        """One decode of `tokens` tokens from an empty context, timed into the cost model, so
+        that the first request is priced (the load calls it before the worker has work);
+        its seconds. A short untimed call goes first: llama.cpp's very first call pays for
+        the weights' pages and its buffers, which no request pays again."""
+        b = self.backend
+        tokens = min(tokens, b.n_batch)
+        items = [Item((WARMUP_FIRST_ID + i) % b.n_vocab, i, (ROOT_SEQ,)) for i in range(tokens)]
+        items[-1] = Item(items[-1].token, items[-1].pos, items[-1].seqs, (0,))
+        try:  # before any request is posted: the worker is idle
+            # untimed: the first call reads the mapped weights from disk and sizes its buffers
+            b.decode(items[:PAGE_IN_TOKENS], [])
+            b.clear()
+            t0 = time.perf_counter()
+            b.decode(items, [(0,)])
+            seconds = time.perf_counter() - t0
+        finally:
+            b.clear()
+        self.cost.observe(tokens, attended(0, tokens), seconds)
+        return seconds
 
     def _check_fits(self, plan: Plan) -> None:
         """A branch past the model's trained length, or a plan larger than the whole KV cache,
@@ -100,6 +131,8 @@ class LlamaCppEngine(Engine):
             raise TokensExceeded(f"the request's {plan.unique_tokens} distinct tokens exceed the engine's {b.n_ctx}")
 
     async def close(self) -> None:
+        """Stops every request at its next decode call (each gets EngineError), then frees
+        llama.cpp's model and context."""
         with self._wake:
             self._stopped = True
             self._wake.notify()
@@ -111,118 +144,90 @@ class LlamaCppEngine(Engine):
         """For metrics, read without locking (plain numbers written by the worker thread)."""
         return {
             **cache_stats(self.cache),
-            "engine_forwards": self.decodes,
+            "engine_forwards": self.executor.decodes,
+            **self.cost.stats(),
         }
 
     # ---- worker thread
 
     def _loop(self) -> None:
+        current: Job | None = None
         dirty = False
         while True:
-            if dirty and not self._inbox:
+            if dirty and current is None and not self._saved and not self._inbox:
                 # idle: what a request freed (its plan's lists, its states' buffers) stays
                 # mapped by glibc until trimmed; a few ms here cost no one anything
                 dirty = False
                 release_free_memory()
             with self._wake:
-                while not self._inbox and not self._stopped:
+                while current is None and not self._saved and not self._inbox and not self._stopped:
                     self._wake.wait()
                 if self._stopped:
-                    for job in self._inbox:
-                        job.deliver(EngineError("the engine is shut down"))
-                    self._inbox.clear()
+                    self._shut([*([current] if current else []), *self._saved, *self._inbox])
                     return
-                job = self._next()
-            if job.cancelled.is_set():
+                self._drop_cancelled()
+                if current is not None and current.cancelled.is_set():
+                    current = None  # its caller left: its cells go, nothing is delivered
+                    self.backend.clear()
+                job = self._turns.next(current, self._saved, self._inbox, self.executor.step_tokens(0))
+                if job is not None and job.steps is None:
+                    self._inbox.remove(job)
+            if job is None:
                 continue
             dirty = True
-            try:
-                job.deliver(self._execute(job))
-            except _Cancelled:
-                pass
-            except OpenjevError as exc:
-                job.deliver(exc)
-            except Exception as exc:  # our fault or llama.cpp's: the request gets a 502, the engine lives on
-                log.exception("llama.cpp engine failure")
-                job.deliver(EngineError("the engine failed", detail=f"{type(exc).__name__}: {exc}"))
+            current = self._step(current, job)
 
-    def _next(self) -> _Job:
-        """The inbox's next job (the caller holds the lock): the keys' fair order, arrival
-        order where one key waits (engines/fair_share.py)."""
-        i = self._turns.choose([j.want for j in self._inbox])
-        job = self._inbox[i]
-        del self._inbox[i]
-        return job
+    def _shut(self, jobs: list[Job]) -> None:
+        for job in jobs:
+            job.deliver(EngineError("the engine is shut down"))
+        self._inbox.clear()
+        self._saved.clear()
+        self.backend.clear()
 
-    def _execute(self, job: _Job) -> PlanResult:
-        """One request in an empty context: its cached root positions restored into the root
-        sequence, the rest of its trie computed, the root saved for later requests; every
-        cell cleared before the next (the context never holds more than one request)."""
-        plan = job.plan
-        t_start = time.perf_counter()
-        root_tokens = plan.root.tokens
+    def _drop_cancelled(self) -> None:
+        """Waiting and set-aside requests whose caller left go (their saved context with them)."""
+        for queue in (self._inbox, self._saved):
+            for job in [j for j in queue if j.cancelled.is_set()]:
+                queue.remove(job)
+
+    def _set_aside(self, job: Job) -> None:
+        """The running request's context saved whole (every sequence's cells), to go on later."""
         try:
-            m = self._restore(plan)
-            n_leaves = min(len(leaves(plan.root)), self.backend.n_seq_max - 1)
-            lay = layout(
-                plan,
-                cached=m,
-                root_seq=ROOT_SEQ,
-                cache_seq=ROOT_SEQ if m else None,
-                free_seqs=list(range(ROOT_SEQ + 1, ROOT_SEQ + 1 + n_leaves)),
-            )
-            results = self._compute(job, lay)
-            if root_tokens and self.cache.max_bytes > 0 and not self.cache.covers(root_tokens, plan.cache_namespace):
-                # the root sequence's cells alone (a leaf's own cells are not in it)
-                self.cache.insert(root_tokens, self.backend.seq_save(ROOT_SEQ), plan.cache_namespace)
-        finally:
-            self.backend.clear()
-        now = time.perf_counter()
-        return PlanResult(
-            branches=tuple(BranchResult(lp) for lp in results),
-            computed_tokens=lay.computed,
-            cached_tokens=m,
-            timings_ms={"queue": (t_start - job.t_submit) * 1000, "prefill": (now - t_start) * 1000},
-        )
+            job.saved = self.backend.save_all()
+        except Exception as exc:  # it cannot go on: it fails alone
+            log.exception("llama.cpp could not save a context")
+            job.deliver(EngineError("the engine failed; retry", detail=f"{type(exc).__name__}: {exc}"))
+            return
+        self._saved.append(job)
+        self.switches += 1
 
-    def _restore(self, plan: Plan) -> int:
-        """The cached root positions usable by `plan` (never a position that is read), put
-        into the root sequence; 0 where none is cached (or llama.cpp refused the state:
-        then the request computes everything)."""
-        root = plan.root.tokens
-        if not root or self.cache.max_bytes <= 0:
-            return 0
-        m, state = self.cache.lookup(root, plan.cache_namespace)
-        m = min(m, len(root), min(len(b) for b in plan.branches) - 1)
-        if m <= 0 or state is None:
-            return 0
-        if not self.backend.seq_restore(state, ROOT_SEQ):
-            log.warning("llama.cpp refused a cached state of %d bytes: computing the prefix again", len(state))
-            self.backend.clear()
-            return 0
-        self.backend.seq_rm(ROOT_SEQ, m)  # the entry may hold more than this request shares
-        return m
-
-    def _compute(self, job: _Job, lay: Layout) -> list[tuple[float, ...]]:
-        b = self.backend
-        labels = [branch.label_ids for branch in job.plan.branches]
-        results: list[tuple[float, ...] | None] = [None] * len(labels)
-        for gi, group in enumerate(lay.groups):
-            if gi:
-                for seq in lay.groups[gi - 1].leaf_seqs:
-                    b.seq_rm(seq)
-            if group.copy_from is not None:
-                for seq in group.copy_into:
-                    b.seq_cp(group.copy_from, seq, 0, group.copy_len)
-            for at in range(0, len(group.items), b.n_batch):
-                if job.cancelled.is_set():
-                    raise _Cancelled
-                chunk = group.items[at : at + b.n_batch]
-                reads = [r for it in chunk for r in it.reads]
-                for branch, lp in zip(reads, b.decode(chunk, [labels[r] for r in reads]), strict=True):
-                    results[branch] = lp
-                self.decodes += 1
-                self.computed_tokens += len(chunk)
-        if any(r is None for r in results):
-            raise EngineError("the engine failed: a branch was never read")
-        return [r for r in results if r is not None]
+    def _step(self, current: Job | None, job: Job) -> Job | None:
+        """`job`'s next decode call, `current` set aside first if it is another; the job in
+        the context after it (None once it finished or failed: the context is empty then)."""
+        try:
+            if job is not current:
+                if current is not None:
+                    self._set_aside(current)
+                self.backend.clear()
+                if job.saved is not None:
+                    self._saved.remove(job)
+                    saved, job.saved = job.saved, None
+                    if not self.backend.restore_all(saved):
+                        raise EngineError("the engine failed; retry", detail="llama.cpp refused a set-aside context")
+            if job.steps is None:
+                job.steps = self.executor.steps(job)
+            next(job.steps)
+            return job
+        except StopIteration as done:
+            outcome: PlanResult | BaseException | None = done.value
+        except Cancelled:
+            outcome = None
+        except OpenjevError as exc:
+            outcome = exc
+        except Exception as exc:  # our fault or llama.cpp's: the request gets a 502, the engine lives on
+            log.exception("llama.cpp engine failure")
+            outcome = EngineError("the engine failed", detail=f"{type(exc).__name__}: {exc}")
+        self.backend.clear()  # before the answer: the next request finds the context empty
+        if outcome is not None:
+            job.deliver(outcome)
+        return None

@@ -35,6 +35,7 @@ class Backend(Protocol):
     n_seq_max: int
     n_batch: int  # tokens per decode call
     n_vocab: int
+    n_embd: int  # the hidden size (the cost model's prior for attention)
     bytes_per_cell: int  # KV bytes of one token position
 
     def decode(self, items: Sequence[Item], label_ids: Sequence[Sequence[int]]) -> list[tuple[float, ...]]:
@@ -57,6 +58,16 @@ class Backend(Protocol):
     def seq_restore(self, state: SavedState, seq: int) -> bool:
         """Put a saved state's cells into the empty sequence `seq`, at their positions;
         False where llama.cpp refuses it (no room, another model's state)."""
+        ...
+
+    def save_all(self) -> SavedState:
+        """Every cell in use with the sequences it belongs to, as bytes (llama_state_seq_get_data
+        of sequence -1): a request's context, set aside while another runs."""
+        ...
+
+    def restore_all(self, state: SavedState) -> bool:
+        """The context emptied and a `save_all` state put back, each cell in its sequences at
+        its position; False where llama.cpp refuses it."""
         ...
 
     def clear(self) -> None:
@@ -132,6 +143,7 @@ class LlamaCppBackend:
         self.n_ctx_train = lc.llama_model_n_ctx_train(self._model)
         n_layer = lc.llama_model_n_layer(self._model)
         n_embd, n_head = lc.llama_model_n_embd(self._model), lc.llama_model_n_head(self._model)
+        self.n_embd = n_embd
         n_head_kv = lc.llama_model_n_head_kv(self._model)
         # K and V in float16 (the default cache types), one head_dim per KV head per layer
         self.bytes_per_cell = n_layer * 2 * n_head_kv * (n_embd // max(1, n_head)) * 2
@@ -188,6 +200,7 @@ class LlamaCppBackend:
         self._lc.llama_memory_seq_rm(self._mem, seq, p0, -1)
 
     def seq_save(self, seq: int) -> SavedState:
+        # seq -1: every cell, with the ids of the sequences each belongs to (save_all)
         size = self._lc.llama_state_seq_get_size(self._ctx, seq)
         buf = (ctypes.c_uint8 * size)()
         written = self._lc.llama_state_seq_get_data(self._ctx, buf, size, seq)
@@ -197,6 +210,13 @@ class LlamaCppBackend:
 
     def seq_restore(self, state: SavedState, seq: int) -> bool:
         return bool(self._lc.llama_state_seq_set_data(self._ctx, state, len(state), seq))
+
+    def save_all(self) -> SavedState:
+        return self.seq_save(-1)
+
+    def restore_all(self, state: SavedState) -> bool:
+        # sequence -1: llama.cpp empties the cache, then puts every saved cell back
+        return bool(self._lc.llama_state_seq_set_data(self._ctx, state, len(state), -1))
 
     def clear(self) -> None:
         self._lc.llama_memory_clear(self._mem, False)  # metadata only: the cells' bytes are rewritten

@@ -9,7 +9,7 @@ import threading
 import time
 
 from openjev.config import InProcessSettings, ServedSettings
-from openjev.engines.llamacpp.engine import LlamaCppEngine
+from openjev.engines.llamacpp.engine import WARMUP_TOKENS, LlamaCppEngine
 
 log = logging.getLogger(__name__)
 
@@ -20,7 +20,7 @@ N_SEQ_MAX = 64
 # KV cells: one request's distinct tokens, cached positions included (the model's trained
 # context where it is shorter); a larger request is refused before any work (422).
 WORK_CELLS = 8192
-N_BATCH = 512  # tokens per decode call: a cancellation boundary (about 1 s on 2 cores, 1.5B model)
+N_BATCH = 512  # the most tokens of one decode call (each call is sized in time: llamacpp/steps.py)
 # Tokens per llama.cpp compute step inside a decode call: its compute buffer (activations,
 # attention scores over every cell) is sized for one step: 153 MiB at 256 against 306 at 512
 # on the 1.5B model, and 41 MiB less peak RSS in the bench, at the same prefill rate and the
@@ -84,7 +84,9 @@ def load(served: ServedSettings, tuning: InProcessSettings):
     # what the tokenizer's build and the imports freed is still mapped (glibc): returned now,
     # before the first request adds its own working set
     release_free_memory()
-    engine = LlamaCppEngine(backend, prefix_cache_bytes=tuning.prefix_cache_bytes)
+    engine = LlamaCppEngine(backend, prefix_cache_bytes=tuning.prefix_cache_bytes, slice_s=tuning.slice_ms / 1000)
+    warm = engine.warm_up()
+    log.info("warm-up decode of %d tokens: %.2f s (requests are priced from it)", WARMUP_TOKENS, warm)
     seconds = time.perf_counter() - t0
     log.info(
         "loaded %s with llama.cpp in %.1f s (%d KV cells, %d B each)",

@@ -11,6 +11,7 @@ cancelled request's remaining work is dropped at the next round.
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import logging
 import time
@@ -21,12 +22,12 @@ import torch
 from openjev.config import InProcessSettings, ServedSettings
 from openjev.core.plan import Plan
 from openjev.core.ports import Engine, PlanResult
+from openjev.engines.cost_model import CostModel, attended
 from openjev.engines.loaded import LoadedEngine, ModelCard
 from openjev.engines.models.converted import load_model_and_tokenizer
 from openjev.engines.models.source import resolve_source, source_fingerprint
 from openjev.engines.models.tokenizer import HFChatTokenizer
 from openjev.engines.prefix_cache import PrefixCache, cache_stats
-from openjev.engines.torch.cost_model import CostModel, attended
 from openjev.engines.torch.dtype import pick_dtype
 from openjev.engines.torch.kv import KVChain, Row, ragged_forward
 from openjev.engines.torch.scheduler import Scheduler, SchedulerLimits
@@ -157,7 +158,9 @@ class TransformersEngine(Engine):
         return seconds
 
     async def close(self) -> None:
-        self.scheduler.stop()
+        """Stops every request at the scheduler's next forward (each gets EngineError); the
+        wait for the thread is off the event loop."""
+        await asyncio.to_thread(self.scheduler.stop)
 
     def stats(self) -> dict[str, float]:
         """For metrics, read without locking (plain numbers written by the worker thread; a

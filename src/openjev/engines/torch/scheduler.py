@@ -30,10 +30,10 @@ from typing import Any, Protocol
 
 from openjev.core.plan import Plan
 from openjev.core.ports import BranchResult, PlanResult
+from openjev.engines.cost_model import CostModel, attended
 from openjev.engines.fair_share import QUANTUM, FairRounds, Want
 from openjev.engines.memory import release_free_memory
 from openjev.engines.prefix_cache import PrefixCache
-from openjev.engines.torch.cost_model import CostModel, attended
 from openjev.engines.torch.jobs import Job, JobState
 from openjev.engines.torch.joins import PrefixJoins
 from openjev.engines.torch.kv import Chunk, KVChain, Row, padded_cost
@@ -192,6 +192,8 @@ class Scheduler:
         if len(self._jobs) > 1:
             self._jobs.append(self._jobs.pop(0))
         for group in self._partition(picked):
+            if self._stopped:  # shutting down: the loop fails every job next
+                return
             self._forward(group)
 
     def _row(self, job: Job, take: int) -> Row:

@@ -1,4 +1,5 @@
-"""What a plan will cost the in-process engine, in seconds, measured as it works.
+"""What a plan will cost an in-process engine (transformers, llama.cpp), in seconds, measured
+as it works. Shared by the families that compute on this machine; pure arithmetic.
 
 A forward's time is modelled as `a * tokens + b * attended`, where `attended` sums, over the
 forward's new tokens, the context each attends to: the dense part of a transformer costs
@@ -13,8 +14,9 @@ context 0, 21 ms at 32,000, a knee of about 1,600), so the prior is 2 x the hidd
 over-prices attention until the first long forward replaces it by the measured slope, and a
 fresh server refuses at least what a measured one does.
 
-The engine measures `a` once at load (`warm_up`, before /health says ready), so a request
-is priced from the first one on. `estimate_s(plan)` prices a plan before it runs (the
+Each engine measures `a` once at load (`warm_up`, before /health says ready), so a request
+is priced from the first one on; in llama.cpp, whose attention also runs over every cell the
+request holds, a decode call is a forward. `estimate_s(plan)` prices a plan before it runs (the
 prefix the cache holds subtracted): the admission gate refuses what could not finish before
 the engine's deadline.
 """
@@ -72,6 +74,14 @@ class CostModel:
         if self.b is not None:
             return self.b
         return (self.a or 0.0) / self.knee
+
+    def tokens_within(self, seconds: float, context: int, *, least: int, most: int) -> int:
+        """New tokens that continue `context` positions in about `seconds` at the measured
+        rates, within [least, most] (`least` before anything was measured)."""
+        if self.a is None:
+            return least
+        per_token = self.a + self.slope() * context
+        return max(least, min(most, int(seconds / per_token)))
 
     def estimate_s(self, plan: Plan, cached: int = 0) -> float | None:
         """Seconds the plan's distinct tokens take to compute (`cached` leading tokens of the
