@@ -98,9 +98,11 @@ async def _charge(
     request: Request, runtime: Runtime, question: Question, examples: list[dict[str, Any]], held: tuple[int, int, int]
 ) -> None:
     """Price the fit of the new `examples` and the task's `held` (the first new example's
-    number, the tokens the stored ones were priced at, --max-example-tokens): each new one's count kept in it, the total
-    taken from the key's budget in place of the door's reservation (429 before any engine
-    work); a refusal charged its compile work (api/server/pipeline.py `charged`)."""
+    number, the tokens its stored ones were priced at, --max-example-tokens): each new one's
+    count kept in it, the total taken from the key's budget in place of the door's
+    reservation (429 before any engine work); a refusal charged its compile work
+    (api/server/pipeline.py `charged`). A write then refused by a bound checked inside it
+    (a concurrent request took the room) keeps the charge: the compile was done."""
     key_limits: KeyLimits = request.app.state.ops.key_limits
     first, stored, bound = held
     service, _ = runtime.ready()
