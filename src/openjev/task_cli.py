@@ -4,7 +4,7 @@
         --examples examples.jsonl [--target-precision 0.9] [--wait]
     openjev task add TASK_ID --examples more.jsonl
     openjev task show TASK_ID
-    openjev task list
+    openjev task list [--after NEXT]      # a page of tasks; `next` names the following page
     openjev task delete TASK_ID
 
 Examples are JSON Lines, one `{"state": ..., "answer": ...}` per line (noul: true or false;
@@ -20,6 +20,7 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 
@@ -41,6 +42,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--question", help="create: the Jev question object (JSON, or @FILE)")
     p.add_argument("--examples", help="create, add: JSON Lines of {state, answer}")
     p.add_argument("--target-precision", type=float, help="create: the abstain threshold's target precision")
+    p.add_argument("--after", help="list: the page after this one (the previous page's `next`)")
     p.add_argument("--wait", action="store_true", help="create, add: wait until the fit is ready or failed")
     p.add_argument("--timeout", type=float, default=60.0, help="seconds per HTTP call (default 60)")
 
@@ -70,7 +72,7 @@ def _request(args: argparse.Namespace) -> tuple[str, str, dict[str, Any] | None]
     if args.action == "add":
         return "POST", f"/v1/tasks/{args.task_id}/examples", {"examples": _examples(args.examples)}
     if args.action == "list":
-        return "GET", "/v1/tasks", None
+        return "GET", "/v1/tasks" + (f"?after={quote(args.after)}" if args.after else ""), None
     return ("GET" if args.action == "show" else "DELETE"), f"/v1/tasks/{args.task_id}", None
 
 

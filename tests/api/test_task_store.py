@@ -22,8 +22,8 @@ def test_a_task_survives_reopening_and_belongs_to_its_owner(tmp_path):
     again = open_store(path)
     assert again.get("alice", task.id) == task
     assert again.get("bob", task.id) is None
-    assert again.owned("bob") == []
-    assert [t.id for t in again.owned("alice")] == [task.id]
+    assert again.page("bob", 10) == ([], False)
+    assert [t.id for t in again.page("alice", 10)[0]] == [task.id]
     assert again.examples(task.id) == EXAMPLES
     assert not again.delete("bob", task.id)
     assert again.add_examples("bob", task.id, EXAMPLES[:1]) is None

@@ -127,7 +127,7 @@ async def test_another_key_cannot_see_or_delete_a_task(keys):
     async with running_app(**keys) as (client, _):
         task, _ = await fitted(client, "alice-key", {"question": QUESTION, "examples": examples(12)})
         assert (await client.get(f"/v1/tasks/{task['id']}", headers=auth("bob-key"))).status_code == 404
-        assert (await client.get("/v1/tasks", headers=auth("bob-key"))).json() == {"tasks": []}
+        assert (await client.get("/v1/tasks", headers=auth("bob-key"))).json() == {"tasks": [], "next": None}
         assert (await client.delete(f"/v1/tasks/{task['id']}", headers=auth("bob-key"))).status_code == 404
         more = await client.post(
             f"/v1/tasks/{task['id']}/examples", json={"examples": examples(1)}, headers=auth("bob-key")
@@ -165,7 +165,7 @@ async def test_bad_tasks_are_4xx_before_any_engine_work(keys, body, needle):
         assert r.status_code == 422, r.text
         assert needle in r.text
         assert engine.plans == []
-        assert (await client.get("/v1/tasks", headers=auth("alice-key"))).json() == {"tasks": []}
+        assert (await client.get("/v1/tasks", headers=auth("alice-key"))).json() == {"tasks": [], "next": None}
 
 
 async def test_malformed_ids_are_422_and_unknown_ones_404(keys):

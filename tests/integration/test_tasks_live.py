@@ -103,7 +103,7 @@ def test_a_task_is_fitted_over_http_and_applied_after_a_restart(tmp_path):
         assert jev.json()["answers"]["q"]["noul"] == pytest.approx(expected, abs=1e-6)
         # another key: cannot see, use or delete it
         assert httpx.get(f"{server.url}/v1/tasks/{task_id}", headers=auth("bob-key")).status_code == 404
-        assert httpx.get(f"{server.url}/v1/tasks", headers=auth("bob-key")).json() == {"tasks": []}
+        assert httpx.get(f"{server.url}/v1/tasks", headers=auth("bob-key")).json() == {"tasks": [], "next": None}
         used = httpx.post(
             server.url + "/v1/systemone",
             json={"state": state, "questions": {"q": QUESTION}},

@@ -22,7 +22,7 @@ _POSITIVE = """max_questions max_body_bytes max_json_depth max_branch_tokens max
     fair_quantum warmup_min_tokens max_connections head_timeout_s body_timeout_s send_timeout_s max_body_chunks
     max_task_examples max_example_tokens""".split()
 _NOT_NEGATIVE = """prefix_cache_bytes batch_window_ms max_tokens_in_flight drain_timeout_s max_queue_wait_s
-    key_requests_per_min key_tokens_per_min coalesce_calls max_connections_per_client""".split()
+    key_requests_per_min key_tokens_per_min coalesce_calls max_connections_per_client max_queued_tasks""".split()
 # Upper bounds: beyond them a value is a typo, and some would overflow a timer or a tensor.
 _AT_MOST: dict[str, float] = {
     "temperature": 1000.0,

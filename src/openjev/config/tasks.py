@@ -25,6 +25,7 @@ class TaskSettings:
     max_example_tokens: int = opt(
         4096, "distinct tokens of one labelled example as read (state and question); beyond: 422"
     )
+    max_queued_tasks: int = opt(16, "tasks one API key may have queued or fitting at once (0: no cap); beyond: 429")
     task_target_precision: float = opt(
         0.9, "the precision a task's abstain threshold is chosen for when its creator names none"
     )

@@ -74,4 +74,7 @@ class TaskView(BaseModel):
 
 
 class TaskList(BaseModel):
-    tasks: list[TaskView]
+    tasks: list[TaskView] = Field(..., description="a page of this key's tasks, oldest first")
+    next: str | None = Field(
+        None, description="pass as `after` for the next page; null on the last page (nothing follows)"
+    )

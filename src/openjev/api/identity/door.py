@@ -1,9 +1,10 @@
 """Admission at the door (`AdmissionMiddleware`), before the body is read: which paths need
-a key, the key itself (401), and on the decision routes the key's tokens/min debt (429: a
-key whose earlier work, refused requests' included, overdrew its bucket gets no compile
-work until it is paid back), its requests/min bucket and its reservation for the body
-(429), in one step of the buckets' store (api/identity/key_limits.py). How much work a
-request may then start is admission.py's, on the engine port."""
+a key, the key itself (401), and on the decision routes and a task's writes the key's
+tokens/min debt (429: a key whose earlier work, refused requests' included, overdrew its
+bucket gets no compile work until it is paid back), its requests/min bucket and its
+reservation for the body (429), in one step of the buckets' store
+(api/identity/key_limits.py); a task read or delete takes one of its requests/min. How much
+work a request may then start is admission.py's, on the engine port."""
 
 from __future__ import annotations
 
@@ -13,12 +14,12 @@ from collections.abc import AsyncIterator
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from openjev.api.contract.paths import DECISION_ROUTES
+from openjev.api.contract.paths import DECISION_ROUTES, TASKS
 from openjev.api.identity.caller import SCOPE_KEY, caller_for
 from openjev.api.identity.key_limits import KeyLimits
 from openjev.api.identity.keys import KeyEntry, KeyRing
 from openjev.api.identity.proxies import TrustedProxies
-from openjev.api.identity.reservation import admit
+from openjev.api.identity.reservation import Reservation, admit
 from openjev.errors import AuthenticationError, RateLimited, RequestError
 
 # The API docs: behind the API's key with --docs auth, their static assets too (the largest
@@ -37,9 +38,9 @@ def _loopback(scope: Scope, proxies: TrustedProxies) -> bool:
 
 class AdmissionMiddleware:
     """At the door, before the body is read or parsed: the caller's key where the path needs
-    one (an unauthenticated request is a 401 whatever it sends) and, on a decision route,
-    one of its requests/min (429 beyond). The request's caller is made here, once
-    (`core.caller.Caller`, in the scope's state: api/identity/caller.py `caller_of`), with
+    one (an unauthenticated request is a 401 whatever it sends) and, on a decision or task
+    route, one of its requests/min (429 beyond; `_counted`). The request's caller is made here,
+    once (`core.caller.Caller`, in the scope's state: api/identity/caller.py `caller_of`), with
     the key's name beside it for the log and the metrics."""
 
     def __init__(
@@ -76,12 +77,7 @@ class AdmissionMiddleware:
         # at the door (outside this middleware) still knows whose limits to show
         # (api/server/conventions.py).
         state["key_entry"] = entry
-        held = None
-        if entry is not None and scope["path"] in DECISION_ROUTES:
-            headers = Headers(scope=scope)
-            encoded = headers.get("content-encoding", "identity").strip().lower() != "identity"
-            # before the body is read: a key in debt buys no compile (one step of the store)
-            held = await admit(self.key_limits, entry, headers.get("content-length"), encoded)
+        held = await self._counted(scope, entry) if entry is not None else None
         if scope["path"] == "/health":  # open to all; how busy the server is only for a key's holder
             state["sees_load"] = not self.keys.enabled or self._bearer(scope) is not None
         state[SCOPE_KEY] = caller_for(entry, self.key_limits.allowance(entry), held)
@@ -91,6 +87,20 @@ class AdmissionMiddleware:
         finally:
             if held is not None:
                 await held.release()
+
+    async def _counted(self, scope: Scope, entry: KeyEntry) -> Reservation | None:
+        """One of the key's requests/min on the decision and task routes (429 beyond); where the
+        body is priced work (a decision, a task's examples), in the same step of the store its
+        tokens' debt (a key in debt buys no compile) and a reservation for the body."""
+        path = scope["path"]
+        task = path == TASKS or path.startswith(TASKS + "/")
+        if path in DECISION_ROUTES or (task and scope["method"] == "POST"):
+            headers = Headers(scope=scope)
+            encoded = headers.get("content-encoding", "identity").strip().lower() != "identity"
+            return await admit(self.key_limits, entry, headers.get("content-length"), encoded)
+        if task:  # a read or a delete: no engine work, so a key in debt may still look at its tasks
+            await self.key_limits.take_request(entry)
+        return None
 
     @contextlib.asynccontextmanager
     async def _in_progress(self, entry: KeyEntry | None) -> AsyncIterator[None]:

@@ -122,6 +122,16 @@ class KeyLimits:
             why = f" (a batch counts one per item, {extra + 1})"
             raise self._over(entry, bucket, "requests", why, taken.wait_s)
 
+    async def take_request(self, entry: KeyEntry) -> None:
+        """One of the key's requests/min alone (429 where its bucket is empty), its tokens' debt
+        not asked: a call that starts no engine work (a task read, listed or deleted)."""
+        self._loop = asyncio.get_running_loop()
+        bucket = self._bucket(entry, "requests_per_min")
+        if bucket is not None:
+            taken = await self.buckets.take([Take(bucket, 1, bucket.per_min)])
+            if taken.wait_s > 0:
+                raise self._over(entry, bucket, "requests", "", taken.wait_s)
+
     async def take_tokens(self, entry: KeyEntry, tokens: int, refund: int = 0) -> None:
         """The request's distinct tokens, in one step with `refund` (its reservation) given back first."""
         bucket = self._bucket(entry, "tokens_per_min")

@@ -130,7 +130,8 @@ def install(
             await ops.key_limits.take_batch_items(entry, count - 1)
         service, card = ready()
         t0 = time.perf_counter()
-        bind = pipeline.task_binder(request, caller, spec, service, card.fingerprint, quality)  # x-openjev-task
+        named = [raw.get("x_task") for raw in body.requests or () if isinstance(raw, dict)]  # items' own
+        bind = await pipeline.task_binder(request, caller, spec, service, card.fingerprint, quality, named)
         items = await _prepared(
             request, caller, body, limits, service, card.name, spec or service.default_readout, (calibrate, bind)
         )

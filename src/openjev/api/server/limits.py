@@ -44,6 +44,7 @@ _SETTINGS = (
     "max_body_chunks",
     "max_task_examples",
     "max_example_tokens",
+    "max_queued_tasks",
 )
 
 

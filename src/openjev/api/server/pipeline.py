@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Iterator, Mapping
 from contextlib import asynccontextmanager, contextmanager
 from typing import Any, TypeVar
 
@@ -40,7 +40,7 @@ from openjev.api.identity.caller import caller_of, charge_refused, charge_refuse
 from openjev.api.identity.key_limits import KeyLimits
 from openjev.api.operations.middleware import request_id_of
 from openjev.api.server.assembly import Runtime
-from openjev.api.server.task_binding import TASK_HEADER, fits_of, named_task
+from openjev.api.server.task_binding import TASK_HEADER, fits_of, named_task, prefetched
 from openjev.config import LimitSettings, QualitySettings
 from openjev.core.caller import Caller
 from openjev.core.readouts import ReadoutSpec
@@ -107,24 +107,28 @@ async def unless_disconnected(request: Request, work: Awaitable[T]) -> T:
             task.cancel()
 
 
-def task_binder(
+async def task_binder(
     request: Request,
     caller: Caller,
     spec: ReadoutSpec | None,
     service: DecisionService,
     fingerprint: str,
     quality: QualitySettings,
+    names: Iterable[object],
 ) -> Callable[[DecisionRequest, str | None], Mapping[str, TaskCalibration]]:
-    """For a decision request of this HTTP request and the task its body names (if any): by
-    question id, the task fit of `caller`'s tenant that answers it
-    (api/server/task_binding.py; `x-openjev-task`, the body's, or the question's wording)."""
+    """For a decision request of this HTTP request and the task its body names (if any, one
+    of `names`, the body's task fields): by question id, the task fit of `caller`'s tenant
+    that answers it (api/server/task_binding.py; `x-openjev-task`, the body's, or the
+    question's wording). The named tasks are read here, from the store's thread; the binder
+    itself reads no file."""
     jobs = request.app.state.tasks
     lookup = jobs.lookup if jobs is not None else None
     header = request.headers.get(TASK_HEADER)
     model = (fingerprint, quality.temperature, service.abstain)
     resolved = service.resolve(spec or service.default_readout)
     tenant = caller.tenant
-    return lambda decision, named: fits_of(lookup, tenant, named_task(header, named), decision, resolved, model)
+    found = await prefetched(lookup, tenant, (header, *names))
+    return lambda decision, named: fits_of(lookup, tenant, named_task(header, named), decision, found, resolved, model)
 
 
 async def decide(
@@ -141,7 +145,8 @@ async def decide(
     if audit:
         log.info(fmt.name + " request", extra={"fields": {"request_id": request_id_of(request.scope), **audit}})
     async with charged(key_limits, caller):
-        tasks = task_binder(request, caller, spec, service, card.fingerprint, quality)(decision, fmt.task_of(body))
+        bind = await task_binder(request, caller, spec, service, card.fingerprint, quality, (fmt.task_of(body),))
+        tasks = bind(decision, fmt.task_of(body))
         work = service.decide(decision, caller=caller, readout=spec, calibrate=calibrate, tasks=tasks)
         result = await unless_disconnected(request, work)
     request.state.result = result  # for the access log and metrics (api/operations/access.py)

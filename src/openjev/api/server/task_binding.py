@@ -8,6 +8,10 @@ refused at start), and the request must ask its question (409 where no question 
 wording). Without the header, each question whose wording a ready task of the key has
 takes that task's fit, where it was fitted for this model and readout (else the global fit
 answers it, as before tasks).
+
+A named task is read from the store before the request's work, awaited on the store's own
+thread (`prefetched`); the rest of the binding is in memory, so a decision never waits on
+the store's file on the event loop.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ from __future__ import annotations
 import math
 import re
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from openjev.api.contract.task_schemas import TASK_ID_PATTERN
@@ -112,17 +116,31 @@ class ReadyIndex:
             return self._by_wording.get((owner, wording))
 
 
+async def prefetched(
+    lookup: tuple[TaskStore, ReadyIndex] | None, tenant: str, names: Iterable[object]
+) -> dict[str, TaskRecord | None]:
+    """`tenant`'s tasks that a request names (its header, its body's fields), by id
+    (None: the key has no such task), read on the store's thread. A name without a task id's
+    form is left out: `task_fits` refuses it (422)."""
+    if lookup is None:
+        return {}
+    store, who = lookup[0], tenant
+    ids = sorted({n.strip() for n in names if isinstance(n, str) and _ID.match(n.strip())})
+    return {task_id: await store.call(store.get, who, task_id) for task_id in ids}
+
+
 def task_fits(
     tenant: str,
     header: str | None,
     request: DecisionRequest,
+    records: Mapping[str, TaskRecord | None],
     spec: ReadoutSpec,
-    store: TaskStore,
     index: ReadyIndex,
     model: tuple[str, float, AbstainRule],
 ) -> Mapping[str, TaskCalibration]:
     """By question id, the task fit of `tenant` (the caller's, core/caller.py) that answers
-    it (module doc). `spec`: the readout as the service resolves it; `model`: (weights
+    it (module doc). `records`: `prefetched` for the request's names; `spec`: the readout as
+    the service resolves it; `model`: (weights
     fingerprint, base temperature, the server's abstain floors)."""
     fingerprint, temperature, floors = model
     who = tenant
@@ -133,7 +151,7 @@ def task_fits(
             if record is not None and mismatch(record, fingerprint, temperature, spec) is None:
                 out[qid] = calibration_of(record, floors)
         return out
-    found = store.get(who, checked_id(header.strip()))
+    found = records.get(checked_id(header.strip()))
     if found is None:
         raise NotFound(f"this key has no task {header.strip()!r}")
     if found.status != "ready" or found.fit is None:
@@ -156,6 +174,7 @@ def fits_of(
     tenant: str,
     header: str | None,
     request: DecisionRequest,
+    records: Mapping[str, TaskRecord | None],
     spec: ReadoutSpec,
     model: tuple[str, float, AbstainRule],
 ) -> Mapping[str, TaskCalibration]:
@@ -165,4 +184,4 @@ def fits_of(
         if header is not None:
             raise NotFound("this server keeps no tasks (--tasks-db off)")
         return {}
-    return task_fits(tenant, header, request, spec, lookup[0], lookup[1], model)
+    return task_fits(tenant, header, request, records, spec, lookup[1], model)

@@ -2,7 +2,8 @@
 (core/task_fit.py) computed off the event loop and stored whole.
 
 The job's engine work was priced and charged to the key before it was queued
-(api/server/task_routes.py). Jobs run one at a time, and each reading waits until no
+(api/server/task_routes.py). Jobs run one at a time, taking turns fairly across keys
+(api/server/task_queue.py), and each reading waits until no
 live decision is in flight: a fit takes the engine only when live traffic leaves it idle,
 the lowest priority there is. Each reading is then engine work like a decision's: admitted
 through the service's admission for the task's owner (`fit_caller`; its tokens counted in
@@ -26,6 +27,7 @@ from openjev.api.contract.jev import convert
 from openjev.api.contract.jev.schemas import SystemOneRequest
 from openjev.api.server.assembly import Runtime
 from openjev.api.server.task_binding import ReadyIndex, binding
+from openjev.api.server.task_queue import FairTurns
 from openjev.api.server.task_store import TaskRecord, TaskStore, open_store
 from openjev.config import Settings
 from openjev.core import calibration as calib
@@ -114,7 +116,7 @@ class TaskJobs:
         self._timeout = engine_timeout_s
         self._temperature = base_temperature
         self._jobs: dict[str, asyncio.Task[None]] = {}
-        self._one = asyncio.Lock()
+        self._one = FairTurns()
 
     def start(self, record: TaskRecord) -> None:
         self.cancel(record.id)
@@ -136,8 +138,8 @@ class TaskJobs:
         @asynccontextmanager
         async def run(app: Any) -> AsyncIterator[None]:
             async with lifespan(app):
-                self._one = asyncio.Lock()  # of this event loop
-                for record in self.store.unfinished():
+                self._one = FairTurns()  # of this event loop
+                for record in await self.store.call(self.store.unfinished):
                     self.start(record)
                 try:
                     yield
@@ -157,20 +159,22 @@ class TaskJobs:
 
     async def _run(self, record: TaskRecord) -> None:
         try:
-            async with self._one:
+            async with self._one.turn(record.owner):
                 fit = await self._fit(record)
-            if self.store.finish(record.id, record.generation, fit):
-                done = self.store.get(record.owner, record.id)
-                if done is not None:
+            if await self.store.call(self.store.finish, record.id, record.generation, fit):
+                done = await self.store.call(self.store.get, record.owner, record.id)
+                if done is not None and done.status == "ready":  # not where more examples came meanwhile
                     self.index.put(done)
         except asyncio.CancelledError:
             raise
         except (OpenjevError, ValueError) as e:  # the message only: an error's detail is the operator's
             message = e.message if isinstance(e, OpenjevError) else str(e)
-            self.store.finish(record.id, record.generation, None, error=message[:500])
+            await self.store.call(self.store.finish, record.id, record.generation, None, message[:500])
         except Exception as e:  # a bug fails the task and is logged, never the server
             log.exception("task %s: its fit failed", record.id)
-            self.store.finish(record.id, record.generation, None, error=f"internal error ({type(e).__name__})")
+            await self.store.call(
+                self.store.finish, record.id, record.generation, None, f"internal error ({type(e).__name__})"
+            )
 
     async def _fit(self, record: TaskRecord) -> dict[str, Any]:
         service = await self._service()

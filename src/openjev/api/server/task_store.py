@@ -9,7 +9,8 @@ ConfigError at start (the CLI exits 2): it is never reset or written over.
 Every change is one transaction, so a reader sees a task whole or not at all: a fit is saved
 only if its task still exists with the examples it was fitted on (`generation`), so a task
 deleted or given more examples while its fit ran keeps nothing of that fit. Safe to call
-from any thread (one connection behind a lock: the calls are short).
+from any thread (one connection behind a lock); the server awaits each with `call`, on the
+store's own thread (api/server/task_thread.py).
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from openjev.api.server.task_bounds import PRICED, Check, examples_cap, queue_cap
+from openjev.api.server.task_thread import StoreThread
 from openjev.errors import ConfigError
 
 APPLICATION_ID = 0x6F6A7473  # "ojts": openjev's task store
@@ -143,16 +146,26 @@ class TaskStore:
     def __init__(self, conn: sqlite3.Connection) -> None:
         self._conn = conn
         self._lock = threading.Lock()
+        self._thread = StoreThread()
+        self.call = self._thread.call  # await store.call(store.get, ...): on the store's own thread
 
     def close(self) -> None:
+        self._thread.close()
         with self._lock:
             self._conn.close()
 
-    def _write(self, *statements: tuple[str, Sequence[Any]]) -> int:
-        """Run `statements` in one transaction; the rows the last one changed."""
+    def check(self, check: Check) -> None:
+        """`check` alone (api/server/task_bounds.py): a look before any work is spent."""
+        with self._lock:
+            check(self._conn)
+
+    def _write(self, *statements: tuple[str, Sequence[Any]], check: Check | None = None) -> int:
+        """Run `statements` in one transaction, after `check` (it may refuse); the last one's rowcount."""
         with self._lock:
             self._conn.execute("BEGIN IMMEDIATE")
             try:
+                if check is not None:
+                    check(self._conn)
                 changed = 0
                 for sql, args in statements:
                     changed = self._conn.execute(sql, args).rowcount
@@ -174,7 +187,9 @@ class TaskStore:
         examples: Sequence[dict[str, Any]],
         target_precision: float,
         caller_id: str | None = None,
+        max_queued: int = 0,
     ) -> TaskRecord:
+        """A new task, queued, within the owner's `max_queued` (task_bounds.queue_cap)."""
         task_id, now = new_id(), time.time()
         self._write(
             (
@@ -183,6 +198,7 @@ class TaskStore:
                 (task_id, owner, json.dumps(question), wording, caller_id, target_precision, now, now),
             ),
             *self._inserts(task_id, owner, examples),
+            check=queue_cap(owner, max_queued),
         )
         found = self.get(owner, task_id)
         if found is None:  # only a concurrent delete, between the insert and this read
@@ -199,8 +215,11 @@ class TaskStore:
         )
         return [(sql, (task_id, task_id, json.dumps(e), task_id, owner)) for e in examples]
 
-    def add_examples(self, owner: str, task_id: str, examples: Sequence[dict[str, Any]]) -> TaskRecord | None:
-        """Append examples; the task goes back to `queued` (its fit is redone). None if it is not the owner's."""
+    def add_examples(
+        self, owner: str, task_id: str, examples: Sequence[dict[str, Any]], cap: int = 0, max_queued: int = 0
+    ) -> TaskRecord | None:
+        """Append examples, within `cap` and `max_queued` (task_bounds.examples_cap); the task
+        goes back to `queued` (its fit is redone). None if it is not the owner's."""
         changed = self._write(
             *self._inserts(task_id, owner, examples),
             (
@@ -208,6 +227,7 @@ class TaskStore:
                 " error = NULL, updated = ? WHERE id = ? AND owner = ?",
                 (time.time(), task_id, owner),
             ),
+            check=examples_cap(owner, task_id, len(examples), cap, max_queued),
         )
         return self.get(owner, task_id) if changed else None
 
@@ -215,8 +235,16 @@ class TaskStore:
         found = self._read(_SELECT + " WHERE id = ? AND owner = ?", (task_id, owner))
         return found[0] if found else None
 
-    def owned(self, owner: str) -> list[TaskRecord]:
-        return self._read(_SELECT + " WHERE owner = ? ORDER BY created, id", (owner,))
+    def page(self, owner: str, limit: int, after: tuple[float, str] = (-1.0, "")) -> tuple[list[TaskRecord], bool]:
+        """Up to `limit` of the owner's tasks by creation, after `after` (created, id); whether more follow."""
+        sql = _SELECT + " WHERE owner = ? AND (created, id) > (?, ?) ORDER BY created, id LIMIT ?"
+        found = self._read(sql, (owner, *after, limit + 1))
+        return found[:limit], len(found) > limit
+
+    def priced_tokens(self, task_id: str) -> int:
+        """The distinct tokens its stored examples were priced at (task_bounds.PRICED)."""
+        with self._lock:
+            return int(self._conn.execute(PRICED, (task_id,)).fetchone()[0])
 
     def by_wording(self, owner: str, wording: str) -> TaskRecord | None:
         """The owner's most recent ready task for this wording, if any."""
