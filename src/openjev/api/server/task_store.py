@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from openjev.api.server.outcomes.schema import OUTCOMES_MIGRATION
 from openjev.errors import ConfigError
 
 APPLICATION_ID = 0x6F6A7473  # "ojts": openjev's task store
@@ -55,8 +56,10 @@ MIGRATIONS: tuple[str, ...] = (
         PRIMARY KEY (task_id, n)
     );
     """,
+    # 2: decisions kept for outcomes (api/server/outcomes/schema.py)
+    OUTCOMES_MIGRATION,
 )
-STATUSES = ("queued", "fitting", "ready", "failed")
+STATUSES = ("collecting", "queued", "fitting", "ready", "failed")  # collecting: fed by outcomes, too few to fit
 
 
 @dataclass(frozen=True)
@@ -80,6 +83,7 @@ class TaskRecord:
     error: str | None
     created: float
     examples: int
+    outcomes: int = 0  # outcomes posted for decisions that asked its question (api/server/outcomes/)
 
 
 def new_id() -> str:
@@ -116,7 +120,11 @@ def open_store(path: Path) -> TaskStore:
 
 
 _COLUMNS = "id, owner, question, wording, caller_id, target_precision, status, done, total, started, generation, fit"
-_SELECT = f"SELECT {_COLUMNS}, error, created, (SELECT count(*) FROM examples WHERE task_id = tasks.id) FROM tasks"
+_SELECT = (
+    f"SELECT {_COLUMNS}, error, created, (SELECT count(*) FROM examples WHERE task_id = tasks.id),"
+    " (SELECT count(*) FROM readings r WHERE r.owner = tasks.owner AND r.wording = tasks.wording"
+    " AND r.gold IS NOT NULL) FROM tasks"
+)
 
 
 def _record(row: Sequence[Any]) -> TaskRecord:
@@ -136,6 +144,7 @@ def _record(row: Sequence[Any]) -> TaskRecord:
         error=row[12],
         created=row[13],
         examples=row[14],
+        outcomes=row[15],
     )
 
 
@@ -174,13 +183,14 @@ class TaskStore:
         examples: Sequence[dict[str, Any]],
         target_precision: float,
         caller_id: str | None = None,
+        status: str = "queued",
     ) -> TaskRecord:
         task_id, now = new_id(), time.time()
         self._write(
             (
                 "INSERT INTO tasks (id, owner, question, wording, caller_id, target_precision, status, created, updated)"
-                " VALUES (?, ?, ?, ?, ?, ?, 'queued', ?, ?)",
-                (task_id, owner, json.dumps(question), wording, caller_id, target_precision, now, now),
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (task_id, owner, json.dumps(question), wording, caller_id, target_precision, status, now, now),
             ),
             *self._inserts(task_id, owner, examples),
         )
@@ -224,6 +234,11 @@ class TaskStore:
             _SELECT + " WHERE owner = ? AND wording = ? AND status = 'ready' ORDER BY created DESC LIMIT 1",
             (owner, wording),
         )
+        return found[0] if found else None
+
+    def latest(self, owner: str, wording: str) -> TaskRecord | None:
+        """The owner's most recent task for this wording, whatever its status."""
+        found = self._read(_SELECT + " WHERE owner = ? AND wording = ? ORDER BY created DESC LIMIT 1", (owner, wording))
         return found[0] if found else None
 
     def examples(self, task_id: str) -> list[dict[str, Any]]:

@@ -49,6 +49,23 @@ def question_of(q: schemas.NoulQuestion | schemas.ChoiceQuestion | schemas.Score
     return core.ScoreQuestion(instructions=_opt_text(q.instructions), levels=tuple(text_of(x) for x in q.criteria))
 
 
+def question_to_wire(q: core.Question) -> dict[str, Any]:
+    """The Jev question object that converts back to `q` (`question_of`): how a question a
+    decision asked is kept, whatever format asked it."""
+    out: dict[str, Any] = {"type": "noul" if isinstance(q, core.NoulQuestion) else "choice"}
+    if q.instructions is not None:
+        out["instructions"] = q.instructions
+    if isinstance(q, core.NoulQuestion):
+        sides = {"true": q.true_description, "false": q.false_description}
+        if any(v is not None for v in sides.values()):
+            out["criteria"] = sides
+    elif isinstance(q, core.ChoiceQuestion):
+        out["criteria"] = {o.name: o.description for o in q.options}
+    else:
+        out["type"], out["criteria"] = "score", list(q.levels)
+    return out
+
+
 def request_of(req: schemas.SystemOneRequest) -> core.DecisionRequest:
     if req.assets:
         raise Unsupported("assets (images) are not supported: the served model reads text only")
