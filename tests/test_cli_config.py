@@ -32,6 +32,20 @@ def test_bad_settings_are_config_errors(env):
         load_settings({}, environ=env)
 
 
+@pytest.mark.parametrize(
+    "value", ["-1", "100", "100,", ",30d", "0,30d", "100,0d", "100,30", "100,30y", "a,b", "100,-1d"]
+)
+def test_a_bad_outcome_retention_is_a_config_error(value):
+    with pytest.raises(ConfigError, match="outcome-retention"):
+        load_settings({"outcome_retention": value}, environ={})
+
+
+def test_outcome_retention_reads_count_and_age():
+    assert load_settings({}, environ={}).tasks.retention() == (100_000, 30 * 86400.0)
+    assert load_settings({"outcome_retention": "50,12h"}, environ={}).tasks.retention() == (50, 12 * 3600.0)
+    assert load_settings({"outcome_retention": "0"}, environ={}).tasks.retention() is None
+
+
 def test_cli_flags_map_onto_settings(monkeypatch):
     monkeypatch.delenv("OPENJEV_API_KEYS", raising=False)
     args = build_parser().parse_args(
@@ -158,7 +172,7 @@ def test_flat_names_reach_their_sections_and_unknown_ones_are_refused():
     from openjev.config import replace_settings, section_of, setting_fields
 
     names = [f.name for _, f in setting_fields()]
-    assert len(names) == len(set(names)) == 81  # one flat name per flag and environment twin
+    assert len(names) == len(set(names)) == 82  # one flat name per flag and environment twin
     s = load_settings({"dtype": "float32", "max_in_flight": 3, "rotations": 2}, environ={"OPENJEV_DOCS": "off"})
     assert (s.served.dtype, s.limits.max_in_flight, s.quality.rotations, s.listen.docs) == ("float32", 3, 2, "off")
     assert section_of("api_keys_file") == "keys" and section_of("slice_ms") == "inprocess"

@@ -102,10 +102,28 @@ def answer_to_wire(answer: core.Answer) -> dict[str, Any]:
     return out
 
 
+def basis_to_wire(basis: core.FitBasis) -> dict[str, Any]:
+    """An answer's `x_basis`: which fit answered and what it rests on (core.FitBasis)."""
+    if basis.kind == "none":
+        return {"kind": "none"}
+    if basis.kind != "task":
+        return {"kind": basis.kind, "fit": basis.name}
+    return {
+        "kind": "task",
+        "fit": basis.name,
+        "examples": basis.examples,
+        "outcomes": basis.outcomes,
+        "cv_ece": basis.cv_ece,
+    }
+
+
 def result_to_wire(result: core.DecisionResult, model: str) -> dict[str, Any]:
+    answers = {qid: answer_to_wire(a) for qid, a in result.answers}
+    for (qid, _), basis in zip(result.answers, result.fits, strict=False):  # fits: empty on a bare result
+        answers[qid]["x_basis"] = basis_to_wire(basis)
     return {
         "model": model,
-        "answers": {qid: answer_to_wire(a) for qid, a in result.answers},
+        "answers": answers,
         "usage": usage_to_wire(result.usage),
     }
 

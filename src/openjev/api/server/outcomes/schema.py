@@ -41,7 +41,7 @@ OUTCOMES_MIGRATION = """
         PRIMARY KEY (owner, decision, n),
         FOREIGN KEY (owner, decision) REFERENCES decisions (owner, id) ON DELETE CASCADE
     );
-    CREATE INDEX readings_outcomes ON readings (owner, wording, answered) WHERE gold IS NOT NULL;
+    CREATE INDEX readings_outcomes ON readings (owner, wording) WHERE gold IS NOT NULL;
     CREATE TABLE example_readings (
         task_id TEXT PRIMARY KEY REFERENCES tasks (id) ON DELETE CASCADE,
         generation INTEGER NOT NULL,

@@ -196,7 +196,7 @@ class OutcomeStore:
 
     def outcomes(self, owner: str, wording: str, binding: str | None = None, limit: int = 0) -> list[Outcome]:
         """The owner's outcomes of the question with this wording, in the order they were
-        decided (the last `limit` where it is positive), each with the fit that answered it;
+        decided (as recorded) (the last `limit` where it is positive), each with the fit that answered it;
         only those read under `binding` where it is given. What a drift monitor reads."""
         sql = (
             "SELECT r.decision, r.name, r.logs, r.gold, r.fit, d.created, r.answered FROM readings r"
@@ -207,7 +207,7 @@ class OutcomeStore:
         if binding is not None:
             sql += " AND b.body = ?"
             args.append(binding)
-        sql += " ORDER BY d.created DESC, r.decision DESC, r.n DESC"
+        sql += " ORDER BY r.rowid DESC"  # written in the order decided (one writer)
         if limit > 0:
             sql += " LIMIT ?"
             args.append(limit)
