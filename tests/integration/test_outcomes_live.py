@@ -69,7 +69,7 @@ def test_outcomes_make_a_task_ready_without_engine_work_and_survive_a_restart(tm
                 break
             time.sleep(0.1)
         assert task["status"] == "ready", task
-        assert task["outcomes"] == 60 and task["fit"]["rests_on"] == {**task["fit"]["rests_on"], "outcomes": 60}
+        assert task["outcomes"] == 60 and task["fit"]["rests_on"]["outcomes"] == 60
         assert engine_work(server.url) == before  # the refit read the stored readings
         _, answer = decide(server.url, "Refund order 999 now, it is broken.")
         assert answer.headers["x-openjev-calibration"] == f"task:{task_id}"

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any
@@ -93,8 +94,11 @@ def fit_document(
     fitted: TaskFit,
     bound: dict[str, Any],
     rests_on: tuple[int, int],
+    outcomes_until: float | None = None,
 ) -> dict[str, Any]:
-    """The stored fit of a task: bound to `bound`, fitted on (examples, outcomes) `rests_on`."""
+    """The stored fit of a task: bound to `bound`, fitted on (examples, outcomes) `rests_on`,
+    the latest outcome answered at `outcomes_until` (api/server/outcomes/refits.py counts
+    new outcomes from there)."""
     applied = fitted.type_fit(base)
     return {
         "binding": bound,
@@ -108,7 +112,12 @@ def fit_document(
         "before": fitted.before.describe(),
         "after": fitted.after.describe(),
         "threshold": fitted.threshold.describe(),
-        "rests_on": {"examples": rests_on[0], "outcomes": rests_on[1]},
+        "rests_on": {
+            "examples": rests_on[0],
+            "outcomes": rests_on[1],
+            "outcomes_until": outcomes_until,
+            "fitted_at": time.time(),
+        },
     }
 
 
@@ -201,10 +210,11 @@ class TaskJobs:
         examples = await self._read(record, service, loaded.engine, question, spec, base)
         bound = binding(loaded.card.fingerprint, self.temperature, spec, question_type(question), wording_of(question))
         outcomes: list[Example] = []
+        until = None
         if self.outcomes is not None:  # kept for outcome refits (no engine), and the outcomes joined
-            outcomes = await asyncio.to_thread(self.outcomes.fit_rows, record, binding_text(bound), examples)
+            outcomes, until = await asyncio.to_thread(self.outcomes.fit_rows, record, binding_text(bound), examples)
         fitted = await asyncio.to_thread(fit_task, examples + outcomes, base, record.target_precision)
-        return fit_document(service, base, fitted, bound, (len(examples), len(outcomes)))
+        return fit_document(service, base, fitted, bound, (len(examples), len(outcomes)), until)
 
     async def _read(
         self,

@@ -48,7 +48,7 @@ class Refits:
         self.outcomes = outcomes
         self._precision = target_precision
         self._every = every
-        self._interval = min_interval_s
+        self.min_interval_s = min_interval_s
         self._creating = threading.Lock()
         self._one: asyncio.Lock | None = None
         self._later: dict[str, asyncio.TimerHandle] = {}
@@ -74,7 +74,7 @@ class Refits:
             self.outcomes.counts, owner, record.wording, rests_on.get("outcomes_until")
         )
         due = refit_due(
-            pending, total + record.examples, rests_on.get("fitted_at"), time.time(), self._every, self._interval
+            pending, total + record.examples, rests_on.get("fitted_at"), time.time(), self._every, self.min_interval_s
         )
         if due.now:
             self._start(owner, task_id)
@@ -142,7 +142,5 @@ class Refits:
         if len(examples) + len(more) < MIN_EXAMPLES:
             return None
         fitted = fit_task(examples + more, base, record.target_precision)
-        doc = fit_document(service, base, fitted, bound, (len(examples), len(more)))
-        doc["rests_on"]["outcomes_until"] = max((o.answered for o in outcomes), default=None)
-        doc["rests_on"]["fitted_at"] = time.time()
-        return doc
+        until = max((o.answered for o in outcomes), default=None)
+        return fit_document(service, base, fitted, bound, (len(examples), len(more)), until)

@@ -225,12 +225,16 @@ class OutcomeStore:
             ).fetchone()
         return int(row[0]), int(row[1] or 0), row[2]
 
-    def fit_rows(self, record: TaskRecord, binding: str, examples: Sequence[Example]) -> list[Example]:
+    def fit_rows(
+        self, record: TaskRecord, binding: str, examples: Sequence[Example]
+    ) -> tuple[list[Example], float | None]:
         """The task's `examples` (as the engine just read them) kept for later refits, and its
-        question's outcomes read under `binding` (the most recent OUTCOMES_PER_FIT) to fit beside them."""
+        question's outcomes read under `binding` (the most recent OUTCOMES_PER_FIT) to fit
+        beside them, with the latest of their answers' times (None: none)."""
         self.keep_examples(record.id, record.generation, binding, [(e.logs, e.gold) for e in examples])
         rows = self.outcomes(record.owner, record.wording, binding, OUTCOMES_PER_FIT)
-        return examples_of(((o.logs, o.gold) for o in rows), OUTCOMES_PER_FIT)
+        until = max((o.answered for o in rows), default=None)
+        return examples_of(((o.logs, o.gold) for o in rows), OUTCOMES_PER_FIT), until
 
     def keep_examples(
         self, task_id: str, generation: int, binding: str, rows: Sequence[tuple[Sequence[float], int]]
