@@ -6,11 +6,12 @@ no engine work; each answer says which fit answered and what it rests on."""
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.api.conftest import running_app
+from tests.api.conftest import CARD, running_app
 from tests.api.test_every_route import EVERY, IDS, Route
 
 QUESTION = {"type": "noul", "instructions": "Is it seven?"}
@@ -202,3 +203,25 @@ async def test_recorded_decisions_are_counted_in_metrics(keys):
         text = (await client.get("/metrics")).text
         assert _sample(text, "openjev_outcome_decisions_recorded_total") == 4
         assert _sample(text, "openjev_outcome_decisions_dropped_total") == 0
+
+
+async def test_a_task_fed_by_outcomes_is_refused_under_other_weights(keys):
+    route = EVERY[0]
+    async with running_app(**keys) as (client, _):
+        ids = [(await decide(client, route, f"ticket {i}"))[0] for i in range(12)]
+        r = await post(client, [{"decision_id": d, "question": "q", "answer": i % 3 == 0} for i, d in enumerate(ids)])
+        task = await ready(client, r.json()["outcomes"][0]["task"])
+    other = replace(CARD, fingerprint="other-weights")
+    async with running_app(**keys, card=other) as (client, _):
+        body = route.body("ticket 99", QUESTION)
+        r = await client.post(route.path, json=body, headers=auth("alice-key"))
+        assert r.headers["x-openjev-calibration"] == "none"  # not applied by wording
+        r = await client.post(route.path, json=body, headers={**auth("alice-key"), "x-openjev-task": task["id"]})
+        assert r.status_code == 409 and "weights" in r.text
+        # new outcomes under these weights: the old ones, read by other weights, are not fitted on
+        fresh = [(await decide(client, route, f"case {i}"))[0] for i in range(3)]
+        r = await post(client, [{"decision_id": d, "question": "q", "answer": True} for d in fresh])
+        assert r.status_code == 200 and r.json()["outcomes"][0]["task"] == task["id"]
+        refits = client._transport.app.state.outcomes.refits
+        stored = await asyncio.to_thread(client._transport.app.state.tasks.store.get, "alice", task["id"])
+        assert await asyncio.to_thread(refits.fit_of, stored) is None  # 3 readings under these weights: too few
