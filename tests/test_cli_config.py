@@ -32,6 +32,20 @@ def test_bad_settings_are_config_errors(env):
         load_settings({}, environ=env)
 
 
+@pytest.mark.parametrize(
+    "value", ["-1", "100", "100,", ",30d", "0,30d", "100,0d", "100,30", "100,30y", "a,b", "100,-1d"]
+)
+def test_a_bad_outcome_retention_is_a_config_error(value):
+    with pytest.raises(ConfigError, match="outcome-retention"):
+        load_settings({"outcome_retention": value}, environ={})
+
+
+def test_outcome_retention_reads_count_and_age():
+    assert load_settings({}, environ={}).tasks.retention() == (100_000, 30 * 86400.0)
+    assert load_settings({"outcome_retention": "50,12h"}, environ={}).tasks.retention() == (50, 12 * 3600.0)
+    assert load_settings({"outcome_retention": "0"}, environ={}).tasks.retention() is None
+
+
 def test_cli_flags_map_onto_settings(monkeypatch):
     monkeypatch.delenv("OPENJEV_API_KEYS", raising=False)
     args = build_parser().parse_args(

@@ -15,7 +15,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from openjev import __version__, ask, task_cli
+from openjev import __version__, ask, outcome_cli, task_cli
 from openjev.config import LogSettings, Settings, env_name, flag_name, load_settings, replace_settings, setting_fields
 from openjev.errors import ConfigError
 
@@ -55,6 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_commands(sub)
     ask.add_parser(sub)
     task_cli.add_parser(sub)
+    outcome_cli.add_parser(sub)
     return parser
 
 
@@ -266,6 +267,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return ask.run(args)
         if args.command == "task":
             return task_cli.run(args)
+        if args.command == "outcome":
+            return outcome_cli.run(args)
         if args.command == "model":
             return model_install(args)
         return serve(_settings(args, passthrough), whole)

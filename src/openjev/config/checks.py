@@ -12,6 +12,7 @@ from typing import Any
 
 from openjev.config.fleet import check_fleet
 from openjev.config.ranges import MAX_CHOICE_OPTIONS
+from openjev.config.tasks import parse_retention
 from openjev.core.readouts.spec import READOUT_NAMES
 from openjev.errors import ConfigError
 
@@ -57,6 +58,10 @@ def validate(values: Mapping[str, Any]) -> None:
         raise ConfigError(f"rotations ({values['rotations']}) exceeds max_rotations ({values['max_rotations']})")
     if values["max_questions"] > 4096:
         raise ConfigError("max_questions above 4096 is not supported")
+    try:
+        parse_retention(values["outcome_retention"])
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
 
 
 def is_loopback_name(host: str) -> bool:

@@ -30,8 +30,39 @@ class TaskSettings:
         0.9, "the precision a task's abstain threshold is chosen for when its creator names none"
     )
 
+    outcome_retention: str = opt(
+        "100000,30d",
+        "decisions kept per key for /v1/outcomes, as COUNT,AGE (AGE in s, m, h or d): a key's oldest beyond COUNT "
+        "and any older than AGE are forgotten; 0 turns recording off",
+        metavar="COUNT,AGE",
+    )
+
+    def retention(self) -> tuple[int, float] | None:
+        """(decisions per key, seconds kept), or None where recording is off; ValueError for a
+        value that is neither 0 nor COUNT,AGE with both positive."""
+        return parse_retention(self.outcome_retention)
+
     def database(self, cache_dir: str) -> Path | None:
         """The store's file, or None where tasks are off."""
         if self.tasks_db == "off":
             return None
         return Path(self.tasks_db) if self.tasks_db else Path(cache_dir) / TASKS_FILE
+
+
+_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def parse_retention(text: str) -> tuple[int, float] | None:
+    """`--outcome-retention` read: "0" is off, else "COUNT,AGE" (e.g. 100000,30d)."""
+    value = text.strip()
+    if value == "0":
+        return None
+    count, _, age = value.partition(",")
+    unit = _UNITS.get(age.strip()[-1:], 0.0)
+    try:
+        per_key, seconds = int(count), float(age.strip()[:-1]) * unit
+    except ValueError:
+        per_key, seconds = 0, 0.0
+    if per_key <= 0 or not seconds > 0:
+        raise ValueError(f"--outcome-retention {text!r}: 0 (off) or COUNT,AGE with both positive, e.g. 100000,30d")
+    return per_key, seconds

@@ -32,6 +32,7 @@ from openjev.core.task_apply import TaskCalibration
 from openjev.core.types import (
     DecisionRequest,
     DecisionResult,
+    FitBasis,
     Usage,
 )
 from openjev.errors import EngineTimeout, Overloaded, TokensExceeded
@@ -183,7 +184,7 @@ class DecisionService:
         combined_all = combine_all(readout, request, compiled, result)
         for (qid, question), combined in zip(request.questions, combined_all, strict=True):
             fit, task = fits[qid], tasks.get(qid)
-            applied.append(task.name if task is not None else cal.id if fit is not None and cal is not None else None)
+            applied.append(task.basis if task is not None else basis_of(cal if fit is not None else None))
             rule = task.abstain if task is not None else self.abstain
             got = answer_of(question, combined, task.fit if task is not None else fit, rule, free.get(qid))
             answers.append((qid, got))
@@ -194,7 +195,10 @@ class DecisionService:
             prefix_tokens=compiled.plan.shared_prefix_len,
             timings_ms=timings,
             readout=used_readout(spec, compiled).describe(),
-            calibration=",".join(dict.fromkeys(a for a in applied if a)) or (cal.id if cal is not None else None),
+            calibration=",".join(dict.fromkeys(a.name for a in applied if a.name))
+            or (cal.id if cal is not None else None),
+            readings=tuple(combined_all),
+            fits=tuple(applied),
         )
 
     async def run_admitted(self, compiled: CompiledRequest, *, caller: Caller) -> PlanResult:
@@ -261,6 +265,11 @@ class DecisionService:
             computed_tokens=_total([r.computed_tokens for _, r in parts]),
             cached_tokens=_total([r.cached_tokens for _, r in parts]),
         )
+
+
+def basis_of(cal: calib.Calibration | None) -> FitBasis:
+    """The basis of an answer the global fit `cal` gave (None: the raw reading)."""
+    return FitBasis("global", cal.id) if cal is not None else FitBasis("none")
 
 
 def _total(counts: list[int | None]) -> int | None:

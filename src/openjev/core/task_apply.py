@@ -17,21 +17,29 @@ from dataclasses import dataclass
 from openjev.core.abstain import AbstainRule
 from openjev.core.calibration import TypeFit
 from openjev.core.readouts import ReadoutSpec, question_type
-from openjev.core.types import ChoiceQuestion, NoulQuestion, Question
+from openjev.core.types import ChoiceQuestion, FitBasis, NoulQuestion, Question
 
 
 @dataclass(frozen=True)
 class TaskCalibration:
-    """`id` names it in results (`x-openjev-calibration: task:<id>`)."""
+    """`id` names it in results (`x-openjev-calibration: task:<id>`); `examples`,
+    `outcomes` and `cv_ece`: what its fit rests on, for the answers' basis."""
 
     id: str
     readout: ReadoutSpec
     fit: TypeFit
     abstain: AbstainRule
+    examples: int = 0
+    outcomes: int = 0
+    cv_ece: float | None = None
 
     @property
     def name(self) -> str:
         return f"task:{self.id}"
+
+    @property
+    def basis(self) -> FitBasis:
+        return FitBasis("task", self.name, self.examples, self.outcomes, self.cv_ece)
 
 
 def wording_of(question: Question) -> str:

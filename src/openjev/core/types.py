@@ -127,6 +127,43 @@ Answer = NoulAnswer | ChoiceAnswer | ScoreAnswer
 
 
 @dataclass(frozen=True)
+class Combined:
+    """One probability per option in the question's own order (noul: true, false), summing to 1.
+
+    `label_mass`: mean probability the readings put on their valid labels at all.
+    `order_agreement`: share of the orderings whose own top option is the combined top
+    option; None where one ordering was read.
+    `shown`: where one lettered ordering was read (`mirrored`: it and its reverse, averaged),
+    the option at each letter (position j showed option shown[j]); a calibration's position
+    prior applies by it (symmetrised where mirrored, so a reversed scale's answer still
+    mirrors). None otherwise.
+    `clones`: groups of options shown with the same text (one probability, kept after calibration).
+    """
+
+    probs: tuple[float, ...]
+    label_mass: float
+    order_agreement: float | None = None
+    shown: tuple[int, ...] | None = None
+    clones: tuple[tuple[int, ...], ...] = ()
+    mirrored: bool = False
+
+
+@dataclass(frozen=True)
+class FitBasis:
+    """Which fit answered a question and what it rests on. `kind`: "task" (a task's fit,
+    checked on the caller's own labelled text: `examples` and `outcomes` it was fitted on,
+    `cv_ece` its cross-validated ECE), "global" (the model's shipped fit, not checked on the
+    caller's text) or "none" (the raw reading); `name`: the fit's name as results give it
+    (`task:<id>`, the calibration's id), None for "none"."""
+
+    kind: str
+    name: str | None = None
+    examples: int = 0
+    outcomes: int = 0
+    cv_ece: float | None = None
+
+
+@dataclass(frozen=True)
 class Usage:
     """Token accounting of one request.
 
@@ -146,7 +183,8 @@ class Usage:
 @dataclass(frozen=True)
 class DecisionResult:
     """`readout` names the readout used (e.g. "letters;rotations=4"); `calibration` the id of
-    the calibration applied, None where none was."""
+    the calibration applied, None where none was; `readings` and `fits` per question (empty
+    where a result was made without them)."""
 
     answers: tuple[tuple[str, Answer], ...]
     usage: Usage
@@ -154,3 +192,5 @@ class DecisionResult:
     timings_ms: dict[str, float] = field(default_factory=dict)
     readout: str = "letters"
     calibration: str | None = None
+    readings: tuple[Combined, ...] = ()  # per question, in request order: what the readout read (before any fit)
+    fits: tuple[FitBasis, ...] = ()  # per question, in request order: the fit that answered it

@@ -34,12 +34,31 @@ def resolve_model(requested: str, served: str) -> str:
     raise ModelNotFound(f"model {shown} is not served here; use {served!r} or a jev-* alias such as jev-latest")
 
 
+BASIS_HEADER = "x-openjev-calibration-basis"
+
+
+def basis_header(fits: tuple[core.FitBasis, ...]) -> str:
+    """Each distinct fit that answered, in question order: its name (`none`: the raw reading)
+    and `basis=` task (with the examples and outcomes it was fitted on and its
+    cross-validated ECE), global (the shipped fit, not checked on the caller's text) or none."""
+    parts = []
+    for fit in dict.fromkeys(fits):
+        part = f"{fit.name or 'none'}; basis={fit.kind}"
+        if fit.kind == "task":
+            ece = "unknown" if fit.cv_ece is None else f"{fit.cv_ece:.4f}"
+            part += f"; examples={fit.examples}; outcomes={fit.outcomes}; cv_ece={ece}"
+        parts.append(part)
+    return ", ".join(parts)
+
+
 def result_headers(result: core.DecisionResult) -> dict[str, str]:
     headers = {
         "x-openjev-prefix-tokens": str(result.prefix_tokens),
         "x-openjev-readout": result.readout,
         "x-openjev-calibration": result.calibration or "none",
     }
+    if result.fits:
+        headers[BASIS_HEADER] = basis_header(result.fits)
     if result.usage.cached_tokens is not None:
         headers["x-openjev-cached-tokens"] = str(result.usage.cached_tokens)
     if result.usage.computed_tokens is not None:

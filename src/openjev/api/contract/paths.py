@@ -10,6 +10,7 @@ BATCH = "/v1/systemone/batch"
 MODELS = "/v1/models"
 LIMITS = "/v1/limits"
 TASKS = "/v1/tasks"
+OUTCOMES = "/v1/outcomes"
 HEALTH = "/health"
 LIVE = "/health/live"
 METRICS = "/metrics"
@@ -25,6 +26,7 @@ ROUTES = (
     MODELS,
     LIMITS,
     TASKS,
+    OUTCOMES,
     HEALTH,
     LIVE,
     METRICS,

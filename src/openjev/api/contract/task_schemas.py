@@ -45,9 +45,12 @@ class TaskExamples(BaseModel):
     examples: list[TaskExample] = Field(..., min_length=1, description="more labelled examples: the task is refitted")
 
 
+Status = Literal["collecting", "queued", "fitting", "ready", "failed"]  # collecting: fed by outcomes, too few yet
+
+
 class TaskCreated(BaseModel):
     id: str
-    status: Literal["queued", "fitting", "ready", "failed"]
+    status: Status
 
 
 class TaskProgress(BaseModel):
@@ -58,10 +61,11 @@ class TaskProgress(BaseModel):
 
 class TaskView(BaseModel):
     id: str
-    status: Literal["queued", "fitting", "ready", "failed"]
+    status: Status
     question: dict[str, Any]
     caller_id: str | None
     examples: int
+    outcomes: int = Field(0, description="outcomes posted for decisions that asked its question (/v1/outcomes)")
     target_precision: float
     progress: TaskProgress
     fit: dict[str, Any] | None = Field(

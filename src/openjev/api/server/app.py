@@ -24,6 +24,7 @@ from openjev.api.server.assembly import Loader, Runtime, build_service, lifespan
 from openjev.api.server.conventions import ConventionsMiddleware
 from openjev.api.server.drain import DrainMiddleware
 from openjev.api.server.operator_state import Operations
+from openjev.api.server.outcomes import lifecycle
 from openjev.api.server.playground import page_policies
 from openjev.api.server.routes import SYSTEMONE_ROUTES
 from openjev.api.server.task_jobs import open_jobs
@@ -62,6 +63,8 @@ def create_app(
     jobs = open_jobs(settings, runtime)  # /v1/tasks: its store opened and checked now, at start
     run = ops.closing(lifespan(runtime, ops.admission, loader, on_fatal, on_loaded))
     run = jobs.wrap(run) if jobs is not None else run
+    outcomes = lifecycle.assemble(settings.tasks, jobs, ops.metrics.registry)  # /v1/outcomes, decisions recorded
+    run = lifecycle.wrap(outcomes, run)
     if settings.listen.docs == "off":  # `openjev schema` (app.openapi()) works either way
         app = FastAPI(**meta, lifespan=run, openapi_url=None, docs_url=None, redoc_url=None)
     else:  # docs with their assets served from the package; `auth` is checked in api/identity/door.py
@@ -70,6 +73,7 @@ def create_app(
     app.state.runtime = runtime
     app.state.ops = ops
     app.state.tasks = jobs  # read by the decision routes (api/server/task_binding.py)
+    app.state.outcomes = outcomes  # read by the decision routes (api/server/outcomes/routes.py `decided`)
     _middleware(app, settings, ops)
     json_route.install(app)  # every JSON body parsed strictly (api/contract/json_route.py); 422s that cannot fail
     handlers.install(app)

@@ -46,6 +46,7 @@ from openjev.api.identity.key_limits import KeyLimits
 from openjev.api.operations.middleware import request_id_of
 from openjev.api.server import pipeline
 from openjev.api.server.batch_items import Item, collect, error_line, ndjson, run
+from openjev.api.server.outcomes import routes as outcomes
 from openjev.api.server.pipeline import unless_disconnected
 from openjev.config import LimitSettings, QualitySettings
 from openjev.core.caller import Caller
@@ -140,6 +141,8 @@ def install(
         state.batch = {"items": len(items), "succeeded": 0, "failed": 0}  # for the batch's access line
 
         def record(item: Item, status: int) -> None:
+            if item.result is not None and item.request is not None and status == 200:  # id: <request id>:<index>
+                outcomes.decided(request, item.request, item.result, spec, item=item.index)
             state.batch["succeeded" if status == 200 else "failed"] += 1
             if status == 499:  # nobody read it: the client went away (the access line's items_unread)
                 state.batch["unread"] = state.batch.get("unread", 0) + 1

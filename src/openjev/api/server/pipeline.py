@@ -40,6 +40,7 @@ from openjev.api.identity.caller import caller_of, charge_refused, charge_refuse
 from openjev.api.identity.key_limits import KeyLimits
 from openjev.api.operations.middleware import request_id_of
 from openjev.api.server.assembly import Runtime
+from openjev.api.server.outcomes import routes as outcomes
 from openjev.api.server.task_binding import TASK_HEADER, fits_of, named_task, prefetched
 from openjev.config import LimitSettings, QualitySettings
 from openjev.core.caller import Caller
@@ -150,6 +151,7 @@ async def decide(
         work = service.decide(decision, caller=caller, readout=spec, calibrate=calibrate, tasks=tasks)
         result = await unless_disconnected(request, work)
     request.state.result = result  # for the access log and metrics (api/operations/access.py)
+    outcomes.decided(request, decision, result, spec, body)  # kept for /v1/outcomes (queued, never waited on)
     return FastJSONResponse(fmt.render(body, result, model), headers=common.result_headers(result))
 
 

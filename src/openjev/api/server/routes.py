@@ -19,6 +19,7 @@ from openjev.api.operations import disclosure
 from openjev.api.server import batch, pipeline, playground, task_routes
 from openjev.api.server.assembly import Runtime
 from openjev.api.server.limits import limits_body
+from openjev.api.server.outcomes import routes as outcome_routes
 from openjev.config import QualitySettings, Settings
 from openjev.core.wording import PROMPT_VERSION
 
@@ -37,6 +38,7 @@ def install(app: FastAPI, settings: Settings, runtime: Runtime) -> None:
     install_health(app, runtime)
     if app.state.tasks is not None:
         task_routes.install(app, settings.tasks, runtime, app.state.tasks)
+    outcome_routes.install(app, app.state.outcomes)
 
 
 def install_models(app: FastAPI, quality: QualitySettings, runtime: Runtime) -> None:

@@ -71,7 +71,10 @@ def calibration_of(record: TaskRecord, floors: AbstainRule) -> TaskCalibration:
     rule = AbstainRule(floors.min_label_mass, floors.min_order_agreement, fit["threshold"]["min_confidence"])
     bound = fit["binding"]
     spec = ReadoutSpec(bound["readout"], bound["rotations"])
-    return TaskCalibration(record.id, spec, TypeFit(fit["temperature"], tuple(fit["bias"]), prior), rule)
+    rests_on = fit.get("rests_on") or {"examples": record.examples, "outcomes": 0}  # a fit made before outcomes
+    cv_ece = (fit.get("after") or {}).get("ece")
+    typed = TypeFit(fit["temperature"], tuple(fit["bias"]), prior)
+    return TaskCalibration(record.id, spec, typed, rule, rests_on["examples"], rests_on["outcomes"], cv_ece)
 
 
 def mismatch(record: TaskRecord, fingerprint: str, base_temperature: float, spec: ReadoutSpec) -> str | None:

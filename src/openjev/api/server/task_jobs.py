@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
+import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any
@@ -26,18 +26,20 @@ from typing import Any
 from openjev.api.contract.jev import convert
 from openjev.api.contract.jev.schemas import SystemOneRequest
 from openjev.api.server.assembly import Runtime
+from openjev.api.server.outcomes.store import OutcomeStore, binding_text, open_outcomes
 from openjev.api.server.task_binding import ReadyIndex, binding
 from openjev.api.server.task_queue import FairTurns
 from openjev.api.server.task_store import TaskRecord, TaskStore, open_store
 from openjev.config import Settings
 from openjev.core import calibration as calib
 from openjev.core.caller import Caller
+from openjev.core.outcomes.readings import fit_logs
 from openjev.core.ports import PlanResult
 from openjev.core.prompts import CompiledRequest
 from openjev.core.readouts import Readout, ReadoutSpec, question_type
 from openjev.core.service import DecisionService
 from openjev.core.task_apply import wording_of
-from openjev.core.task_fit import Example, fit_task
+from openjev.core.task_fit import Example, TaskFit, fit_task
 from openjev.core.types import ChoiceQuestion, DecisionRequest, NoulQuestion, Question, Share, State
 from openjev.errors import EngineTimeout, InvalidInput, OpenjevError, Overloaded
 
@@ -97,24 +99,61 @@ def logs_of(
     readout: Readout, question: Question, logprobs: list[tuple[float, ...]], base: calib.TypeFit | None
 ) -> tuple[float, ...]:
     """The example's option log-probabilities after the global fit's position prior."""
-    combined = readout.combine(question, logprobs)
-    prior = calib.TypeFit(1.0, (), dict(base.position_prior)) if base is not None else calib.TypeFit(1.0)
-    probs = calib.apply(prior, combined.probs, combined.shown, combined.clones, combined.mirrored)
-    return tuple(math.log(max(p, 1e-12)) for p in probs)
+    return fit_logs(readout.combine(question, logprobs), base)
+
+
+def fit_document(
+    service: DecisionService,
+    base: calib.TypeFit | None,
+    fitted: TaskFit,
+    bound: dict[str, Any],
+    rests_on: tuple[int, int],
+    outcomes_until: float | None = None,
+) -> dict[str, Any]:
+    """The stored fit of a task: bound to `bound`, fitted on (examples, outcomes) `rests_on`,
+    the latest outcome answered at `outcomes_until` (api/server/outcomes/refits.py counts
+    new outcomes from there)."""
+    applied = fitted.type_fit(base)
+    return {
+        "binding": bound,
+        "global": service.calibration.id if service.calibration is not None and base is not None else None,
+        "temperature": applied.temperature,
+        "bias": list(applied.bias),
+        "position_prior": {str(n): list(p) for n, p in applied.position_prior.items()},
+        "form": fitted.form,
+        "shrinkage": fitted.shrinkage,
+        "cv_nll": fitted.cv_nll,
+        "before": fitted.before.describe(),
+        "after": fitted.after.describe(),
+        "threshold": fitted.threshold.describe(),
+        "rests_on": {
+            "examples": rests_on[0],
+            "outcomes": rests_on[1],
+            "outcomes_until": outcomes_until,
+            "fitted_at": time.time(),
+        },
+    }
 
 
 class TaskJobs:
     """The running jobs, by task id; `wrap` ties them to the app's lifespan."""
 
     def __init__(
-        self, store: TaskStore, index: ReadyIndex, runtime: Runtime, engine_timeout_s: float, base_temperature: float
+        self,
+        store: TaskStore,
+        index: ReadyIndex,
+        runtime: Runtime,
+        engine_timeout_s: float,
+        base_temperature: float,
+        outcomes: OutcomeStore | None = None,
     ) -> None:
         self.store = store
+        self.outcomes = outcomes  # decisions kept for outcomes (api/server/outcomes/), None where off
         self.index = index
         self.lookup = (store, index)  # what the decision routes read (api/server/task_binding.py)
-        self._runtime = runtime
+        self.runtime = runtime
         self._timeout = engine_timeout_s
-        self._temperature = base_temperature
+        self.temperature = base_temperature
         self._jobs: dict[str, asyncio.Task[None]] = {}
         self._one = FairTurns()
 
@@ -151,10 +190,10 @@ class TaskJobs:
 
     async def _service(self) -> DecisionService:
         while True:
-            if self._runtime.service is not None:
-                return self._runtime.service
-            if self._runtime.error is not None:
-                raise self._runtime.error
+            if self.runtime.service is not None:
+                return self.runtime.service
+            if self.runtime.error is not None:
+                raise self.runtime.error
             await asyncio.sleep(0.5)
 
     async def _run(self, record: TaskRecord) -> None:
@@ -178,29 +217,20 @@ class TaskJobs:
 
     async def _fit(self, record: TaskRecord) -> dict[str, Any]:
         service = await self._service()
-        loaded = self._runtime.loaded
+        loaded = self.runtime.loaded
         if loaded is None:
             raise EngineTimeout("the model is not loaded")
         question = question_of(record.question)
         spec = read_spec(service, question)
         base = base_fit(service, spec, question_type(question))
         examples = await self._read(record, service, question, spec, base)
-        fitted = await asyncio.to_thread(fit_task, examples, base, record.target_precision)
-        applied = fitted.type_fit(base)
-        bound = binding(loaded.card.fingerprint, self._temperature, spec, question_type(question), wording_of(question))
-        return {
-            "binding": bound,
-            "global": service.calibration.id if service.calibration is not None and base is not None else None,
-            "temperature": applied.temperature,
-            "bias": list(applied.bias),
-            "position_prior": {str(n): list(p) for n, p in applied.position_prior.items()},
-            "form": fitted.form,
-            "shrinkage": fitted.shrinkage,
-            "cv_nll": fitted.cv_nll,
-            "before": fitted.before.describe(),
-            "after": fitted.after.describe(),
-            "threshold": fitted.threshold.describe(),
-        }
+        bound = binding(loaded.card.fingerprint, self.temperature, spec, question_type(question), wording_of(question))
+        outcomes: list[Example] = []
+        until = None
+        if self.outcomes is not None:  # kept for outcome refits (no engine), and the outcomes joined
+            outcomes, until = await asyncio.to_thread(self.outcomes.fit_rows, record, binding_text(bound), examples)
+        fitted = await asyncio.to_thread(fit_task, examples + outcomes, base, record.target_precision)
+        return fit_document(service, base, fitted, bound, (len(examples), len(outcomes)), until)
 
     async def _read(
         self,
@@ -248,4 +278,7 @@ def open_jobs(settings: Settings, runtime: Runtime) -> TaskJobs | None:
     if path is None:
         return None
     store = open_store(path)
-    return TaskJobs(store, ReadyIndex(store), runtime, settings.limits.engine_timeout_s, settings.quality.temperature)
+    outcomes = open_outcomes(path) if settings.tasks.retention() is not None else None
+    return TaskJobs(
+        store, ReadyIndex(store), runtime, settings.limits.engine_timeout_s, settings.quality.temperature, outcomes
+    )

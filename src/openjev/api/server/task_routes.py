@@ -62,6 +62,7 @@ def view(record: TaskRecord) -> dict[str, Any]:
         "question": record.question,
         "caller_id": record.caller_id,
         "examples": record.examples,
+        "outcomes": record.outcomes,
         "target_precision": record.target_precision,
         "progress": {"done": record.done, "total": record.total, "eta_s": eta},
         "fit": record.fit if record.status == "ready" else None,

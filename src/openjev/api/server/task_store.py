@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from openjev.api.server.outcomes.schema import OUTCOMES_MIGRATION
 from openjev.api.server.task_bounds import PRICED, Check, examples_cap, queue_cap
 from openjev.api.server.task_thread import StoreThread
 from openjev.errors import ConfigError
@@ -58,8 +59,10 @@ MIGRATIONS: tuple[str, ...] = (
         PRIMARY KEY (task_id, n)
     );
     """,
+    # 2: decisions kept for outcomes (api/server/outcomes/schema.py)
+    OUTCOMES_MIGRATION,
 )
-STATUSES = ("queued", "fitting", "ready", "failed")
+STATUSES = ("collecting", "queued", "fitting", "ready", "failed")  # collecting: fed by outcomes, too few to fit
 
 
 @dataclass(frozen=True)
@@ -83,6 +86,7 @@ class TaskRecord:
     error: str | None
     created: float
     examples: int
+    outcomes: int = 0  # outcomes posted for decisions that asked its question (api/server/outcomes/)
 
 
 def new_id() -> str:
@@ -119,7 +123,11 @@ def open_store(path: Path) -> TaskStore:
 
 
 _COLUMNS = "id, owner, question, wording, caller_id, target_precision, status, done, total, started, generation, fit"
-_SELECT = f"SELECT {_COLUMNS}, error, created, (SELECT count(*) FROM examples WHERE task_id = tasks.id) FROM tasks"
+_SELECT = (
+    f"SELECT {_COLUMNS}, error, created, (SELECT count(*) FROM examples WHERE task_id = tasks.id),"
+    " (SELECT count(*) FROM readings r WHERE r.owner = tasks.owner AND r.wording = tasks.wording"
+    " AND r.gold IS NOT NULL) FROM tasks"
+)
 
 
 def _record(row: Sequence[Any]) -> TaskRecord:
@@ -139,6 +147,7 @@ def _record(row: Sequence[Any]) -> TaskRecord:
         error=row[12],
         created=row[13],
         examples=row[14],
+        outcomes=row[15],
     )
 
 
@@ -188,14 +197,15 @@ class TaskStore:
         target_precision: float,
         caller_id: str | None = None,
         max_queued: int = 0,
+        status: str = "queued",
     ) -> TaskRecord:
         """A new task, queued, within the owner's `max_queued` (task_bounds.queue_cap)."""
         task_id, now = new_id(), time.time()
         self._write(
             (
                 "INSERT INTO tasks (id, owner, question, wording, caller_id, target_precision, status, created, updated)"
-                " VALUES (?, ?, ?, ?, ?, ?, 'queued', ?, ?)",
-                (task_id, owner, json.dumps(question), wording, caller_id, target_precision, now, now),
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (task_id, owner, json.dumps(question), wording, caller_id, target_precision, status, now, now),
             ),
             *self._inserts(task_id, owner, examples),
             check=queue_cap(owner, max_queued),
@@ -252,6 +262,11 @@ class TaskStore:
             _SELECT + " WHERE owner = ? AND wording = ? AND status = 'ready' ORDER BY created DESC LIMIT 1",
             (owner, wording),
         )
+        return found[0] if found else None
+
+    def latest(self, owner: str, wording: str) -> TaskRecord | None:
+        """The owner's most recent task for this wording, whatever its status."""
+        found = self._read(_SELECT + " WHERE owner = ? AND wording = ? ORDER BY created DESC LIMIT 1", (owner, wording))
         return found[0] if found else None
 
     def examples(self, task_id: str) -> list[dict[str, Any]]:

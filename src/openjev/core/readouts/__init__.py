@@ -21,7 +21,6 @@ from openjev.core.readouts.spec import (
     ONE_READING,
     QUESTION_TYPES,
     READOUT_NAMES,
-    Combined,
     Reading,
     Readout,
     ReadoutContext,
@@ -30,6 +29,7 @@ from openjev.core.readouts.spec import (
     question_type,
 )
 from openjev.core.readouts.yesno import YesNoReadout
+from openjev.core.types import Combined
 
 __all__ = [
     "CANONICAL_ORDER",

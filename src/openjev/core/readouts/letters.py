@@ -35,8 +35,8 @@ from collections.abc import Sequence
 
 from openjev.core import scoring, wording
 from openjev.core.readouts.order import canonical_order, clones_of, shared
-from openjev.core.readouts.spec import Combined, Reading, ReadoutContext, ReadoutSpec, n_options
-from openjev.core.types import ChoiceQuestion, Question, ScoreQuestion
+from openjev.core.readouts.spec import Reading, ReadoutContext, ReadoutSpec, n_options
+from openjev.core.types import ChoiceQuestion, Combined, Question, ScoreQuestion
 
 
 class LettersReadout:

@@ -16,8 +16,8 @@ from collections.abc import Sequence
 from openjev.core import scoring, wording
 from openjev.core.readouts.letters import LettersReadout
 from openjev.core.readouts.order import canonical_order
-from openjev.core.readouts.spec import Combined, Reading, ReadoutContext, ReadoutSpec
-from openjev.core.types import ChoiceQuestion, Question
+from openjev.core.readouts.spec import Reading, ReadoutContext, ReadoutSpec
+from openjev.core.types import ChoiceQuestion, Combined, Question
 
 
 class ParallelReadout:

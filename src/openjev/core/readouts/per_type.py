@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from openjev.core.readouts.spec import Combined, Reading, Readout, ReadoutSpec, question_type
-from openjev.core.types import Question
+from openjev.core.readouts.spec import Reading, Readout, ReadoutSpec, question_type
+from openjev.core.types import Combined, Question
 
 
 class PerTypeReadout:

@@ -1,7 +1,8 @@
 """What every readout shares: the names a readout may have (`READOUT_NAMES`, the one list:
 the settings check `--readout` against it), the spec that picks one (`ReadoutSpec`), the
 port every family implements (`Readout`: `count`, `reading`, `readings`, `combine`), and
-what crosses it (`Reading`, `Combined`). The families are the package's other modules."""
+what crosses it (`Reading`; `Combined` is in core/types.py, since results carry it). The
+families are the package's other modules."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from openjev.core.types import ChoiceQuestion, NoulQuestion, Question
+from openjev.core.types import ChoiceQuestion, Combined, NoulQuestion, Question
 from openjev.errors import ConfigError
 
 READOUT_NAMES = ("letters", "yesno", "parallel", "canonical", "mirror")
@@ -86,28 +87,6 @@ class Reading:
     text: str
     label_ids: tuple[int, ...]
     parallel: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True)
-class Combined:
-    """One probability per option in the question's own order (noul: true, false), summing to 1.
-
-    `label_mass`: mean probability the readings put on their valid labels at all.
-    `order_agreement`: share of the orderings whose own top option is the combined top
-    option; None where one ordering was read.
-    `shown`: where one lettered ordering was read (`mirrored`: it and its reverse, averaged),
-    the option at each letter (position j showed option shown[j]); a calibration's position
-    prior applies by it (symmetrised where mirrored, so a reversed scale's answer still
-    mirrors). None otherwise.
-    `clones`: groups of options shown with the same text (one probability, kept after calibration).
-    """
-
-    probs: tuple[float, ...]
-    label_mass: float
-    order_agreement: float | None = None
-    shown: tuple[int, ...] | None = None
-    clones: tuple[tuple[int, ...], ...] = ()
-    mirrored: bool = False
 
 
 class Readout(Protocol):

@@ -13,8 +13,8 @@ import math
 from collections.abc import Sequence
 
 from openjev.core import scoring, wording
-from openjev.core.readouts.spec import Combined, Reading, ReadoutContext, ReadoutSpec, n_options
-from openjev.core.types import NoulQuestion, Question
+from openjev.core.readouts.spec import Reading, ReadoutContext, ReadoutSpec, n_options
+from openjev.core.types import Combined, NoulQuestion, Question
 from openjev.errors import Unsupported
 
 

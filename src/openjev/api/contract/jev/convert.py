@@ -49,6 +49,23 @@ def question_of(q: schemas.NoulQuestion | schemas.ChoiceQuestion | schemas.Score
     return core.ScoreQuestion(instructions=_opt_text(q.instructions), levels=tuple(text_of(x) for x in q.criteria))
 
 
+def question_to_wire(q: core.Question) -> dict[str, Any]:
+    """The Jev question object that converts back to `q` (`question_of`): how a question a
+    decision asked is kept, whatever format asked it."""
+    out: dict[str, Any] = {"type": "noul" if isinstance(q, core.NoulQuestion) else "choice"}
+    if q.instructions is not None:
+        out["instructions"] = q.instructions
+    if isinstance(q, core.NoulQuestion):
+        sides = {"true": q.true_description, "false": q.false_description}
+        if any(v is not None for v in sides.values()):
+            out["criteria"] = sides
+    elif isinstance(q, core.ChoiceQuestion):
+        out["criteria"] = {o.name: o.description for o in q.options}
+    else:
+        out["type"], out["criteria"] = "score", list(q.levels)
+    return out
+
+
 def request_of(req: schemas.SystemOneRequest) -> core.DecisionRequest:
     if req.assets:
         raise Unsupported("assets (images) are not supported: the served model reads text only")
@@ -85,10 +102,28 @@ def answer_to_wire(answer: core.Answer) -> dict[str, Any]:
     return out
 
 
+def basis_to_wire(basis: core.FitBasis) -> dict[str, Any]:
+    """An answer's `x_basis`: which fit answered and what it rests on (core.FitBasis)."""
+    if basis.kind == "none":
+        return {"kind": "none"}
+    if basis.kind != "task":
+        return {"kind": basis.kind, "fit": basis.name}
+    return {
+        "kind": "task",
+        "fit": basis.name,
+        "examples": basis.examples,
+        "outcomes": basis.outcomes,
+        "cv_ece": basis.cv_ece,
+    }
+
+
 def result_to_wire(result: core.DecisionResult, model: str) -> dict[str, Any]:
+    answers = {qid: answer_to_wire(a) for qid, a in result.answers}
+    for (qid, _), basis in zip(result.answers, result.fits, strict=False):  # fits: empty on a bare result
+        answers[qid]["x_basis"] = basis_to_wire(basis)
     return {
         "model": model,
-        "answers": {qid: answer_to_wire(a) for qid, a in result.answers},
+        "answers": answers,
         "usage": usage_to_wire(result.usage),
     }
 

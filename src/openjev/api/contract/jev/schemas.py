@@ -10,6 +10,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, RootModel, field_validator, model_validator
 
+from openjev.api.contract.outcome_schemas import Basis
 from openjev.config import MAX_CHOICE_OPTIONS, MAX_SCORE_LEVELS, MIN_CHOICE_OPTIONS, MIN_SCORE_LEVELS
 
 # Instructions, descriptions and the state may be text or structured JSON.
@@ -192,6 +193,7 @@ class NoulAnswer(BaseModel):
     type: Literal["noul"]
     noul: float = Field(..., ge=0, le=1, description="P(true)")
     x_label_mass: float = Field(..., description="probability the model put on the answer labels at all")
+    x_basis: Basis | None = Field(None, description="which fit answered and on what basis")
 
 
 class ChoiceAnswer(BaseModel):
@@ -200,6 +202,7 @@ class ChoiceAnswer(BaseModel):
     probabilities: dict[str, float]
     confidence: float
     x_label_mass: float
+    x_basis: Basis | None = Field(None, description="which fit answered and on what basis")
 
 
 class ScoreAnswer(BaseModel):
@@ -209,6 +212,7 @@ class ScoreAnswer(BaseModel):
     legend: dict[str, str]
     probabilities: dict[str, float]
     x_label_mass: float
+    x_basis: Basis | None = Field(None, description="which fit answered and on what basis")
 
 
 class Usage(BaseModel):
