@@ -130,7 +130,7 @@ def install(
             await ops.key_limits.take_batch_items(entry, count - 1)
         service, card = ready()
         t0 = time.perf_counter()
-        bind = pipeline.task_binder(request, spec, service, card.fingerprint, quality)  # x-openjev-task
+        bind = pipeline.task_binder(request, spec, service, card.fingerprint, quality, calibrate)  # x-openjev-task
         items = await _prepared(
             request, body, limits, service, card.name, spec or service.default_readout, (calibrate, bind)
         )

@@ -109,10 +109,14 @@ def task_binder(
     service: DecisionService,
     fingerprint: str,
     quality: QualitySettings,
+    calibrate: bool = True,
 ) -> Callable[[DecisionRequest, str | None], Mapping[str, TaskCalibration]]:
     """For a decision request of this HTTP request and the task its body names (if any): by
     question id, the task fit that answers it (api/server/task_binding.py; `x-openjev-task`,
-    the body's, or the question's wording)."""
+    the body's, or the question's wording). None where the caller sent
+    `x-openjev-calibration: none` (`calibrate` false): the raw reading wins over any task."""
+    if not calibrate:
+        return lambda _decision, _named: {}
     jobs = request.app.state.tasks
     lookup = jobs.lookup if jobs is not None else None
     header = request.headers.get(TASK_HEADER)
@@ -134,7 +138,7 @@ async def decide(
     if audit:
         log.info(fmt.name + " request", extra={"fields": {"request_id": request_id_of(request.scope), **audit}})
     async with charged(key_limits):
-        tasks = task_binder(request, spec, service, card.fingerprint, quality)(decision, fmt.task_of(body))
+        tasks = task_binder(request, spec, service, card.fingerprint, quality, calibrate)(decision, fmt.task_of(body))
         work = service.decide(decision, readout=spec, calibrate=calibrate, tasks=tasks)
         result = await unless_disconnected(request, work)
     request.state.result = result  # for the access log and metrics (api/operations/access.py)
