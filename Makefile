@@ -13,7 +13,7 @@ INSTALLER ?= uv
 UV_VERSION := 0.13.9
 export HF_HUB_OFFLINE := 1
 
-.PHONY: setup serve quality-model quality-model-small lint fmt test docs docs-serve browser-deps test-browser redis-deps test-api-tier test-sglang test-sglang-torch test-scaleout test-vllm test-llamacpp bench bench-vllm bench-llamacpp lock clean
+.PHONY: setup serve quality-model quality-model-small lint fmt test docs docs-examples docs-examples-write docs-serve browser-deps test-browser redis-deps test-api-tier test-sglang test-sglang-torch test-scaleout test-vllm test-llamacpp bench bench-vllm bench-llamacpp lock clean
 
 $(STAMP): pyproject.toml $(LOCK) Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -84,6 +84,18 @@ test: setup lint
 # a broken link, anchor or page, or a page missing from the nav, fails the build.
 docs: setup
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
+
+# The example outputs on the README, the quickstart and the API pages: made by a fresh run of the
+# default model (scripts/doc_examples.py; a few minutes once it is installed) and checked against
+# the pages (--check: the shape, keys, strings and token counts exactly; probabilities within 0.05).
+# docs-examples-write rewrites them.
+docs-examples: setup
+	bash scripts/setup_default_model.sh
+	$(PY) scripts/doc_examples.py --check
+
+docs-examples-write: setup
+	bash scripts/setup_default_model.sh
+	$(PY) scripts/doc_examples.py --write
 
 DOCS_PORT ?= 8001
 docs-serve: setup

@@ -1,4 +1,4 @@
-"""The example outputs on the README, the quickstart and the OpenAI Decisions page, made by one
+"""The example outputs on the README, the quickstart and the two API pages, made by one
 run of the default model (what `make serve` and `openjev serve` with no flags serve) and checked
 against a fresh run, so that no page shows a stale recording.
 
@@ -139,7 +139,7 @@ EXAMPLES = (
     Example("abstain", "/v1/decisions", ABSTAIN),
     Example("ask", "ask", ASK),
 )
-PAGES = ("README.md", "docs/quickstart.md", "docs/api-openai-decisions.md")
+PAGES = ("README.md", "docs/quickstart.md", "docs/api-jev.md", "docs/api-openai-decisions.md")
 BLOCK = re.compile(r"(<!-- doc-example (\w+) -->\n)(.*?)(<!-- /doc-example -->)", re.S)
 
 
