@@ -104,8 +104,9 @@ def installed_gguf(model: NamedModel, cache_dir: str | Path) -> Path:
     if not path.is_file():
         raise ConfigError(
             f"--model {model.name}: not installed in {models_dir(cache_dir)} "
-            f"(install it once with `openjev model install {model.name}`, or `make serve MODEL={model.name}` in the"
-            " openjev checkout, which also installs llama-cpp-python; models are never downloaded while serving)"
+            f"(`make serve MODEL={model.name}` in the openjev checkout installs it with llama-cpp-python; the GGUF"
+            f" alone: `openjev model install {model.name}` or `make quality-model`; models are never downloaded"
+            " while serving)"
         )
     return path
 
