@@ -249,6 +249,8 @@ def _wait_healthy(server: subprocess.Popen, url: str, timeout_s: float = 900) ->
 
 def differences(page: str, fresh: str) -> list[str]:
     """Where a page's block and a fresh one differ in what --check holds (module doc)."""
+    if not page.strip():
+        return ["the block is empty (run --write)"]
     if page.startswith("```sh\nopenjev ask"):
         strip = lambda t: re.sub(r"[0-9.%█▏▎▍▌▋▊▉·]+", "", t)  # noqa: E731
         return [] if strip(page) == strip(fresh) else ["the text of `openjev ask` (numbers and bars aside)"]
