@@ -10,6 +10,7 @@ def test_embedded_model_is_found_without_importing_its_package():
     assert path.suffix == ".gguf" and path.stat().st_size > 50_000_000
     source = resolve_source(None)
     assert source.name == EMBEDDED_NAME and source.gguf_file == path.name
+    assert resolve_source(EMBEDDED["model"]) == source  # `--model embedded` names it
 
 
 @pytest.mark.parametrize("kind", ["missing", "not-gguf", "no-config"])
