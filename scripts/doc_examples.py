@@ -8,7 +8,8 @@ against a fresh run, so that no page shows a stale recording.
 
 A block is the text between `<!-- doc-example NAME -->` and `<!-- /doc-example -->` on a page:
 the command (a curl call, or `openjev ask`) and what it printed. One server is started with no
-flags (the default model; nothing taken from OPENJEV_* variables) on a free loopback port, and
+flags but its port and a task store of its own (the default model; nothing taken from OPENJEV_*
+variables) on a free loopback port, and
 the examples run against it in the order below: the first is the first request after the
 server started, and each later one finds what the earlier ones left in the prefix cache.
 
@@ -27,10 +28,12 @@ import json
 import math
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -214,8 +217,12 @@ def fresh_blocks() -> dict[str, str]:
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("OPENJEV_")}
     env["PYTHONPATH"] = str(ROOT / "src")
+    # a task store of its own: no task of the user's store can answer these questions by wording
+    store = tempfile.mkdtemp(prefix="doc-examples-")
     server = subprocess.Popen(
-        [sys.executable, "-m", "openjev", "serve", "--port", str(port)], env=env, start_new_session=True
+        [sys.executable, "-m", "openjev", "serve", "--port", str(port), "--tasks-db", f"{store}/tasks.sqlite3"],
+        env=env,
+        start_new_session=True,
     )
     url = f"http://127.0.0.1:{port}"
     try:
@@ -229,8 +236,10 @@ def fresh_blocks() -> dict[str, str]:
                     blocks[example.name] = http_block(example, client.post(example.path, json=example.body))
         return blocks
     finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        server.wait(timeout=60)
+        if server.poll() is None:
+            os.killpg(server.pid, signal.SIGTERM)
+            server.wait(timeout=60)
+        shutil.rmtree(store, ignore_errors=True)
 
 
 def _wait_healthy(server: subprocess.Popen, url: str, timeout_s: float = 900) -> None:
