@@ -6,7 +6,8 @@ against a fresh run, so that no page shows a stale recording.
     python scripts/doc_examples.py --check   # exit 1 where a page's block differs from a fresh run
                                              # (`make docs-examples`)
 
-A block is the text between `<!-- doc-example NAME -->` and `<!-- /doc-example -->` on a page:
+A block is the text between `<!-- doc-example NAME -->` and `<!-- /doc-example -->` on a page
+(after a blank line, so that Markdown starts its code block):
 the command (a curl call, or `openjev ask`) and what it printed. One server is started with no
 flags but its port and a task store of its own (the default model; nothing taken from OPENJEV_*
 variables) on a free loopback port, and
@@ -309,13 +310,13 @@ def main() -> int:
         path = ROOT / name
         text = path.read_text()
         for match in BLOCK.finditer(text):
-            diffs = differences(match.group(3), fresh[match.group(2)])
+            diffs = differences(match.group(3).strip("\n") + "\n", fresh[match.group(2)])
             if diffs and args.check:
                 failed += 1
                 print(f"{name}: block {match.group(2)!r} differs from a fresh run:", *diffs, sep="\n  ")
                 print(f"fresh:\n{fresh[match.group(2)]}")
         if args.write:
-            path.write_text(BLOCK.sub(lambda m: m.group(1) + fresh[m.group(2)] + m.group(4), text))
+            path.write_text(BLOCK.sub(lambda m: m.group(1) + "\n" + fresh[m.group(2)] + m.group(4), text))
             print(f"{name}: written")
     print(f"{failed} block(s) differ" if failed else "every block matches a fresh run")
     return 1 if failed else 0
