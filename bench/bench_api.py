@@ -32,6 +32,7 @@ from pathlib import Path
 
 import httpx
 
+from openjev.config import EMBEDDED_MODEL
 from openjev.core.ports import Engine
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -84,7 +85,7 @@ def _loaded_with_instant_engine():
     from openjev.config import load_settings
     from openjev.engines import load_engine
 
-    loaded = load_engine(load_settings({}, environ={}))
+    loaded = load_engine(load_settings({"engine": "transformers", "model": EMBEDDED_MODEL}, environ={}))
     asyncio.run(loaded.engine.close())
     return dataclasses.replace(loaded, engine=InstantEngine())
 

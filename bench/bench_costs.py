@@ -40,6 +40,8 @@ from pathlib import Path
 import httpx
 import psutil
 
+from openjev.config import EMBEDDED_MODEL
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from common import machine
@@ -119,7 +121,20 @@ def server_part() -> list[dict]:
 
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "openjev", "serve", "--port", str(port), "--log-level", "warning"],
+        [
+            sys.executable,
+            "-m",
+            "openjev",
+            "serve",
+            "--engine",
+            "transformers",
+            "--model",
+            EMBEDDED_MODEL,
+            "--port",
+            str(port),
+            "--log-level",
+            "warning",
+        ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         start_new_session=True,
@@ -160,7 +175,7 @@ def prepare_part() -> list[dict]:
     from openjev.core.readouts import ReadoutSpec
     from openjev.engines import load_engine
 
-    settings = load_settings({}, environ={})
+    settings = load_settings({"engine": "transformers", "model": EMBEDDED_MODEL}, environ={})
     loaded = load_engine(settings)
     service = build_service(settings.quality, settings.limits, loaded)
     me = psutil.Process()

@@ -22,6 +22,8 @@ import sys
 import time
 from pathlib import Path
 
+from openjev.config import EMBEDDED_MODEL
+
 T0 = time.perf_counter()
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
@@ -41,9 +43,8 @@ def child(engine: str, model: str | None, repeats: int, prefix_cache_bytes: int 
     from openjev.config import MAX_CHOICE_OPTIONS, load_settings
     from openjev.engines import load_engine, preflight_engine, prestart_engine
 
-    overrides: dict = {"engine": "llamacpp"} if engine == "llamacpp" else {"dtype": engine}
-    if model:
-        overrides["model"] = model
+    overrides: dict = {"engine": "llamacpp"} if engine == "llamacpp" else {"engine": "transformers", "dtype": engine}
+    overrides["model"] = model or EMBEDDED_MODEL
     if prefix_cache_bytes is not None:
         overrides["prefix_cache_bytes"] = prefix_cache_bytes
     settings = load_settings({**overrides, "max_in_flight": 16, "engine_timeout_s": 3600}, environ={})

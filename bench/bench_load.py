@@ -33,6 +33,8 @@ from pathlib import Path
 
 import httpx
 
+from openjev.config import EMBEDDED_MODEL
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from common import TICKET, machine
@@ -59,7 +61,19 @@ def request(tag: int, paragraphs: int = 2, questions: int = 2) -> dict:
 def start(args: list[str], log_path: str) -> tuple[subprocess.Popen, str]:
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "openjev", "serve", "--port", str(port), *args],
+        [
+            sys.executable,
+            "-m",
+            "openjev",
+            "serve",
+            "--engine",
+            "transformers",
+            "--model",
+            EMBEDDED_MODEL,
+            "--port",
+            str(port),
+            *args,
+        ],
         stdout=open(log_path, "w"),
         stderr=subprocess.STDOUT,
         start_new_session=True,

@@ -19,6 +19,8 @@ import sys
 import time
 from pathlib import Path
 
+from openjev.config import EMBEDDED_MODEL
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import core_request, machine, p50, payload
 
@@ -36,7 +38,7 @@ def main() -> None:
     from openjev.engines import load_engine
 
     t0 = time.perf_counter()
-    settings = load_settings({"model": args.model, "dtype": args.dtype})
+    settings = load_settings({"engine": "transformers", "model": args.model or EMBEDDED_MODEL, "dtype": args.dtype})
     loaded = load_engine(settings)
     service = build_service(settings.quality, settings.limits, loaded)
     head = {

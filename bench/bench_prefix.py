@@ -25,6 +25,8 @@ import threading
 import time
 from pathlib import Path
 
+from openjev.config import EMBEDDED_MODEL
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch
@@ -80,7 +82,7 @@ class Systems:
         self.dtypes = dtypes
         self.models, self.engines, self.compilers, self.services, self.llm2jev = {}, {}, {}, {}, {}
         for dtype in dtypes:
-            settings = load_settings({"dtype": dtype}, environ={})
+            settings = load_settings({"engine": "transformers", "model": EMBEDDED_MODEL, "dtype": dtype}, environ={})
             loaded = load_engine(settings)
             self.models[dtype] = loaded.engine.model
             self.compilers[dtype] = PromptCompiler(loaded.tokenizer, max_labels=MAX_CHOICE_OPTIONS)

@@ -24,6 +24,8 @@ import sys
 import time
 from pathlib import Path
 
+from openjev.config import EMBEDDED_MODEL
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import core_request, machine, payload
 
@@ -47,7 +49,7 @@ def main() -> int:
     ap.add_argument("--sizes", default="8,1", help="questions per request, comma-separated")
     ap.add_argument("--out", help="write the rows as JSON here")
     args = ap.parse_args()
-    settings = load_settings()
+    settings = load_settings({"engine": "transformers", "model": EMBEDDED_MODEL})
     loaded = load_engine(settings)
     service = build_service(settings.quality, settings.limits, loaded)
     runner = loaded.engine.runner  # type: ignore[attr-defined]

@@ -20,6 +20,8 @@ from pathlib import Path
 
 import httpx
 
+from openjev.config import EMBEDDED_MODEL
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import machine, p50, payload
 
@@ -183,7 +185,9 @@ def main() -> None:
     if unknown:
         ap.error(f"--only: unknown readouts {sorted(unknown)}")
     readouts = {name: headers for name, headers in READOUTS.items() if name in chosen}
-    settings = load_settings({"calibration": "none", "engine_timeout_s": 1800})
+    settings = load_settings(
+        {"engine": "transformers", "model": EMBEDDED_MODEL, "calibration": "none", "engine_timeout_s": 1800}
+    )
     head = {"machine": machine(), "dtype": settings.served.dtype, "repeats": args.repeats}
     sizes = [int(s) for s in args.sizes.split(",")]
     with local_server(settings) as url:

@@ -92,9 +92,11 @@ def main() -> None:
     ap.add_argument("--checkout", default=None, help="also this commit's openjev, runs alternating")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--timeout-s", type=float, default=300)
-    ap.add_argument("serve_args", nargs="*", help="after --: `openjev serve` flags (default: --engine llamacpp)")
+    ap.add_argument(
+        "serve_args", nargs="*", help="after --: `openjev serve` flags (default: --engine llamacpp --model embedded)"
+    )
     args = ap.parse_args()
-    serve_args = args.serve_args or ["--engine", "llamacpp"]
+    serve_args = args.serve_args or ["--engine", "llamacpp", "--model", "embedded"]
     sides = {"this tree": REPO / "src"}
     if args.checkout:
         sides[f"checkout {args.checkout}"] = checkout(args.checkout) / "src"

@@ -19,6 +19,8 @@ from pathlib import Path
 
 import httpx
 
+from openjev.config import EMBEDDED_MODEL
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import machine
 
@@ -45,7 +47,18 @@ def start_once(cache_dir: str) -> dict:
     port = _port()
     t0 = time.perf_counter()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "openjev", "serve", "--port", str(port)],
+        [
+            sys.executable,
+            "-m",
+            "openjev",
+            "serve",
+            "--engine",
+            "transformers",
+            "--model",
+            EMBEDDED_MODEL,
+            "--port",
+            str(port),
+        ],
         env={**os.environ, "OPENJEV_CACHE_DIR": cache_dir, "HF_HUB_OFFLINE": "1"},
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,

@@ -21,6 +21,8 @@ import sys
 import time
 from pathlib import Path
 
+from openjev.config import EMBEDDED_MODEL
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import core_request, machine, p50, payload
@@ -52,7 +54,7 @@ async def pair(service: DecisionService, cache, tag: int, namespaces: tuple[str,
 
 
 async def main(args) -> dict:
-    settings = load_settings({"dtype": args.dtype}, environ={})
+    settings = load_settings({"engine": "transformers", "model": EMBEDDED_MODEL, "dtype": args.dtype}, environ={})
     loaded = load_engine(settings)
     engine = loaded.engine
     service = DecisionService(PromptCompiler(loaded.tokenizer, max_labels=MAX_CHOICE_OPTIONS), engine, LIMITS)

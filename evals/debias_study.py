@@ -217,7 +217,7 @@ def main() -> int:
     ap.add_argument("--out", default="evals/results/debias_study.json")
     ap.add_argument("--limit", type=int, help="only the first N items of each split (a bounded run)")
     args = ap.parse_args()
-    settings = load_settings({"prefix_cache_bytes": 0})
+    settings = load_settings({"engine": "transformers", "model": "embedded", "prefix_cache_bytes": 0})
     loaded = inprocess.load(settings.served, settings.inprocess)
     compiler = PromptCompiler(loaded.tokenizer, max_labels=255)
 

@@ -49,7 +49,9 @@ def main() -> int:
     cal = calib.load(args.calibration)
     config = RunConfig(readout=args.readout, rotations=1, calibrated=False, flips=args.flips)
     store = ResultStore(out, run_meta([args.data], f"in-process:{args.calibration}", config))
-    settings = load_settings({"calibration": args.calibration, "prefix_cache_bytes": 0})
+    settings = load_settings(
+        {"engine": "transformers", "model": "embedded", "calibration": args.calibration, "prefix_cache_bytes": 0}
+    )
     with local_server(settings) as url:
         asyncio.run(run_items(url, items, config, store, concurrency=1))
     raw, facts = score(items, store)

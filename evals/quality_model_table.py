@@ -60,7 +60,7 @@ def _service(model: str):
     from openjev.config import load_settings
     from openjev.engines import load_engine
 
-    settings = load_settings({"model": _model(model), "calibration": "none"})
+    settings = load_settings({"engine": "transformers", "model": model, "calibration": "none"})
     loaded = load_engine(settings)
     return build_service(settings.quality, settings.limits, loaded), loaded
 
@@ -323,7 +323,7 @@ def _service_for_tables(model: str):
     from openjev.engines.models.source import gguf_cache_folder, resolve_source
     from openjev.engines.models.tokenizer import HFChatTokenizer
 
-    settings = load_settings({"model": _model(model), "calibration": "none"})
+    settings = load_settings({"engine": "transformers", "model": model, "calibration": "none"})
     source = resolve_source(settings.served.model, settings.served.cache_dir)
     tok = AutoTokenizer.from_pretrained(gguf_cache_folder(source, settings.served.cache_dir), local_files_only=True)
 

@@ -55,7 +55,9 @@ def main() -> int:
     previous = Path(args.results) / "quality.json"
     kept = json.loads(previous.read_text())["rows"] if only and previous.exists() else []
     items = load_items(args.data)
-    settings = load_settings({"calibration": args.calibration, "prefix_cache_bytes": 0})
+    settings = load_settings(
+        {"engine": "transformers", "model": "embedded", "calibration": args.calibration, "prefix_cache_bytes": 0}
+    )
     rows = []
     with local_server(settings) as url:
         for readout, rotations in CONFIGS:

@@ -6,7 +6,7 @@ import sys
 import pytest
 
 from openjev.cli import _settings, build_parser
-from openjev.config import load_settings
+from openjev.config import DEFAULT_ENGINE, DEFAULT_MODEL, INSTALL_DEFAULT, load_settings
 from openjev.errors import ConfigError
 
 
@@ -125,6 +125,34 @@ def test_serve_refuses_nonsense_settings_before_anything_loads(flags, why):
     )
     assert run.returncode == 2, run.stderr
     assert why in run.stderr and run.stderr.startswith("openjev: ")
+
+
+def test_serve_with_no_flags_serves_what_make_serve_serves():
+    """One default: `openjev serve` with no flags and `make serve` name the same engine and model."""
+    from pathlib import Path
+
+    makefile = (Path(__file__).parent.parent / "Makefile").read_text()
+    served = load_settings({}, environ={}).served
+    assert (served.engine, served.model) == (DEFAULT_ENGINE, DEFAULT_MODEL) == ("llamacpp", "qwen2.5-coder-1.5b")
+    assert f"MODEL ?= {DEFAULT_MODEL}\n" in makefile
+    assert "openjev serve --engine llamacpp --model $(MODEL)" in makefile
+
+
+def test_serve_with_no_flags_before_the_default_is_installed_says_how_to_install_it(tmp_path):
+    """Exit 2 naming the one command that installs the default model (an empty cache: its GGUF
+    is missing, and llama-cpp-python too where it is not installed), before anything loads."""
+    env = {k: v for k, v in __import__("os").environ.items() if not k.startswith("OPENJEV_")}
+    run = subprocess.run(
+        [sys.executable, "-m", "openjev", "serve", "--cache-dir", str(tmp_path / "empty")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
+    assert run.returncode == 2, run.stderr
+    assert f"the default model, {DEFAULT_MODEL} on llama.cpp, is not installed yet" in run.stderr, run.stderr
+    assert f"`{INSTALL_DEFAULT}`" in run.stderr and "--model embedded" in run.stderr
+    assert "Traceback" not in run.stderr
 
 
 @pytest.mark.parametrize("name", ["OPENJEV_TEMPERATURE", "OPENJEV_ENGINE_TIMEOUT_S", "OPENJEV_HEAD_TIMEOUT_S"])

@@ -64,3 +64,34 @@ def test_lists_and_code_blocks_start_after_a_blank_line():
                 fence = not fence
             prev = line
     assert not wrong, "\n".join(wrong)
+
+
+def test_no_page_narrates_sessions_or_issues():
+    """Docs are for users: history is git's (`grep -ri "this session\\|issue [0-9]" docs`)."""
+    narration = re.compile(r"this session|issue [0-9]", re.IGNORECASE)
+    found = [
+        f"{page.name}:{n}: {line.strip()[:80]}"
+        for page in sorted((ROOT / "docs").glob("*.md"))
+        for n, line in enumerate(page.read_text().splitlines(), 1)
+        if narration.search(line)
+    ]
+    assert not found, "\n".join(found)
+
+
+def test_every_example_block_is_made_by_the_script():
+    """Each `<!-- doc-example NAME -->` block on a page is one that scripts/doc_examples.py makes
+    (and checks, `make docs-examples`), on a page it writes."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("doc_examples", ROOT / "scripts" / "doc_examples.py")
+    assert spec is not None and spec.loader is not None
+    examples = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = examples  # its dataclasses look their module up
+    spec.loader.exec_module(examples)
+    names = {e.name for e in examples.EXAMPLES}
+    marked = {}
+    for page in sorted([*(ROOT / "docs").glob("*.md"), ROOT / "README.md"]):
+        for match in examples.BLOCK.finditer(page.read_text()):
+            marked.setdefault(str(page.relative_to(ROOT)), set()).add(match.group(2))
+    assert set(marked) == set(examples.PAGES), marked
+    assert set().union(*marked.values()) == names

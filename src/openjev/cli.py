@@ -46,7 +46,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="openjev", description="Jev SystemOne decisions read from a model.")
     parser.add_argument("--version", action="version", version=f"openjev {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
-    serve = sub.add_parser("serve", help="serve the API (loads the model in the background)")
+    serve = sub.add_parser(
+        "serve",
+        help=(
+            "serve the API (the model loads in the background): by default qwen2.5-coder-1.5b on llama.cpp, as"
+            " `make serve` installs it; `--engine transformers --model embedded` serves the fast test model"
+        ),
+    )
     _add_setting_flags(serve)
     sub.add_parser("schema", help="print the OpenAPI document (loads no model)")
     _add_model_parser(sub)
@@ -62,7 +68,10 @@ def build_parser() -> argparse.ArgumentParser:
 def _add_model_parser(sub: argparse._SubParsersAction) -> None:
     from openjev.engines.models.named import NAMED_MODELS
 
-    model = sub.add_parser("model", help="opt-in models served by name (make quality-model)")
+    model = sub.add_parser(
+        "model",
+        help="models served by name: the default qwen2.5-coder-1.5b (`make serve` installs it) and its 0.5B sibling",
+    )
     msub = model.add_subparsers(dest="model_command", required=True)
     inst = msub.add_parser(
         "install",

@@ -438,11 +438,13 @@ def test_serve_exits_2_naming_the_line_of_a_malformed_keys_file(tmp_path):
     import subprocess
     import sys
 
+    from tests.support.models import EMBEDDED_FLAGS
+
     path = tmp_path / "keys"
     path.write_text("alice:a-key\nbob:b-key tokens_per_min=\u00b2\n", encoding="utf-8")
     env = {k: v for k, v in os.environ.items() if not k.startswith("OPENJEV_")}
     run = subprocess.run(
-        [sys.executable, "-m", "openjev", "serve", "--api-keys-file", str(path), "--port", "1"],
+        [sys.executable, "-m", "openjev", "serve", *EMBEDDED_FLAGS, "--api-keys-file", str(path), "--port", "1"],
         capture_output=True,
         text=True,
         timeout=120,

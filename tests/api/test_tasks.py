@@ -112,6 +112,33 @@ async def test_a_fitted_task_applies_on_every_decision_route(keys, route: Route)
         assert status == route.invalid
 
 
+@pytest.mark.parametrize("route", EVERY, ids=IDS)
+async def test_calibration_none_wins_over_a_matching_task_on_every_decision_route(keys, route: Route):
+    """The caller's explicit `x-openjev-calibration: none` is the raw reading: neither a ready
+    task whose wording matches nor one named by header applies, and the answer is the raw one."""
+    async with running_app(**keys) as (client, _):
+        task, _ = await fitted(client, "alice-key", {"question": QUESTION, "examples": examples(30)})
+        question = OPENAI_QUESTION if route.openai else QUESTION
+        body = route.body("ticket 99 7 7", question)
+        raw = {**auth("alice-key"), "x-openjev-calibration": "none"}
+        status, _, matched = await route.post(client, body, raw)
+        assert status == 200, matched.text
+        assert calibration_of(route, matched) == "none"
+        status, _, named = await route.post(client, body, {**raw, "x-openjev-task": task["id"]})
+        assert status == 200, named.text
+        assert calibration_of(route, named) == "none"
+        status, _, fitted_answer = await route.post(client, body, auth("alice-key"))
+        assert calibration_of(route, fitted_answer) == f"task:{task['id']}"  # without the header, the task
+        status, _, untasked = await route.post(client, body, {**auth("bob-key"), "x-openjev-calibration": "none"})
+        answers = [(r.json()[0] if route.batch else r.json())["answers"] for r in (matched, named, untasked)]
+        assert (
+            answers[0]
+            == answers[1]
+            == answers[2]
+            != (fitted_answer.json()[0] if route.batch else fitted_answer.json())["answers"]
+        )
+
+
 async def test_the_fit_changes_the_answer(keys):
     async with running_app(**keys) as (client, _):
         task, _ = await fitted(client, "alice-key", {"question": QUESTION, "examples": examples(40)})

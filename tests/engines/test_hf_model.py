@@ -2,6 +2,7 @@ import pytest
 
 from openjev.engines.models.source import EMBEDDED_NAME, embedded_gguf, gguf_cache_folder, resolve_source
 from openjev.errors import ConfigError
+from tests.support.models import EMBEDDED
 
 
 def test_embedded_model_is_found_without_importing_its_package():
@@ -9,6 +10,7 @@ def test_embedded_model_is_found_without_importing_its_package():
     assert path.suffix == ".gguf" and path.stat().st_size > 50_000_000
     source = resolve_source(None)
     assert source.name == EMBEDDED_NAME and source.gguf_file == path.name
+    assert resolve_source(EMBEDDED["model"]) == source  # `--model embedded` names it
 
 
 @pytest.mark.parametrize("kind", ["missing", "not-gguf", "no-config"])
@@ -97,5 +99,5 @@ def test_preflight_refuses_a_cache_dir_that_is_a_file(tmp_path):
     blocker.write_text("")
     for cache_dir in (blocker, blocker / "below"):
         with pytest.raises(ConfigError, match="is not a folder") as info:
-            preflight(load_settings({"cache_dir": str(cache_dir)}, environ={}).served)
+            preflight(load_settings({**EMBEDDED, "cache_dir": str(cache_dir)}, environ={}).served)
         assert str(blocker) in str(info.value)

@@ -2,6 +2,7 @@
 
 from openjev.config import load_settings
 from openjev.engines import ENGINES, EngineEntry, prestart_engine
+from tests.support.models import EMBEDDED
 
 
 def _never(*_sections):
@@ -18,11 +19,11 @@ def test_a_declared_prestart_is_called_with_its_sections(monkeypatch):
         prestart_sections=("served", "inprocess"),
     )
     monkeypatch.setitem(ENGINES, "transformers", entry)
-    settings = load_settings({}, environ={})
+    settings = load_settings(EMBEDDED, environ={})
     prestart_engine(settings)
     assert calls == [(settings.served, settings.inprocess)]
 
 
 def test_only_the_llamacpp_engine_declares_one():
     assert {name for name, entry in ENGINES.items() if entry.prestart is not None} == {"llamacpp"}
-    prestart_engine(load_settings({}, environ={}))  # the default engine: nothing begun, nothing raised
+    prestart_engine(load_settings(EMBEDDED, environ={}))  # the transformers engine: nothing begun, nothing raised

@@ -13,6 +13,7 @@ import pytest
 
 from openjev.config import load_settings
 from tests.support import processes
+from tests.support.models import EMBEDDED, EMBEDDED_ENV
 from tests.support.net import free_port
 
 
@@ -23,7 +24,7 @@ def embedded():
     exactness tests hold float32 to its own tolerance."""
     from openjev.engines import load_engine
 
-    return load_engine(load_settings({"dtype": "float32"}, environ={}))
+    return load_engine(load_settings({**EMBEDDED, "dtype": "float32"}, environ={}))
 
 
 @pytest.fixture(scope="session")
@@ -31,7 +32,7 @@ def embedded_bf16():
     """The embedded model in bfloat16 (whatever this CPU does natively), once per session."""
     from openjev.engines import load_engine
 
-    return load_engine(load_settings({"dtype": "bfloat16"}, environ={}))
+    return load_engine(load_settings({**EMBEDDED, "dtype": "bfloat16"}, environ={}))
 
 
 @dataclass
@@ -53,11 +54,12 @@ def start_server(
     float32 unless `env` says otherwise: these tests compare answers across requests to 1e-3,
     and bfloat16 (what `auto` picks on CPUs with native support) rounds differently when
     batching or the prefix cache change the computation (about 1e-2; tests/integration/
-    test_bf16_parity.py holds bfloat16 to its own tolerance).
+    test_bf16_parity.py holds bfloat16 to its own tolerance). The embedded model on the in-process
+    engine unless `args` or `env` name another (flags win over the environment).
 
     The server runs in a process group of its own and is stopped with the test run however
     that ends (tests/support/processes.py); a test stops it earlier with stop_server."""
-    env = {"OPENJEV_DTYPE": "float32", **(env or {})}
+    env = {**EMBEDDED_ENV, "OPENJEV_DTYPE": "float32", **(env or {})}
     port = free_port()
     log_path = str(tmp_path / f"server-{port}.log")
     cmd = [sys.executable, "-m", "openjev", "serve", "--port", str(port), *args]

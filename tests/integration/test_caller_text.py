@@ -18,6 +18,7 @@ from openjev.config import load_settings
 from openjev.core.prompts import PromptCompiler
 from openjev.core.readouts import LettersReadout, ParallelReadout, YesNoReadout
 from openjev.core.types import ChoiceQuestion, DecisionRequest, NoulQuestion, Option, ScoreQuestion, State, Turn
+from tests.support.models import EMBEDDED
 
 # The digest of the ids below as main compiled them before this change (/tmp-free: computed
 # by this same function on main's prompts.py, which searched the rendering for a sentinel).
@@ -57,7 +58,7 @@ def hf():
     from openjev.engines.models.converted import ensure_converted
     from openjev.engines.models.source import resolve_source
 
-    settings = load_settings({}, environ={})
+    settings = load_settings(EMBEDDED, environ={})
     folder, _ = ensure_converted(
         resolve_source(settings.served.model, settings.served.cache_dir), settings.served.cache_dir
     )

@@ -15,6 +15,7 @@ import httpx
 import pytest
 
 from tests.integration.conftest import start_server, stop_server
+from tests.support.models import EMBEDDED_FLAGS
 from tests.support.net import free_port
 
 pytestmark = pytest.mark.model
@@ -30,7 +31,7 @@ LATIN1 = "# clé de l'équipe\nalice:alice-key\n".encode("latin-1")  # one é: n
 def _serve(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
     """`openjev serve` expected to exit before listening (no model is ever loaded)."""
     return subprocess.run(
-        [sys.executable, "-m", "openjev", "serve", "--port", str(free_port()), *args],
+        [sys.executable, "-m", "openjev", "serve", *EMBEDDED_FLAGS, "--port", str(free_port()), *args],
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -107,7 +108,17 @@ def test_a_busy_port_fails_before_the_model_loads(tmp_path):
         port = holder.getsockname()[1]
         t0 = time.monotonic()
         run = subprocess.run(
-            [sys.executable, "-m", "openjev", "serve", "--port", str(port), "--cache-dir", str(tmp_path / "cache")],
+            [
+                sys.executable,
+                "-m",
+                "openjev",
+                "serve",
+                *EMBEDDED_FLAGS,
+                "--port",
+                str(port),
+                "--cache-dir",
+                str(tmp_path / "cache"),
+            ],
             capture_output=True,
             text=True,
             timeout=120,

@@ -33,6 +33,7 @@ from openjev.core.scoring import softmax  # noqa: E402
 from openjev.core.service import DecisionService  # noqa: E402
 from openjev.core.types import ChoiceAnswer, ChoiceQuestion, DecisionRequest, NoulAnswer, Option, State, Turn  # noqa: E402
 from tests.support.limits import limits_of  # noqa: E402
+from tests.support.models import EMBEDDED  # noqa: E402
 from tests.support.tickets import QUESTIONS, TEXT  # noqa: E402
 
 BOUND = 0.05  # largest label-probability difference against the PyTorch engine in float32
@@ -50,7 +51,7 @@ def state(n: int, paragraphs: int = 4) -> State:
 def llama():
     from openjev.engines import load_engine
 
-    loaded = load_engine(load_settings({"engine": "llamacpp"}, environ={}))
+    loaded = load_engine(load_settings({**EMBEDDED, "engine": "llamacpp"}, environ={}))
     yield loaded
     asyncio.run(loaded.engine.close())
 
@@ -59,7 +60,7 @@ def llama():
 def torch32():
     from openjev.engines import load_engine
 
-    loaded = load_engine(load_settings({"dtype": "float32"}, environ={}))
+    loaded = load_engine(load_settings({**EMBEDDED, "dtype": "float32"}, environ={}))
     yield loaded
     asyncio.run(loaded.engine.close())
 
@@ -220,7 +221,7 @@ def test_a_prestarted_load_is_taken_over_by_load():
     from openjev.engines import load_engine, prestart_engine
     from openjev.engines.llamacpp import load as llamacpp_load
 
-    settings = load_settings({"engine": "llamacpp"}, environ={})
+    settings = load_settings({**EMBEDDED, "engine": "llamacpp"}, environ={})
     prestart_engine(settings)
     prestart_engine(settings)  # once per model: the second call finds the first's load
     (begun,) = llamacpp_load._started.values()

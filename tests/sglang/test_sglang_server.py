@@ -47,6 +47,7 @@ from openjev.engines.http.remote import PROBE_TEXT  # noqa: E402
 from openjev.engines.http.sglang import capabilities, verify_tokenizer  # noqa: E402
 from openjev.engines.http.sglang_protocol import SGLANG  # noqa: E402
 from openjev.errors import ModelUnsuitable  # noqa: E402
+from tests.support.models import EMBEDDED  # noqa: E402
 from tests.support.tickets import QUESTIONS, TEXT  # noqa: E402
 
 STRATEGIES = ("all", "warmup", "staged", "auto")
@@ -68,7 +69,7 @@ def loaded():
     converted safetensors folder the server reads)."""
     from openjev.engines import load_engine
 
-    return load_engine(load_settings({"dtype": "float32"}, environ={}))  # the server runs float32
+    return load_engine(load_settings({**EMBEDDED, "dtype": "float32"}, environ={}))  # the server runs float32
 
 
 @pytest.fixture(scope="module")

@@ -52,6 +52,7 @@ from openjev.engines.http.vllm import check_server, verify_tokenizer  # noqa: E4
 from openjev.engines.http.vllm_protocol import MAX_IDS_PER_CALL, VLLM, VLLM_BATCHED  # noqa: E402
 from openjev.errors import ModelUnsuitable  # noqa: E402
 from tests.support.limits import limits_of  # noqa: E402
+from tests.support.models import EMBEDDED  # noqa: E402
 from tests.support.processes import paused  # noqa: E402
 from tests.support.tickets import QUESTIONS, TEXT  # noqa: E402
 
@@ -76,7 +77,7 @@ def loaded():
     load also writes the converted safetensors folder the server reads."""
     from openjev.engines import load_engine
 
-    return load_engine(load_settings({"dtype": "float32"}, environ={}))
+    return load_engine(load_settings({**EMBEDDED, "dtype": "float32"}, environ={}))
 
 
 @pytest.fixture(scope="module")

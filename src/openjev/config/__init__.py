@@ -17,7 +17,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from openjev.config.checks import is_loopback_name, validate
-from openjev.config.engines import InProcessSettings, RemoteSettings, ServedSettings
+from openjev.config.engines import (
+    DEFAULT_ENGINE,
+    DEFAULT_MODEL,
+    EMBEDDED_MODEL,
+    INSTALL_DEFAULT,
+    InProcessSettings,
+    RemoteSettings,
+    ServedSettings,
+)
 from openjev.config.fields import ENV_PREFIX, env_name, flag_name, parse_value
 from openjev.config.fleet import FleetSettings
 from openjev.config.ranges import MAX_CHOICE_OPTIONS, MAX_SCORE_LEVELS, MIN_CHOICE_OPTIONS, MIN_SCORE_LEVELS
@@ -32,7 +40,11 @@ from openjev.config.sections import (
 from openjev.config.tasks import TaskSettings
 
 __all__ = [
+    "DEFAULT_ENGINE",
+    "DEFAULT_MODEL",
+    "EMBEDDED_MODEL",
     "ENV_PREFIX",
+    "INSTALL_DEFAULT",
     "MAX_CHOICE_OPTIONS",
     "MAX_SCORE_LEVELS",
     "MIN_CHOICE_OPTIONS",

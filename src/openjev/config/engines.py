@@ -9,18 +9,29 @@ from dataclasses import dataclass
 
 from openjev.config.fields import default_cache_dir, opt
 
+# What `openjev serve` with no flags serves, as `make serve` does: Qwen2.5-Coder-1.5B (Q4_K_M
+# GGUF) on the llama.cpp engine, installed once by `make serve` (docs/quality-model.md).
+DEFAULT_ENGINE = "llamacpp"
+DEFAULT_MODEL = "qwen2.5-coder-1.5b"
+# The fast test model, named explicitly by the tests: the embedded SmolLM2-135M-Instruct.
+EMBEDDED_MODEL = "embedded"
+# What installs the default where it is missing (named by the message that says so).
+INSTALL_DEFAULT = "make serve"
+
 
 @dataclass(frozen=True)
 class ServedSettings:
     """What answers: the engine and the model it serves (every engine's loader reads it)."""
 
     engine: str = opt(
-        "transformers", "engine implementation: transformers (in-process), llamacpp (in-process, GGUF), sglang, vllm"
+        DEFAULT_ENGINE,
+        "engine implementation: llamacpp (in-process, GGUF; the default), transformers (in-process), sglang, vllm",
     )
     model: str | None = opt(
-        None,
-        "a local Hugging Face model folder, a .gguf file, a named model (`openjev model install`), or a"
-        " name in the local Ollama store, NAME[:TAG] (default: the embedded SmolLM2-135M-Instruct)",
+        DEFAULT_MODEL,
+        "a named model (`openjev model install`; default: qwen2.5-coder-1.5b, which `make serve` installs), a .gguf"
+        " file, a local Hugging Face model folder, `embedded` (SmolLM2-135M-Instruct, the fast test model, carried"
+        " by a package), or a name in the local Ollama store, NAME[:TAG]",
     )
     served_name: str | None = opt(None, "model name shown in responses (default: derived from the model)")
     device: str = opt("auto", "torch device: auto, cpu, cuda, cuda:N")

@@ -38,7 +38,11 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--restart", action="store_true", help="discard what an earlier run left in the run folder")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     local = p.add_argument_group("in-process server (without --url); other settings from OPENJEV_* variables")
-    local.add_argument("--model", help="model folder or .gguf (default: the embedded model)")
+    local.add_argument(
+        "--model",
+        help="a named model, model folder or .gguf (default: as `openjev serve`, qwen2.5-coder-1.5b; `embedded`:"
+        " the fast test model; the engine from OPENJEV_ENGINE, default llamacpp)",
+    )
     local.add_argument(
         "--prefix-cache-bytes", type=int, help="prefix cache of the in-process engine (0 makes every request cold)"
     )

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from openjev.api.contract.jev import schemas
+from openjev.api.contract.overrides import TASK_HEADER, TASK_ID_PATTERN
 from openjev.core.readouts import READOUT_NAMES
 
 Responses = dict[int | str, dict[str, Any]]
@@ -115,11 +116,11 @@ READOUT_HEADERS: list[dict[str, Any]] = [
         "schema": {"type": "string", "enum": ["default", "none"]},
     },
     {
-        "name": "x-openjev-task",
+        "name": TASK_HEADER,
         "in": "header",
         "required": False,
         "description": "a task of this key (/v1/tasks) whose fit and abstain threshold answer the request's "
         "questions of its wording; without it, a ready task of this key with a question's wording applies",
-        "schema": {"type": "string", "pattern": "^task_[0-9a-f]{24}$"},
+        "schema": {"type": "string", "pattern": TASK_ID_PATTERN},
     },
 ]

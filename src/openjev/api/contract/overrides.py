@@ -7,8 +7,8 @@ which cannot add body fields, keeps working unchanged):
   or `+4` is refused rather than read as 4; default: the server's --rotations).
   Without a readout header on a server whose default is parallel, it asks for letters
   (`x-openjev-rotations: 1` is the raw single reading on every server).
-- `x-openjev-calibration: none` answers uncalibrated (what `openjev calibrate` fits on);
-  `default` (or absent) applies the server's calibration where it has a fit.
+- `x-openjev-calibration: none` answers uncalibrated (what `openjev calibrate` fits on), a
+  task's fit included; `default` (or absent) applies the server's calibration where it has a fit.
 
 A bad value is a 422 with `detail[]` pointing at the header, like any validation error.
 A header sent more than once is a 400 (which one counts is not guessed), and a value is
@@ -29,6 +29,11 @@ from openjev.errors import RequestError
 READOUT_HEADER = "x-openjev-readout"
 ROTATIONS_HEADER = "x-openjev-rotations"
 CALIBRATION_HEADER = "x-openjev-calibration"
+# A task of the calling key whose fit answers the request (api/server/task_binding.py): named
+# by this header or the Jev body's `x_task`, in this form. `x-openjev-calibration: none` wins
+# over it (the raw reading).
+TASK_HEADER = "x-openjev-task"
+TASK_ID_PATTERN = r"^task_[0-9a-f]{24}$"
 _DIGITS = re.compile(r"[0-9]{1,4}")  # int() would also take "0_0_4", "+4" and non-ASCII digits
 _OWS = " \t"  # HTTP's optional whitespace; str.strip() would also drop \xa0 and other Unicode spaces
 

@@ -9,8 +9,6 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from openjev.api.contract.jev.schemas import Description, Question, _refuse_bad_chat
 
-TASK_ID_PATTERN = r"^task_[0-9a-f]{24}$"
-
 
 class TaskExample(BaseModel):
     model_config = ConfigDict(extra="forbid")

@@ -132,7 +132,7 @@ def install(
         service, card = ready()
         t0 = time.perf_counter()
         named = [raw.get("x_task") for raw in body.requests or () if isinstance(raw, dict)]  # items' own
-        bind = await pipeline.task_binder(request, caller, spec, service, card.fingerprint, quality, named)
+        bind = await pipeline.task_binder(request, caller, spec, service, card.fingerprint, quality, named, calibrate)
         items = await _prepared(
             request, caller, body, limits, service, card.name, spec or service.default_readout, (calibrate, bind)
         )

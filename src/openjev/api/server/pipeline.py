@@ -41,7 +41,7 @@ from openjev.api.identity.key_limits import KeyLimits
 from openjev.api.operations.middleware import request_id_of
 from openjev.api.server.assembly import Runtime
 from openjev.api.server.outcomes import routes as outcomes
-from openjev.api.server.task_binding import TASK_HEADER, fits_of, named_task, prefetched
+from openjev.api.server.task_binding import fits_of, named_task, prefetched
 from openjev.config import LimitSettings, QualitySettings
 from openjev.core.caller import Caller
 from openjev.core.readouts import ReadoutSpec
@@ -116,12 +116,16 @@ async def task_binder(
     fingerprint: str,
     quality: QualitySettings,
     names: Iterable[object],
+    calibrate: bool = True,
 ) -> Callable[[DecisionRequest, str | None], Mapping[str, TaskCalibration]]:
     """For a decision request of this HTTP request and the task its body names (if any, one
     of `names`, the body's task fields): by question id, the task fit of `caller`'s tenant
     that answers it (api/server/task_binding.py; `x-openjev-task`, the body's, or the
     question's wording). The named tasks are read here, from the store's thread; the binder
-    itself reads no file."""
+    itself reads no file. None where the caller sent `x-openjev-calibration: none`
+    (`calibrate` false): the raw reading wins over any task."""
+    if not calibrate:
+        return lambda _decision, _named: {}
     jobs = request.app.state.tasks
     lookup = jobs.lookup if jobs is not None else None
     header = request.headers.get(TASK_HEADER)
@@ -146,7 +150,9 @@ async def decide(
     if audit:
         log.info(fmt.name + " request", extra={"fields": {"request_id": request_id_of(request.scope), **audit}})
     async with charged(key_limits, caller):
-        bind = await task_binder(request, caller, spec, service, card.fingerprint, quality, (fmt.task_of(body),))
+        bind = await task_binder(
+            request, caller, spec, service, card.fingerprint, quality, (fmt.task_of(body),), calibrate
+        )
         tasks = bind(decision, fmt.task_of(body))
         work = service.decide(decision, caller=caller, readout=spec, calibrate=calibrate, tasks=tasks)
         result = await unless_disconnected(request, work)

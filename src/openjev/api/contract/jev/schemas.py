@@ -11,6 +11,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, RootModel, field_validator, model_validator
 
 from openjev.api.contract.outcome_schemas import Basis
+from openjev.api.contract.overrides import TASK_ID_PATTERN
 from openjev.config import MAX_CHOICE_OPTIONS, MAX_SCORE_LEVELS, MIN_CHOICE_OPTIONS, MIN_SCORE_LEVELS
 
 # Instructions, descriptions and the state may be text or structured JSON.
@@ -156,7 +157,7 @@ class SystemOneRequest(BaseModel):
     assets: dict[str, Any] | None = Field(None, description="images (Jev 1.14); not served by text models")
     x_task: str | None = Field(
         None,
-        pattern=r"^task_[0-9a-f]{24}$",
+        pattern=TASK_ID_PATTERN,
         description="openjev: a task of this key (/v1/tasks) whose fit answers its question here, as the "
         "x-openjev-task header does (the two must agree)",
     )
