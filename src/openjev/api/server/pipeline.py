@@ -32,7 +32,7 @@ from fastapi.responses import Response
 
 from openjev.api.contract import common, documented, strict_json
 from openjev.api.contract.format_port import WireFormat
-from openjev.api.contract.overrides import decide_options
+from openjev.api.contract.overrides import TASK_HEADER, decide_options
 from openjev.api.contract.responses import FastJSONResponse
 from openjev.api.identity import tenancy
 from openjev.api.identity.auth import require_key
