@@ -6,7 +6,8 @@ import sqlite3
 
 import pytest
 
-from openjev.api.server.task_store import APPLICATION_ID, MIGRATIONS, open_store
+from openjev.api.server.task_schema import APPLICATION_ID, MIGRATIONS
+from openjev.api.server.task_store import open_store
 from openjev.errors import ConfigError
 
 QUESTION = {"type": "noul", "instructions": "Is a refund asked?"}

@@ -33,10 +33,11 @@ from typing import Any
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import ValidationError
 
 from openjev.api.contract import common, documented, json_route
 from openjev.api.contract.jev import convert, schemas
+from openjev.api.contract.jev.batch_schemas import BatchRequest
 from openjev.api.contract.jev.format import JEV
 from openjev.api.contract.overrides import decide_options
 from openjev.api.contract.paths import BATCH
@@ -62,28 +63,6 @@ Binder = Callable[[DecisionRequest, str | None], Mapping[str, TaskCalibration]] 
 log = logging.getLogger(__name__)
 
 NDJSON = "application/x-ndjson"
-
-
-class BatchRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    requests: list[Any] | None = Field(
-        None, min_length=1, description="items, each a /v1/systemone body (validated one by one)"
-    )
-    model: str = Field("jev-latest", description="states form: the model every item asks")
-    questions: dict[str, schemas.Question] | None = Field(
-        None, min_length=1, description="states form: the questions asked about every state"
-    )
-    states: list[Any] | None = Field(None, min_length=1, description="states form: one item per state")
-
-    @model_validator(mode="after")
-    def _one_form(self) -> BatchRequest:
-        if self.requests is not None:
-            if self.states is not None or self.questions is not None:
-                raise ValueError("send either `requests` or `questions` with `states`, not both")
-        elif self.states is None or self.questions is None:
-            raise ValueError("send `requests` (a list of /v1/systemone bodies) or `questions` with `states`")
-        return self
 
 
 def _validation_message(e: ValidationError) -> str:

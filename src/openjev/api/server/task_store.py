@@ -25,43 +25,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from openjev.api.server.outcomes.schema import OUTCOMES_MIGRATION
 from openjev.api.server.task_bounds import PRICED, Check, examples_cap, queue_cap
+from openjev.api.server.task_schema import APPLICATION_ID, MIGRATIONS
 from openjev.api.server.task_thread import StoreThread
 from openjev.errors import ConfigError
 
-APPLICATION_ID = 0x6F6A7473  # "ojts": openjev's task store
-MIGRATIONS: tuple[str, ...] = (
-    # 1: tasks and their examples
-    """
-    CREATE TABLE tasks (
-        id TEXT PRIMARY KEY,
-        owner TEXT NOT NULL,
-        question TEXT NOT NULL,
-        wording TEXT NOT NULL,
-        caller_id TEXT,
-        target_precision REAL NOT NULL,
-        status TEXT NOT NULL,
-        done INTEGER NOT NULL DEFAULT 0,
-        total INTEGER NOT NULL DEFAULT 0,
-        started REAL,
-        generation INTEGER NOT NULL DEFAULT 0,
-        fit TEXT,
-        error TEXT,
-        created REAL NOT NULL,
-        updated REAL NOT NULL
-    );
-    CREATE INDEX tasks_owner ON tasks (owner, wording);
-    CREATE TABLE examples (
-        task_id TEXT NOT NULL REFERENCES tasks (id) ON DELETE CASCADE,
-        n INTEGER NOT NULL,
-        body TEXT NOT NULL,
-        PRIMARY KEY (task_id, n)
-    );
-    """,
-    # 2: decisions kept for outcomes (api/server/outcomes/schema.py)
-    OUTCOMES_MIGRATION,
-)
 STATUSES = ("collecting", "queued", "fitting", "ready", "failed")  # collecting: fed by outcomes, too few to fit
 
 
