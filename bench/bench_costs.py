@@ -44,7 +44,7 @@ from openjev.config import EMBEDDED_MODEL
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from common import machine
+from common import embedded_serve, machine
 from tests.support import bombs
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -121,20 +121,7 @@ def server_part() -> list[dict]:
 
     port = free_port()
     proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "openjev",
-            "serve",
-            "--engine",
-            "transformers",
-            "--model",
-            EMBEDDED_MODEL,
-            "--port",
-            str(port),
-            "--log-level",
-            "warning",
-        ],
+        embedded_serve(port, "--log-level", "warning"),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         start_new_session=True,

@@ -33,11 +33,9 @@ from pathlib import Path
 
 import httpx
 
-from openjev.config import EMBEDDED_MODEL
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from common import TICKET, machine
+from common import TICKET, embedded_serve, machine
 from tests.support.net import free_port
 
 
@@ -61,19 +59,7 @@ def request(tag: int, paragraphs: int = 2, questions: int = 2) -> dict:
 def start(args: list[str], log_path: str) -> tuple[subprocess.Popen, str]:
     port = free_port()
     proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "openjev",
-            "serve",
-            "--engine",
-            "transformers",
-            "--model",
-            EMBEDDED_MODEL,
-            "--port",
-            str(port),
-            *args,
-        ],
+        embedded_serve(port, *args),
         stdout=open(log_path, "w"),
         stderr=subprocess.STDOUT,
         start_new_session=True,

@@ -19,10 +19,8 @@ from pathlib import Path
 
 import httpx
 
-from openjev.config import EMBEDDED_MODEL
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import machine
+from common import embedded_serve, machine
 
 EXAMPLE = {
     "state": "Hi, I was charged twice for order #1234 and I want my money back today.",
@@ -47,18 +45,7 @@ def start_once(cache_dir: str) -> dict:
     port = _port()
     t0 = time.perf_counter()
     proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "openjev",
-            "serve",
-            "--engine",
-            "transformers",
-            "--model",
-            EMBEDDED_MODEL,
-            "--port",
-            str(port),
-        ],
+        embedded_serve(port),
         env={**os.environ, "OPENJEV_CACHE_DIR": cache_dir, "HF_HUB_OFFLINE": "1"},
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,

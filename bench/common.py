@@ -7,8 +7,10 @@ import os
 import platform
 import statistics
 import subprocess
+import sys
 
 from openjev.api.contract.jev import convert, schemas
+from openjev.config import EMBEDDED_MODEL
 from openjev.core.types import DecisionRequest
 
 TICKET = (
@@ -92,3 +94,9 @@ def group_cpu_s(*pgids: int) -> float:
         if int(fields[2]) in pgids:  # pgrp; after it, utime and stime are fields 11 and 12
             total += int(fields[11]) + int(fields[12])
     return total / tick
+
+
+def embedded_serve(port: int, *args: str) -> list[str]:
+    """`openjev serve` on the embedded test model at `port` (then `args`): what a bench starts."""
+    serve = [sys.executable, "-m", "openjev", "serve", "--engine", "transformers", "--model", EMBEDDED_MODEL]
+    return [*serve, "--port", str(port), *args]
