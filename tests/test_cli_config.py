@@ -200,7 +200,7 @@ def test_flat_names_reach_their_sections_and_unknown_ones_are_refused():
     from openjev.config import replace_settings, section_of, setting_fields
 
     names = [f.name for _, f in setting_fields()]
-    assert len(names) == len(set(names)) == 82  # one flat name per flag and environment twin
+    assert len(names) == len(set(names)) == 83  # one flat name per flag and environment twin
     s = load_settings({"dtype": "float32", "max_in_flight": 3, "rotations": 2}, environ={"OPENJEV_DOCS": "off"})
     assert (s.served.dtype, s.limits.max_in_flight, s.quality.rotations, s.listen.docs) == ("float32", 3, 2, "off")
     assert section_of("api_keys_file") == "keys" and section_of("slice_ms") == "inprocess"

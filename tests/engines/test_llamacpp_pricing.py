@@ -10,7 +10,9 @@ import pytest
 from openjev.api.identity.admission import GatedEngine
 from openjev.api.identity.key_limits import KeyLimits
 from openjev.api.operations.metrics import Metrics
+from openjev.core.caller import ANONYMOUS
 from openjev.core.plan import Branch, Plan
+from openjev.core.ports import PlanResult
 from openjev.core.types import Share
 from openjev.engines.llamacpp.engine import LlamaCppEngine
 from openjev.engines.llamacpp.steps import MIN_STEP
@@ -67,6 +69,12 @@ def test_the_estimate_subtracts_what_the_namespaces_cache_holds():
         asyncio.run(engine.close())
 
 
+async def _admitted(gate: GatedEngine, plan: Plan) -> PlanResult:
+    """`plan` as the service runs it: admitted for an anonymous caller, then run."""
+    async with gate.admit(ANONYMOUS, [plan]):
+        return await gate.run(plan)
+
+
 def test_the_gate_refuses_at_the_door_what_could_not_finish_before_the_deadline():
     """The admission's deadline rule (api/identity/admission.py) over the llama.cpp engine:
     422 before any decode, the small request admitted and answered."""
@@ -86,10 +94,10 @@ def test_the_gate_refuses_at_the_door_what_could_not_finish_before_the_deadline(
         engine.warm_up()  # 32 tokens (the fake's n_batch caps it) in 0.05 s: ~1.6 ms a token
         before = fake.decodes
         with pytest.raises(TokensExceeded, match="past its 1 s deadline"):
-            asyncio.run(gate.run(_long(1500)))
+            asyncio.run(_admitted(gate, _long(1500)))
         assert fake.decodes == before  # refused before any work
         small = _long(40)
-        _check(small, asyncio.run(gate.run(small)))
+        _check(small, asyncio.run(_admitted(gate, small)))
     finally:
         asyncio.run(engine.close())
 
