@@ -196,14 +196,21 @@ class TaskJobs:
                 raise self.runtime.error
             await asyncio.sleep(0.5)
 
+    def _finished(self, record: TaskRecord, fit: dict[str, Any]) -> TaskRecord | None:
+        """`record` finished with `fit` and read back; None where a newer change won."""
+        if not self.store.finish(record.id, record.generation, fit):
+            return None
+        return self.store.get(record.owner, record.id)
+
     async def _run(self, record: TaskRecord) -> None:
         try:
             async with self._one.turn(record.owner):
                 fit = await self._fit(record)
-            if await self.store.call(self.store.finish, record.id, record.generation, fit):
-                done = await self.store.call(self.store.get, record.owner, record.id)
-                if done is not None and done.status == "ready":  # not where more examples came meanwhile
-                    self.index.put(done)
+            # finished and read back in one call of the store's thread, so the index has the fit
+            # before a caller who polls the task can see it ready
+            done = await self.store.call(self._finished, record, fit)
+            if done is not None and done.status == "ready":  # not where more examples came meanwhile
+                self.index.put(done)
         except asyncio.CancelledError:
             raise
         except (OpenjevError, ValueError) as e:  # the message only: an error's detail is the operator's
